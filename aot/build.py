@@ -1,0 +1,65 @@
+"""The whole build: manifest -> compile -> lift -> verify -> pack. Each stage is its own module;
+this file only sequences them and can re-run lift/verify from saved artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from . import compile as compile_stage
+from . import lift, manifest, pack, verify
+from .errors import AotError, VerifyError
+
+__all__ = ["build", "lift_and_verify"]
+
+
+def lift_and_verify(entry_dir, samples=50) -> dict:
+    """Re-runnable from the artifacts of the compile stage: writes launcher.py and verify.json."""
+    d = Path(entry_dir)
+    meta = json.loads((d / "meta.json").read_text())
+    host = (d / "host.mlir").read_text()
+    src = lift.lift(host, meta["host_function"], meta["id"])
+    (d / "launcher.py").write_text(src)
+    try:
+        rep = verify.verify(host, meta["host_function"], src, (d / "kernel.cubin").read_bytes(), samples=samples)
+    except VerifyError as e:
+        (d / "verify.json").write_text(json.dumps({"verdict": "failed", "error": str(e)}, indent=1))
+        raise VerifyError(f"{meta['id']}: {e}") from None
+    (d / "verify.json").write_text(json.dumps(rep, indent=1, sort_keys=True))
+    return rep
+
+
+def _lv(args):
+    try:
+        return args[0], lift_and_verify(*args), None
+    except AotError as e:
+        return args[0], None, f"{type(e).__name__}: {e}"
+
+
+def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True) -> dict:
+    t0 = time.perf_counter()
+    m = manifest.load(manifest_path)
+    compiled = compile_stage.compile_entries(m.entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress)
+    t1 = time.perf_counter()
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    failures = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        for i, (d, rep, err) in enumerate(pool.map(_lv, [(str(c.dir), samples) for c in compiled]), 1):
+            if err:
+                failures.append(err)
+            if progress:
+                print(f"lift+verify {i}/{len(compiled)} {Path(d).name} {'FAILED' if err else 'ok'}", file=sys.stderr, flush=True)
+    if failures:
+        raise VerifyError(f"{len(failures)} entries failed the lifter checks:\n" + "\n".join(f"  - {f}" for f in failures))
+    t2 = time.perf_counter()
+    index = pack.pack([c.dir for c in compiled], out_dir, manifest_path)
+    if progress:
+        print(f"build: {len(compiled)} entries ({sum(c.cached for c in compiled)} from cache); compile {t1 - t0:.1f}s, "
+              f"lift+verify {t2 - t1:.1f}s, pack {time.perf_counter() - t2:.1f}s -> {out_dir}", file=sys.stderr)
+    return index
