@@ -50,6 +50,10 @@ class Entry:
         return ".".join([self.family, self.op, *(_fmt(k, v) for k, v in self.key), self.target.arch])
 
 
+def _toml(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else repr(v)
+
+
 def _fmt(k, v) -> str:
     if isinstance(v, bool):
         return k if v else f"no{k}"
@@ -159,7 +163,7 @@ def loads(text: str, path="<string>") -> Manifest:
             if (e.family, op, tuple(sorted(k.items())), e.target.name) not in present:
                 problems.append(
                     f"{e.id}: needs {e.family}/{op} {k} for target {e.target.name} at run time; add a [[bucket]] with family = {e.family!r}, op = {op!r}"
-                    + "".join(f", {kk} = {str(vv).lower() if isinstance(vv, bool) else vv!r}" for kk, vv in k.items())
+                    + "".join(f", {kk} = {_toml(vv)}" for kk, vv in k.items())
                 )
     if problems:
         raise ManifestError(path, problems)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (if needed) and build the wheel from manifests/default.toml (CPU only) into dist/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh .venv
+rm -rf dist
+# --no-build-isolation reuses the pinned toolchain of .venv instead of installing it again
+.venv/bin/python -m pip wheel --no-build-isolation --no-deps -w dist .
+ls -la dist
