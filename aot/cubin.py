@@ -13,14 +13,16 @@ tests/unit/test_cubin.py):
 ``KernelInfo`` field      source in the ELF
 ========================  =====================================================================
 ``name``                  the kernel's symbol: STT_FUNC with STO_CUDA_ENTRY (st_other & 0x10)
-``params``                EIATTR_KPARAM_INFO (or _V2, used for parameters over 16 KiB) in
-                          ``.nv.info.<kernel>``, sorted by ordinal
+``params``                EIATTR_KPARAM_INFO in ``.nv.info.<kernel>``, sorted by ordinal; the
+                          record's size field has 14 bits, so ptxas writes EIATTR_KPARAM_INFO_V2
+                          (16-bit size) for larger parameters (seen for a 20000-byte struct)
 ``param_bytes``           EIATTR_PARAM_CBANK size, else EIATTR_CBANK_PARAM_SIZE, else
                           max(offset + size) of ``params``
 ``registers``             EIATTR_REGCOUNT in ``.nv.info`` (cuobjdump REG)
-``shared_bytes``          size of ``.nv.shared.<kernel>`` (cuobjdump SHARED); static shared memory
-                          only. On sm_90+ ptxas places 1 KiB of CTA-reserved shared memory in this
-                          section too, so it can exceed what ``ptxas -v`` calls "smem"
+``shared_bytes``          size of ``.nv.shared.<kernel>`` (cuobjdump SHARED): static shared memory
+                          only. On sm_90+ the section may also hold 1 KiB of CTA-reserved shared
+                          memory, so it can exceed ``ptxas -v``'s "smem" (and be 1024 for a kernel
+                          that declares none, e.g. every CuTe DSL kernel here on sm_90a/sm_100a)
 ``stack_bytes``           EIATTR_MIN_STACK_SIZE (cuobjdump STACK; ptxas "cumulative stack size"),
                           0 when absent, as cuobjdump reports it
 ``frame_bytes``           EIATTR_FRAME_SIZE of the kernel itself (ptxas "bytes stack frame")
@@ -51,7 +53,7 @@ the 0 would be wrong.
 
 Architecture (``CubinInfo.arch``): ``e_ident[EI_ABIVERSION]`` selects the ``e_flags`` layout.
 
-* ABI version 7 (ptxas 12.x for sm_90 and older; OSABI 0x33): SM = ``e_flags & 0xff``; the "a"
+* ABI version 7 (ptxas 12.9 for sm_80 ... sm_90a; OSABI 0x33): SM = ``e_flags & 0xff``; the "a"
   (arch-specific) suffix is bit 11, ``0x800`` (EF_CUDA_ACCELERATORS_V1). sm_90 = 0x5a055a,
   sm_90a = 0x5a0d5a.
 * ABI version 8 (ptxas 12.9 for sm_100+, ptxas 13.x for every SM; OSABI 0x41): SM = bits 8..15. ptxas 12.9
@@ -255,7 +257,7 @@ def _parse_elf(data: bytes):
         if data[:4] != _ELF_MAGIC[: len(data)]:
             raise CubinError(f"not a cubin: bad ELF magic {data[:4]!r} at offset 0x0 (expected {_ELF_MAGIC!r})")
         raise CubinError(f"truncated cubin: {len(data)} bytes, shorter than the 64-byte ELF64 header at offset 0x0")
-    (ident, e_type, e_machine, e_version, _entry, e_phoff, e_shoff, e_flags, _ehsize, e_phentsize, e_phnum,
+    (ident, _type, e_machine, _version, _entry, e_phoff, e_shoff, e_flags, _ehsize, e_phentsize, e_phnum,
      e_shentsize, e_shnum, e_shstrndx) = _EHDR.unpack_from(data, 0)
     if ident[:4] != _ELF_MAGIC:
         hint = " (this is a fatbin: use extract_cubins_from_fatbin)" if ident[:4] == struct.pack("<I", _FATBIN_MAGIC) else ""
@@ -567,10 +569,16 @@ def extract_cubins_from_fatbin(data: bytes) -> list[bytes]:
         p = start
         while p < end:
             if p + _FATBIN_ENTRY.size > end:
-                raise CubinError(f"truncated fatbin entry {n_entry} at offset {p:#x}: {end - p} bytes left in the container (expected a {_FATBIN_ENTRY.size}-byte entry header)")
-            (kind, _u1, ehdr, psize, csize, _u2, _minor, _major, sm, _noff, _nsize, flags, _u3, usize) = _FATBIN_ENTRY.unpack_from(data, p)
+                raise CubinError(
+                    f"truncated fatbin entry {n_entry} at offset {p:#x}: {end - p} bytes left in the container "
+                    f"(expected a {_FATBIN_ENTRY.size}-byte entry header)"
+                )
+            kind, _, ehdr, psize, csize, _, _, _, sm, _, _, flags, _, usize = _FATBIN_ENTRY.unpack_from(data, p)
             if ehdr < _FATBIN_ENTRY.size:
-                raise CubinError(f"unknown fatbin entry layout at offset {p:#x} (entry {n_entry}): header size {ehdr} (expected >= {_FATBIN_ENTRY.size})")
+                raise CubinError(
+                    f"unknown fatbin entry layout at offset {p:#x} (entry {n_entry}): header size {ehdr} "
+                    f"(expected >= {_FATBIN_ENTRY.size})"
+                )
             pstart, pend = p + ehdr, p + ehdr + psize
             if pend > end:
                 raise CubinError(
@@ -586,7 +594,10 @@ def extract_cubins_from_fatbin(data: bytes) -> list[bytes]:
                     )
                 image = data[pstart:pend]
                 if image[:4] != _ELF_MAGIC:
-                    raise CubinError(f"fatbin entry {n_entry} at offset {p:#x} is marked ELF but its payload at offset {pstart:#x} starts with {image[:4]!r} (expected {_ELF_MAGIC!r})")
+                    raise CubinError(
+                        f"fatbin entry {n_entry} at offset {p:#x} is marked ELF but its payload at offset {pstart:#x} "
+                        f"starts with {image[:4]!r} (expected {_ELF_MAGIC!r})"
+                    )
                 try:
                     *_x, extent = _parse_elf(image)
                 except CubinError as e:

@@ -18,7 +18,12 @@ import time
 from pathlib import Path
 
 from ..errors import ArchMismatchError, KernelNotFoundError, LaunchError
+from ..cubin import read_cubin
 from .driver import check, drv
+
+
+def read_cubin_arch(data: bytes) -> str:
+    return read_cubin(data).arch
 
 __all__ = ["Index", "index", "LoadedEntry", "device_arches", "GENERATED"]
 
@@ -126,6 +131,9 @@ class LoadedEntry:
         sha = hashlib.sha256(data).hexdigest()
         if sha != entry["sha256"]:
             raise LaunchError(f"cubin {path} is corrupted: sha256 {sha} != {entry['sha256']} recorded at build time. Reinstall or rebuild the wheel; nothing was launched")
+        arch = read_cubin_arch(data)
+        if arch != entry["arch"]:
+            raise LaunchError(f"cubin {path} is for {arch}, but the index lists it as {entry['arch']}. Reinstall or rebuild the wheel; nothing was launched")
         spec = importlib.util.spec_from_file_location(f"aot_launcher_{entry['id'].replace('.', '_')}", root / entry["launcher"])
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

@@ -357,6 +357,10 @@ def test_corrupted_section_headers():
     # section name offset outside the name table
     with pytest.raises(CubinError, match=rf"corrupt section header \d+ at offset {hdr:#x}: name offset 65535"):
         read_cubin(patched(data, hdr, struct.pack("<I", 0xFFFF)))
+    # an attribute section turned into SHT_NOBITS (no file data) with a wild offset
+    nobits = patched(patched(data, hdr + 4, struct.pack("<I", 8)), hdr + 24, struct.pack("<Q", 1 << 40))
+    with pytest.raises(CubinError, match=r"unknown layout of \.nv\.info \(section \d+\): type SHT_NOBITS"):
+        read_cubin(nobits)
     # the .symtab made into something else
     symhdr = sections(data)[".symtab"][0]
     with pytest.raises(CubinError, match=r"unknown \.symtab layout"):

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The GPU run on the H200 test machine (no package index there): GPU tests, JIT-vs-AOT parity, bench.
+# Expects: aot/_generated built on a CPU machine (python -m aot build) and carried along; the DSL
+# chunks of ../shared/tools/dsl-chunks.sh already in ~/dsl (see docs/gpu-results.md for the calls).
+# Logs go to $OUT (or ./gpu-logs).
+set -uo pipefail
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+DSL="$HOME/dsl/site:$HOME/dsl/site/nvidia_cutlass_dsl/dsl_packages"
+{ nvidia-smi -L; python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"; } 2>&1 | tee "$OUT/env.log"
+rc=0
+# 1. GPU tests of the AOT ops (cutlass is not on the path here)
+python3 -m pytest -q -rs -m gpu tests/gpu 2>&1 | tee "$OUT/gpu-tests.log"; rc=$((rc | ${PIPESTATUS[0]}))
+# 2. JIT-vs-AOT parity, each side in its own process
+rm -rf /tmp/parity
+if [ -d "$HOME/dsl/site" ]; then
+  PYTHONPATH=$PWD:$DSL python3 ci/parity_csa.py jit --dir /tmp/parity 2>&1 | tee "$OUT/parity-jit.log"
+  python3 ci/parity_csa.py aot --dir /tmp/parity 2>&1 | tee "$OUT/parity-aot.log"
+  python3 ci/parity_csa.py compare --dir /tmp/parity 2>&1 | tee "$OUT/parity.log"; rc=$((rc | ${PIPESTATUS[0]}))
+  # 3. first call and host cost per call, both sides, one run
+  PYTHONPATH=$PWD:$DSL python3 bench/bench_csa.py 2>&1 | tee "$OUT/bench.log"
+else
+  echo "no ~/dsl/site: parity and the cudnn side of the benchmark skipped" | tee "$OUT/parity.log"
+  python3 bench/bench_csa.py 2>&1 | tee "$OUT/bench.log"
+fi
+exit $rc

@@ -1,0 +1,110 @@
+"""The runtime's checks that need no GPU: import hygiene, index lookups, corrupted cubins, bad inputs."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aot.errors import ArchMismatchError, InputError, KernelNotFoundError, LaunchError
+from aot.runtime import registry
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+ENTRY = "csa_compressor.dape_reduce.split.sm_90a"
+
+BLOCK = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch'):
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_runtime_imports_no_toolchain_and_does_nothing_at_import():
+    code = BLOCK + """
+import aot, aot.runtime, aot.runtime.registry, aot.runtime.driver, aot.csa
+assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch', 'cuda') for m in sys.modules), sorted(sys.modules)
+assert aot.runtime.registry._INDEX is None
+print('ok')
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def make_build(tmp_path, arch="sm_90a"):
+    from aot import lift
+
+    src = DATA / ENTRY
+    meta = json.loads((src / "meta.json").read_text())
+    (tmp_path / "cubins").mkdir()
+    (tmp_path / "launchers").mkdir()
+    cubin = (src / "kernel.cubin").read_bytes()
+    import hashlib
+
+    sha = hashlib.sha256(cubin).hexdigest()
+    (tmp_path / "cubins" / f"{sha}.cubin").write_bytes(cubin)
+    (tmp_path / "launchers" / "l.py").write_text(lift.lift((src / "host.mlir").read_text(), meta["host_function"]))
+    entry = {"id": ENTRY, "family": "csa_compressor", "op": "dape_reduce", "key": {"split": True}, "arch": arch,
+             "cubin": f"cubins/{sha}.cubin", "sha256": sha, "launcher": "launchers/l.py"}
+    (tmp_path / "index.json").write_text(json.dumps({"format": 1, "entries": [entry]}))
+    return registry.Index(tmp_path), entry
+
+
+def test_find_names_the_manifest_bucket_that_would_cover_a_missing_key(tmp_path):
+    ix, entry = make_build(tmp_path)
+    assert ix.find("csa_compressor", "dape_reduce", {"split": True}, "sm_90a") == entry
+    with pytest.raises(KernelNotFoundError) as ei:
+        ix.find("csa_compressor", "fwd", {"ratio": 4, "d": 64, "coff": 2}, "sm_90a")
+    msg = str(ei.value)
+    assert "[[bucket]]" in msg and "op = 'fwd'" in msg and "d = 64" in msg and "rebuild" in msg
+    with pytest.raises(ArchMismatchError, match=r"no cubins for sm_100a \(it has: sm_90a\)"):
+        ix.find("csa_compressor", "dape_reduce", {"split": True}, "sm_100a")
+
+
+def test_missing_build_says_how_to_make_one(tmp_path):
+    with pytest.raises(KernelNotFoundError, match="python -m aot build"):
+        registry.Index(tmp_path / "nothing")
+
+
+def test_corrupted_cubin_is_refused_before_the_driver_is_touched(tmp_path):
+    ix, entry = make_build(tmp_path)
+    p = tmp_path / entry["cubin"]
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+    with pytest.raises(LaunchError, match="corrupted: sha256"):
+        registry.LoadedEntry(tmp_path, entry, 0)
+
+
+def test_cubin_of_another_arch_is_refused(tmp_path):
+    ix, entry = make_build(tmp_path, arch="sm_100a")  # index claims sm_100a, the cubin is sm_90a
+    with pytest.raises(LaunchError, match="sm_90a"):
+        registry.LoadedEntry(tmp_path, entry, 0)
+
+
+def test_bad_inputs_are_all_reported_before_anything_runs():
+    torch = pytest.importorskip("torch")
+    import aot.csa
+
+    kv = torch.zeros(256, 256, dtype=torch.float16)[:, ::2]  # wrong dtype, wrong strides, on CPU
+    score = torch.zeros(256, 128, dtype=torch.bfloat16)
+    ape = torch.zeros(4, 128, dtype=torch.float32)
+    cu = torch.tensor([0, 256], dtype=torch.int64)
+    cuc = torch.tensor([0, 64], dtype=torch.int32)
+    with pytest.raises(InputError) as ei:
+        aot.csa.compressor_forward(kv, score, ape, cu, cuc, ratio=4, coff=2, total_comp=64)
+    msg = str(ei.value)
+    assert "nothing was launched" in msg
+    assert "kv: dtype torch.float16 (expected torch.bfloat16)" in msg
+    assert "kv: strides" in msg and "contiguous" in msg
+    assert "(expected cuda" in msg
+    assert "cu_seqlens: dtype torch.int64" in msg
+    with pytest.raises(InputError, match="ratio=3"):
+        aot.csa.compressor_forward(score, score, ape, cuc, cuc, ratio=3, coff=2, total_comp=0)
+    with pytest.raises(InputError, match="head_dim=64 at ratio 128"):
+        aot.csa.compressor_forward(score, score, torch.zeros(128, 128), cuc, cuc, ratio=128, coff=2, total_comp=0)
