@@ -33,7 +33,9 @@ from .specs import FAMILIES, spec_source_hash
 
 __all__ = ["compile_entries", "CompiledEntry", "tool_versions", "cache_key"]
 
-TOOL_DISTS = ("nvidia-cutlass-dsl", "nvidia-cudnn-frontend")
+# libs-cu13 carries the ptxas that cudnn's JIT uses on a CUDA 13 machine (the H200 test machine): with the
+# cu12 libs the same key gives a different (older-ptxas) cubin, so it is part of the toolchain pin.
+TOOL_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu13", "nvidia-cudnn-frontend")
 ARTIFACTS = ("kernel.cubin", "host.mlir", "meta.json")
 
 
@@ -55,7 +57,7 @@ def tool_versions() -> dict:
     return out
 
 
-_PINS = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cudnn-frontend": "1.32.0"}
+_PINS = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": "4.8.1", "nvidia-cudnn-frontend": "1.32.0"}
 
 
 def cache_key(entry: Entry, versions: dict) -> str:
@@ -175,10 +177,13 @@ def _compile_one(family, op, key, arch, sm_count) -> dict:
     t0 = time.perf_counter()
     fn = cute.compile(fn_, *args, options=options) if options else cute.compile(fn_, *args)
     seconds = time.perf_counter() - t0
-    cubin = fn.__cubin__
-    if not isinstance(cubin, (bytes, bytearray)) or not cubin:
-        raise CompileError("cute.compile produced no cubin (CUTE_DSL_KEEP=cubin not honoured?)")
     host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
+    # The cubin the JIT loads is the one embedded in the host module's fatbin (global kernels_binary);
+    # fn.__cubin__ is bytes with some DSL library builds and a dump path with others.
+    cubin = _embedded_cubin(host)
+    kept = fn.__cubin__
+    if isinstance(kept, (bytes, bytearray)) and bytes(kept) != cubin:
+        raise CompileError("fn.__cubin__ differs from the cubin embedded in the host module")
     return {
         "cubin": bytes(cubin),
         "host": host,
@@ -187,6 +192,19 @@ def _compile_one(family, op, key, arch, sm_count) -> dict:
         "seconds": seconds,
         "extra_key": extra_key,
     }
+
+
+def _embedded_cubin(host: str) -> bytes:
+    from . import ir
+    from .cubin import extract_cubins_from_fatbin
+
+    g = ir.parse_module(host).globals.get("kernels_binary")
+    if g is None:
+        raise CompileError("the host module has no kernels_binary global")
+    cubins = extract_cubins_from_fatbin(ir.attr_bytes(g.props["value"]))
+    if len(cubins) != 1:
+        raise CompileError(f"expected one cubin in the host module's fatbin, found {len(cubins)}")
+    return cubins[0]
 
 
 class _Progress:

@@ -222,8 +222,34 @@ def _launcher(op, key, dev):
 # --- ops ---------------------------------------------------------------------------------------------
 
 
+def _sig(ts, extra):
+    """What full validation depends on, except data pointers: a hit skips re-validating it."""
+    try:
+        return tuple([(t.shape, t.dtype, t.get_device(), t.is_contiguous()) for t in ts]) + extra
+    except AttributeError:  # not tensors: take the slow path, which reports them
+        return None
+
+
+_FWD_FAST: dict = {}
+_BWD_FAST: dict = {}
+_FAST_MAX = 4096
+
+
 def compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, head_dim=None, coff=2, stream=None):
     """Forward into caller-provided ``out`` (total_comp, head_dim) bf16; same contract as cudnn's execute()."""
+    sig = _sig((out, kv, score, ape, cu_seqlens, cu_seqlens_comp), (ratio, head_dim, coff))
+    hit = _FWD_FAST.get(sig)
+    if hit is not None:
+        p0, p1, p2, p3, p4, p5 = kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(), out.data_ptr()
+        if not ((p0 | p1 | p2 | p5) & 15 or (p3 | p4) & 3):
+            launch, total_comp, n_seq, dev = hit
+            if launch is not None:
+                launch(p0, p1, p2, p3, p4, p5, total_comp, n_seq, _stream_handle(stream, dev))
+            return out
+    return _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
+
+
+def _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream):
     import torch
 
     total_comp = out.shape[0] if isinstance(out, torch.Tensor) and out.ndim == 2 else None
@@ -231,12 +257,14 @@ def compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ra
     _check(problems, out, "out", (total_comp if total_comp is not None else -1, head_dim), torch.bfloat16, dev, 16)
     if problems:
         raise _input_error(problems)
-    if total_comp == 0:
-        return out
-    op, key = ("fwd_r128", _fwd_r128_key(total_comp, head_dim, coff)) if ratio == 128 else ("fwd", {"ratio": ratio, "d": head_dim, "coff": coff})
-    launch, _ = _launcher(op, key, dev)
-    launch(kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(), out.data_ptr(),
-           total_comp, cu_seqlens.shape[0] - 1, _stream_handle(stream, dev))
+    launch = None
+    if total_comp:
+        op, key = ("fwd_r128", _fwd_r128_key(total_comp, head_dim, coff)) if ratio == 128 else ("fwd", {"ratio": ratio, "d": head_dim, "coff": coff})
+        launch, _ = _launcher(op, key, dev)
+        launch(kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(), out.data_ptr(),
+               total_comp, cu_seqlens.shape[0] - 1, _stream_handle(stream, dev))
+    if sig is not None and len(_FWD_FAST) < _FAST_MAX:
+        _FWD_FAST[sig] = (launch, total_comp, cu_seqlens.shape[0] - 1, dev)
     return out
 
 
@@ -249,13 +277,18 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
 
     from .outputs import Outputs
 
-    problems, dev, head_dim, *_ = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)
-    if problems:
-        raise _input_error(problems)
-    if total_comp is None:
-        total_comp = int(cu_seqlens_comp[-1].item())
-    with torch.cuda.device(dev):
-        out = torch.empty(int(total_comp), head_dim, dtype=torch.bfloat16, device=kv.device)
+    hd = head_dim if head_dim is not None else (kv.shape[1] // coff if isinstance(kv, torch.Tensor) and kv.ndim == 2 and coff in (1, 2) else None)
+    if total_comp is None or hd is None or hd < 1 or total_comp < 0:
+        problems, dev, hd, *_ = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)
+        if problems:
+            raise _input_error(problems)
+        if total_comp is None:
+            total_comp = int(cu_seqlens_comp[-1].item())
+    if stream is None:
+        out = torch.empty(int(total_comp), hd, dtype=torch.bfloat16, device=kv.device)
+    else:
+        with torch.cuda.stream(torch.cuda.ExternalStream(int(stream) if not hasattr(stream, "cuda_stream") else stream.cuda_stream)):
+            out = torch.empty(int(total_comp), hd, dtype=torch.bfloat16, device=kv.device)
     compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
     return Outputs(out=out)
 

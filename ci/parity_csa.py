@@ -5,6 +5,9 @@
     python ci/parity_csa.py aot --dir D      # cutlass NOT importable: aot ops, writes D/aot.json
     python ci/parity_csa.py compare --dir D  # table; exit status 1 on any mismatch
 
+``aot`` imports the ``aot`` package from the environment (the installed wheel, or
+``PYTHONPATH=<repo root>`` for a source checkout with a build in ``aot/_generated``).
+
 ``jit`` generates the inputs of every case from fixed seeds and saves them under D/inputs; ``aot``
 loads the same files. Both poison every output with NaN (deterministic workspace with 0xFF bytes)
 before the first call, save what the ops wrote, and time the ops the same way:
@@ -52,6 +55,11 @@ def _bucket(table, nb):
         if lo <= nb <= hi:
             return name
     raise ValueError(nb)
+
+
+def _selected(args, name):
+    """--only: comma-separated substrings of case names (empty: every case)."""
+    return not args.only or any(part and part in name for part in args.only.split(","))
 
 
 def build_cases():
@@ -295,10 +303,23 @@ class JitApi:
         result = []
         for table in (self.g._COMPILED, self.r._COMPILED):
             for key, fn in table.items():
-                cubin = getattr(fn, "__cubin__", None)
+                cubin = _loaded_cubin(fn)
                 op, k = self.index_key(key)
                 result.append({"op": op, "key": k, "jit_key": repr(key), "sha256": hashlib.sha256(cubin).hexdigest() if cubin else None, "bytes": len(cubin) if cubin else 0})
         return result
+
+
+def _loaded_cubin(fn):
+    """The cubin the JIT loads: the one embedded in the host module's fatbin (kernels_binary).
+
+    ``fn.__cubin__`` is bytes with some DSL library builds and a dump-file path with others.
+    """
+    from aot import ir
+    from aot.cubin import extract_cubins_from_fatbin
+
+    host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
+    cubins = extract_cubins_from_fatbin(ir.attr_bytes(ir.parse_module(host).globals["kernels_binary"].props["value"]))
+    return cubins[0] if len(cubins) == 1 else None
 
 
 def cmd_jit(args):
@@ -314,7 +335,7 @@ def cmd_jit(args):
     os.makedirs(os.path.join(args.dir, "jit"), exist_ok=True)
     rows = {}
     for name, spec in build_cases():
-        if args.only and args.only not in name:
+        if not _selected(args, name):
             continue
         x = make_inputs(spec)
         torch.save(x, os.path.join(args.dir, "inputs", f"{name}.pt"))
@@ -372,15 +393,20 @@ def _runtime_stats(aot_pkg):
         runtime = importlib.import_module("aot.runtime")
     except Exception as exc:  # noqa: BLE001 - reported, not fatal
         return {"error": repr(exc)}
+    def jsonable(v):
+        if isinstance(v, dict):
+            return {(k if isinstance(k, str) else repr(k)): jsonable(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [jsonable(x) for x in v]
+        return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+
     found = {}
-    for name in ("cubin_load_ms", "load_stats", "stats", "load_times", "loaded_cubins"):
+    for name in ("load_stats", "cubin_load_ms", "stats", "load_times"):
         obj = getattr(runtime, name, None)
         if obj is None:
             continue
         try:
-            value = obj() if callable(obj) else obj
-            json.dumps(value, default=str)
-            found[name] = value
+            found[name] = jsonable(obj() if callable(obj) else obj)
         except Exception as exc:  # noqa: BLE001
             found[name] = repr(exc)
     return found
@@ -407,7 +433,7 @@ def cmd_aot(args):
     os.makedirs(os.path.join(args.dir, "aot"), exist_ok=True)
     rows = {}
     for name, cspec in build_cases():
-        if args.only and args.only not in name:
+        if not _selected(args, name):
             continue
         path = os.path.join(args.dir, "inputs", f"{name}.pt")
         if not os.path.exists(path):
@@ -539,8 +565,13 @@ def cmd_compare(args):
     print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}")
     print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, aot.csa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
     print(f"torch.add warm host us: JIT process {jm.get('torch_add_us', float('nan')):.1f}, AOT process {am.get('torch_add_us', float('nan')):.1f}")
-    if am.get("runtime_stats"):
-        print(f"aot.runtime stats: {json.dumps(am['runtime_stats'], default=str)[:2000]}")
+    stats = am.get("runtime_stats") or {}
+    loads = stats.get("load_stats")
+    if isinstance(loads, dict) and loads and all(isinstance(v, (int, float)) for v in loads.values()):
+        v = sorted(loads.values())
+        print(f"aot cubin loads (aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
+    elif stats:
+        print(f"aot.runtime stats: {json.dumps(stats, default=str)[:2000]}")
     jw = [r["warm_us"] for r in jit["rows"].values()]
     aw = [r["warm_us"] for r in aot["rows"].values()]
     if jw and aw:
@@ -559,7 +590,7 @@ def main(argv=None):
     p.add_argument("mode", choices=("jit", "aot", "compare"))
     p.add_argument("--dir", required=True, help="folder shared by the three steps")
     p.add_argument("--calls", type=int, default=200, help="warm calls timed per op (median)")
-    p.add_argument("--only", default="", help="run only cases whose name contains this string")
+    p.add_argument("--only", default="", help="run only cases whose name contains one of these comma-separated strings")
     args = p.parse_args(argv)
     if args.mode == "jit":
         cmd_jit(args)

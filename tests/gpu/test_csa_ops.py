@@ -36,6 +36,10 @@ Why these numbers:
   tighter than the bf16 bound. tests/unit/test_ref_csa.py checks that an fp32-intermediate
   computation passes this table with margin, so the table is not tighter than fp32 allows.
 
+Measured (2026-11-29, H200, this file run against cudnn 1.32.0's own JIT kernels for sm_90a through
+a stand-in for aot.csa, CSA_TEST_VERBOSE=1): bf16 outputs rel_norm 1.53e-3 .. 1.87e-3 over 219
+outputs, no elementwise violation; grad_ape 1.3e-7 .. 3.2e-7 over 81 outputs.
+
 NaN never passes: outputs are poisoned with NaN (deterministic workspace with 0xFF bytes) before
 each launch, and any NaN left in an output fails the test before the numeric comparison.
 Positions no real row consumes must be exact zeros in grad_kv/grad_score.
@@ -125,6 +129,8 @@ def assert_close(name, got, ref, dtype, ctx):
     assert got.dtype == dtype, f"{name}: dtype {got.dtype} (expected {dtype}) [{ctx}]"
     assert tuple(got.shape) == tuple(ref.shape), f"{name}: shape {tuple(got.shape)} (expected {tuple(ref.shape)}) [{ctx}]"
     rep = compare(got, ref, dtype)
+    if os.environ.get("CSA_TEST_VERBOSE"):  # per-output error figures, e.g. to recalibrate the table
+        print(f"\n{name:10s} rel_norm={rep['rel_norm']:.3e} max_abs={rep['max_abs']:.3e} [{ctx}]", end="")
     assert rep["nan"] == 0, f"{name}: {rep['nan']} NaN left (element not written?) [{ctx}] {rep}"
     assert rep["ok"], f"{name}: outside tolerance {TOLERANCES[dtype]} [{ctx}] {rep}"
 
