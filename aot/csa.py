@@ -61,7 +61,9 @@ def backward_workspace_bytes(total_comp, ratio, head_dim, coff, device=None) -> 
         return 0
     nelems = ratio * coff * head_dim
     if ratio == 128:
-        dev = _dev_index(device)
+        from .runtime.registry import device_index
+
+        dev = device_index(device)
         entry = _index().find(FAMILY, "bwd_r128", _bwd_r128_key(total_comp, head_dim, coff, True), _state(dev).arch)
         rows = _rows_r128(total_comp, head_dim, coff, entry["key"]["schedule"], _state(dev).sm_count)
         return -(-total_comp // rows) * nelems * 4
@@ -112,21 +114,18 @@ def _index():
     return index()
 
 
-def _dev_index(device):
-    import torch
-
-    if device is None:
-        return torch.cuda.current_device()
-    return torch.device(device).index if not isinstance(device, int) else device
-
-
 _raw_stream = None
+
+
+def _stream_int(stream) -> int:
+    """A torch.cuda.Stream, a cuda-python CUstream or a raw handle -> the raw handle."""
+    return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
 
 
 def _stream_handle(stream, dev):
     global _raw_stream
     if stream is not None:
-        return int(stream) if not hasattr(stream, "cuda_stream") else stream.cuda_stream
+        return _stream_int(stream)
     if _raw_stream is None:
         import torch
 
@@ -284,11 +283,8 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
             raise _input_error(problems)
         if total_comp is None:
             total_comp = int(cu_seqlens_comp[-1].item())
-    if stream is None:
+    with _alloc_on(stream):
         out = torch.empty(int(total_comp), hd, dtype=torch.bfloat16, device=kv.device)
-    else:
-        with torch.cuda.stream(torch.cuda.ExternalStream(int(stream) if not hasattr(stream, "cuda_stream") else stream.cuda_stream)):
-            out = torch.empty(int(total_comp), hd, dtype=torch.bfloat16, device=kv.device)
     compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
     return Outputs(out=out)
 
@@ -380,8 +376,7 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
         raise _input_error([f"grad_out: must be 2-D (total_comp, head_dim), got {getattr(grad_out, 'shape', type(grad_out).__name__)}"])
     total_comp = grad_out.shape[0]
     with torch.cuda.device(dev):
-        ctx = torch.cuda.stream(torch.cuda.ExternalStream(int(stream))) if stream is not None else _nullctx()
-        with ctx:
+        with _alloc_on(stream):
             if total_comp == 0:
                 gkv, gs = torch.zeros_like(kv), torch.zeros_like(score)
             else:
@@ -392,9 +387,12 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
     return Outputs(grad_kv=gkv, grad_score=gs, grad_ape=gape)
 
 
-class _nullctx:
-    def __enter__(self):
-        return None
+def _alloc_on(stream):
+    """Allocate outputs on the launch stream (torch's caching allocator is per stream)."""
+    import contextlib
 
-    def __exit__(self, *a):
-        return False
+    import torch
+
+    if stream is None:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(_stream_int(stream)))

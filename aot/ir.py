@@ -316,7 +316,6 @@ def _attr_dict(text: str) -> dict:
 
 
 def _sig_operands(sig: str) -> list:
-    lhs = sig.split("->")[0].strip() if "->" in _split_top(sig, " ")[0:3] or True else sig
     lhs = sig[: _arrow(sig)].strip()
     return _split_top(lhs[1:-1]) if lhs.startswith("(") else [lhs]
 

@@ -143,13 +143,14 @@ class _Machine:
             env[r] = self.alloc(ir.sizeof(ir.parse_type(op.props["elem_type"])) * a[0])
         elif n == "llvm.getelementptr":
             t = ir.parse_type(op.props["elem_type"])
-            dyn = list(a[1:])
+            dyn = list(zip(a[1:], op.operand_types[1:]))
             addr = a[0]
             for depth, raw in enumerate(ir.attr_ints(op.props["rawConstantIndices"])):
-                idx = dyn.pop(0) if raw == -2147483648 else raw
-                if raw == -2147483648:
-                    bits = op.operand_types[1 + depth - sum(1 for x in ir.attr_ints(op.props["rawConstantIndices"])[:depth] if x != -2147483648)].bits
-                    idx = idx - (1 << bits) if idx >> (bits - 1) else idx
+                if raw == -2147483648:  # a dynamic index: the next operand, signed at its own width
+                    v, vt = dyn.pop(0)
+                    idx = _s(v, vt.bits)
+                else:
+                    idx = raw
                 if depth == 0:
                     addr += idx * ir.sizeof(t)
                     cur = t
@@ -239,8 +240,7 @@ def _sdiv(a, b, bits):
     x, y = _s(a, bits), _s(b, bits)
     if y == 0 or (x == -(1 << (bits - 1)) and y == -1):
         raise _Trap("undefined sdiv")
-    q = int(x / y) if abs(x) < 2**52 else (abs(x) // abs(y)) * (1 if (x < 0) == (y < 0) else -1)
-    return q
+    return (abs(x) // abs(y)) * (1 if (x < 0) == (y < 0) else -1)  # C: truncate toward zero
 
 
 def _srem(a, b, bits):

@@ -25,9 +25,9 @@ def preload(device=None) -> dict:
     import torch
 
     from ..errors import ArchMismatchError
-    from .registry import device_arches, index
+    from .registry import device_arches, device_index, index
 
-    dev = torch.cuda.current_device() if device is None else torch.device(device).index if not isinstance(device, int) else device
+    dev = device_index(device)
     ix = index()
     cap = torch.cuda.get_device_capability(dev)
     arches = [a for a in device_arches(cap) if a in ix.arches]

@@ -25,12 +25,21 @@ from .driver import check, drv
 def read_cubin_arch(data: bytes) -> str:
     return read_cubin(data).arch
 
-__all__ = ["Index", "index", "LoadedEntry", "device_arches", "GENERATED"]
+__all__ = ["Index", "index", "LoadedEntry", "device_arches", "device_index", "GENERATED"]
 
 GENERATED = Path(__file__).resolve().parent.parent / "_generated"
 
 # compute capability -> cubin arches that run on it, best first (an "a" cubin runs on exactly its arch)
 _CAP_ARCHES = {(9, 0): ("sm_90a",), (10, 0): ("sm_100a", "sm_100f"), (10, 3): ("sm_103a", "sm_100f")}
+
+
+def device_index(device) -> int:
+    """None (torch's current device), an int, 'cuda:N' or a torch.device -> N."""
+    import torch
+
+    if device is None:
+        return torch.cuda.current_device()
+    return device if isinstance(device, int) else torch.device(device).index
 
 
 def device_arches(cap) -> tuple:
