@@ -162,7 +162,9 @@ def _worker_init(arch: str, dump_dir: str, path: list) -> None:
     sys.path[:] = path
     os.environ["CUTE_DSL_ARCH"] = arch  # read once per process by the DSL: set before importing it
     os.environ["CUTE_DSL_KEEP"] = "cubin"  # makes fn.__cubin__ available
-    os.environ["CUTE_DSL_DUMP_DIR"] = dump_dir  # KEEP also drops files; keep them out of the cwd
+    # KEEP also drops files, named by kernel symbol (shared across keys): one dir per worker, so a
+    # concurrent compile of another key cannot overwrite what fn.__cubin__ reads back
+    os.environ["CUTE_DSL_DUMP_DIR"] = os.path.join(dump_dir, str(os.getpid()))
     import cutlass  # noqa: F401  (pay the import once per worker)
 
 

@@ -50,6 +50,11 @@ class Array:
 
 
 @dataclass(frozen=True)
+class Vector(Array):
+    """``vector<N x iM>``: laid out like an array, aligned to its (power-of-two) size."""
+
+
+@dataclass(frozen=True)
 class Void:
     pass
 
@@ -121,7 +126,20 @@ class _TypeParser:
             elem = self.parse()
             self.eat(">")
             return Array(int(n.group(1)), elem)
-        raise LiftError(f"unknown type {word!r} in {self.s!r}: the lifter handles integers, floats, pointers, structs and arrays")
+        if word == "vector":
+            self.eat("<")
+            self.ws()
+            n = re.compile(r"(\d+)x").match(self.s, self.i)
+            if not n:
+                raise LiftError(f"cannot parse vector type {self.s!r} (only fixed-size vectors are understood)")
+            self.i = n.end()
+            elem = self.parse()
+            self.eat(">")
+            size = int(n.group(1)) * sizeof(elem)
+            if not isinstance(elem, Int) or size & (size - 1) or size > 64:
+                raise LiftError(f"vector type {self.s!r}: only integer vectors of a power-of-two size up to 64 bytes are understood")
+            return Vector(int(n.group(1)), elem)
+        raise LiftError(f"unknown type {word!r} in {self.s!r}: the lifter handles integers, floats, pointers, vectors, structs and arrays")
 
 
 _TYPE_CACHE: dict = {}
@@ -145,6 +163,8 @@ def alignof(t) -> int:
         return 1 if t.bits <= 8 else min(8, t.bits // 8) if t.bits in (16, 32, 64) else 16
     if isinstance(t, Ptr):
         return 8
+    if isinstance(t, Vector):
+        return t.n * sizeof(t.elem)
     if isinstance(t, Array):
         return alignof(t.elem)
     if isinstance(t, Struct):
@@ -452,6 +472,21 @@ def attr_int(raw: str) -> int:
         return int(v, 0)
     except ValueError:
         raise LiftError(f"expected an integer attribute, got {raw[:80]!r}") from None
+
+
+def attr_dense(raw: str, n: int) -> list:
+    """``dense<0> : vector<4xi32>`` (a splat) / ``dense<[1, 2, 3, 4]> : ...`` -> n ints."""
+    m = re.fullmatch(r"dense<(.*)>\s*:.*", raw.strip())
+    if not m:
+        raise LiftError(f"expected a dense integer constant, got {raw[:80]!r}")
+    body = m.group(1).strip()
+    try:
+        vals = [int(x, 0) for x in body.strip("[]").split(",")] if body.startswith("[") else [int(body, 0)] * n
+    except ValueError:
+        raise LiftError(f"expected a dense integer constant, got {raw[:80]!r}") from None
+    if len(vals) != n:
+        raise LiftError(f"dense constant {raw[:80]!r} has {len(vals)} values, its type {n}")
+    return vals
 
 
 def attr_ints(raw: str) -> list:

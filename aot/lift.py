@@ -20,13 +20,12 @@ Public function: :func:`lift` (host.mlir text -> launcher source). Artifact: ``l
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from . import ir
 from .errors import LiftError
 
-__all__ = ["lift", "LAUNCH_ATTRS"]
+__all__ = ["lift", "cubin_param_layout", "LAUNCH_ATTRS"]
 
 # CUDA launch attribute ids the runtime knows how to set (value layout: i32 fields at byte 0, 4, 8).
 LAUNCH_ATTRS = {2: "cooperative", 4: "cluster_dim", 6: "programmatic_stream_serialization", 11: "preferred_cluster_dim"}
@@ -72,6 +71,11 @@ class A:  # aggregate (struct / array value)
 @dataclass(frozen=True)
 class KH:  # a kernel handle, named by its kernel global
     glob: str
+
+
+@dataclass(frozen=True)
+class PI:  # a host-memory pointer cast to an integer: only an inttoptr back is understood
+    ptr: object
 
 
 class _Poison:
@@ -245,7 +249,11 @@ class _Lifter:
             if not isinstance(count, K):
                 raise LiftError(f"{op.where()}: alloca with a run-time count")
             t = ir.parse_type(op.prop("elem_type"))
-            env[r] = P(Region(f"alloca {r} ({op.prop('elem_type')})", ir.sizeof(t) * count.v), 0)
+            reg = Region(f"alloca {r} ({op.prop('elem_type')})", ir.sizeof(t) * count.v)
+            # a kernel parameter's slot in the param buffer keeps the alloca's alignment (a TMA
+            # descriptor is 64-byte aligned; the cubin's KPARAM_INFO check confirms it)
+            reg.align = max(ir.alignof(t), ir.attr_int(op.prop("alignment")) if "alignment" in op.props else 1)
+            env[r] = P(reg, 0)
         elif n == "llvm.getelementptr":
             env[r] = self.gep(op, ops)
         elif n == "llvm.store":
@@ -285,7 +293,11 @@ class _Lifter:
             env[r] = self.cast(op, n, ops[0])
         elif n in ("llvm.ptrtoint", "llvm.inttoptr", "llvm.bitcast", "llvm.addrspacecast"):
             v = ops[0]
-            if isinstance(v, (P, KH)) and n != "llvm.bitcast" and n != "llvm.addrspacecast":
+            if n == "llvm.ptrtoint" and isinstance(v, (P, KH)):
+                v = PI(v)  # the TMA descriptor copy round-trips its alloca through an integer
+            elif n == "llvm.inttoptr" and isinstance(v, PI):
+                v = v.ptr
+            elif isinstance(v, (P, KH, PI)) and n in ("llvm.ptrtoint", "llvm.inttoptr"):
                 raise LiftError(f"{op.where()}: {n} of a host-memory pointer")
             env[r] = v
         elif n == "llvm.br":
@@ -311,6 +323,8 @@ class _Lifter:
             return B(ir.attr_bytes(raw))
         if isinstance(t, ir.Int):
             return K(ir.attr_int(raw) & _mask(t.bits), t.bits)
+        if isinstance(t, ir.Vector):
+            return A(tuple(K(x & _mask(t.elem.bits), t.elem.bits) for x in ir.attr_dense(raw, t.n)))
         raise LiftError(f"{op.where()}: constant {raw[:60]!r} of type {t}")
 
     def gep(self, op, ops):
@@ -596,8 +610,18 @@ def _err_text(op, func, label):
 # --- entry point ---------------------------------------------------------------------------------
 
 
-def lift(host_mlir: str, entry_function: str, title: str = "") -> str:
-    """Lift ``entry_function`` of ``host_mlir`` (generic form) into launcher module source."""
+def cubin_param_layout(cubin: bytes) -> dict:
+    """kernel symbol -> [(offset, size)] of its parameters, from the cubin's EIATTR_KPARAM_INFO."""
+    from .cubin import read_cubin
+
+    return {k.name: [(p.offset, p.size) for p in k.params] for k in read_cubin(cubin).kernels}
+
+
+def lift(host_mlir: str, entry_function: str, title: str = "", param_layout: dict | None = None) -> str:
+    """Lift ``entry_function`` of ``host_mlir`` (generic form) into launcher module source.
+
+    ``param_layout`` maps kernel symbol -> [(offset, size)] of its parameters, from the cubin.
+    """
     m = ir.parse_module(host_mlir)
     if entry_function not in m.funcs:
         raise LiftError(f"host module has no function {entry_function!r} (has: {sorted(m.funcs)})")
@@ -621,12 +645,14 @@ def lift(host_mlir: str, entry_function: str, title: str = "") -> str:
         args.append(v)
         arg_spec += spec
     for name, kind in arg_spec:
-        if kind.startswith("i") and kind != "i64":
+        if kind == "f32":
+            norm.append(f"    {name} = f32bits({name})")
+        elif kind.startswith("i") and kind != "i64":
             norm.append(f"    {name} &= {hex(_mask(int(kind[1:])))}")
     main.run(f, args)
     if not main.launches:
         raise LiftError(f"{entry_function} launches no kernel")
-    return _emit(title, arg_spec, norm, setup, main, kernels)
+    return _emit(title, arg_spec, norm, setup, main, kernels, param_layout)
 
 
 def _arg_value(t, name, lifter):
@@ -634,6 +660,10 @@ def _arg_value(t, name, lifter):
         return S(name, 64), [(name, "ptr")]
     if isinstance(t, ir.Int):
         return S(name, t.bits), [(name, f"i{t.bits}")]
+    if isinstance(t, ir.Float) and t.bits == 32:
+        # passed as its bit pattern: the host code only moves it into kernel parameters (a float op
+        # on it would be an unknown op and fail closed)
+        return S(name, 32), [(name, "f32")]
     if isinstance(t, ir.Struct):
         items, spec = [], []
         for j, ft in enumerate(t.fields):
@@ -644,17 +674,24 @@ def _arg_value(t, name, lifter):
     raise LiftError(f"entry argument {name} has type {t}, which the lifter does not pass")
 
 
-def _emit(title, arg_spec, norm, setup, main, kernels):
+def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
     launches_meta, pack_lines, returns, roots = [], [], [], []
     for li, L in enumerate(main.launches):
         if L.kernel not in kernels:
             raise LiftError(f"launch {li} uses kernel global {L.kernel} that cuda_load_to_device never loads")
         offs, size, template, writes, unwritten = [], 0, bytearray(), [], []
-        for pr in L.params:
-            # param buffer layout: natural alignment of each param (checked against the cubin later)
+        layout = param_layout.get(kernels[L.kernel]) if param_layout is not None else None
+        if layout is not None and [s for _, s in layout] != [pr.region.size for pr in L.params]:
+            raise LiftError(f"launch {li}: the host code passes parameters of sizes {[pr.region.size for pr in L.params]}, the cubin's kernel takes {[s for _, s in layout]}")
+        for pi, pr in enumerate(L.params):
+            # param buffer layout: the cubin's EIATTR_KPARAM_INFO when given (a TMA descriptor's
+            # offset depends on where the arch's constant bank puts the params), else natural alignment
             psize = pr.region.size
-            align = _region_align(pr.region)
-            size = (size + align - 1) // align * align
+            if layout is not None:
+                size = layout[pi][0]
+            else:
+                align = _region_align(pr.region)
+                size = (size + align - 1) // align * align
             offs.append((size, psize))
             template.extend(b"\0" * (size + psize - len(template)))
             covered = bytearray(psize)
@@ -693,7 +730,7 @@ def _emit(title, arg_spec, norm, setup, main, kernels):
     src = [
         f'"""Lifted launcher: {title}. Generated by aot.lift from host.mlir; do not edit."""',
         "from struct import Struct",
-        "from aot.runtime.lifted import LaunchError, sx, shl, lshr, ashr, udiv, urem, sdiv, srem  # noqa: F401",
+        "from aot.runtime.lifted import LaunchError, f32bits, sx, shl, lshr, ashr, udiv, urem, sdiv, srem  # noqa: F401",
         "",
         f"ARGS = {tuple(arg_spec)!r}",
         f"KERNELS = {tuple(sorted(set(kernels.values())))!r}",
@@ -719,8 +756,7 @@ def _emit(title, arg_spec, norm, setup, main, kernels):
 
 
 def _region_align(region):
-    m = re.search(r"\((.*)\)$", region.name)
-    return ir.alignof(ir.parse_type(m.group(1))) if m else 8
+    return getattr(region, "align", 8)
 
 
 def _pack_runs(li, writes):

@@ -80,7 +80,7 @@ class _Machine:
 
     # values <-> bytes
     def encode(self, t, v):
-        if isinstance(t, ir.Int) or isinstance(t, ir.Ptr):
+        if isinstance(t, (ir.Int, ir.Float, ir.Ptr)):  # floats travel as their bit patterns
             n = ir.sizeof(t)
             return None if v is None else (v & ((1 << (8 * n)) - 1)).to_bytes(n, "little")
         if isinstance(v, bytes):
@@ -98,12 +98,34 @@ class _Machine:
                 out[o : o + len(b)] = b
         return bytes(out)
 
-    def decode(self, t, b):
-        if isinstance(t, (ir.Int, ir.Ptr)):
-            return int.from_bytes(b[: ir.sizeof(t)], "little")
+    def store(self, t, v, addr):
+        """Store field by field: struct padding and undefined (poison) fields stay unwritten."""
+        if v is None:
+            return
+        if isinstance(t, (ir.Struct, ir.Array)) and not isinstance(v, bytes):
+            if isinstance(t, ir.Struct):
+                parts = zip(t.fields, ir.field_offsets(t), v)
+            else:
+                parts = ((t.elem, i * ir.sizeof(t.elem), x) for i, x in enumerate(v))
+            for ft, o, x in parts:
+                self.store(ft, x, addr + o)
+            return
+        self.write(addr, self.encode(t, v))
+
+    def decode(self, t, b, mask=None):
+        """Bytes -> value; a scalar no store ever wrote is undefined (None) and stays unwritten
+        when stored again (the JIT copies TMA descriptors whose upper half it never fills)."""
+        if isinstance(t, (ir.Int, ir.Float, ir.Ptr)):
+            n = ir.sizeof(t)
+            if mask is not None and not any(mask[:n]):
+                return None
+            if mask is not None and not all(mask[:n]):
+                raise VerifyError(f"concrete interpreter: load of a partly written {t}")
+            return int.from_bytes(b[:n], "little")
         if isinstance(t, ir.Struct):
-            return [self.decode(ft, b[o:]) for ft, o in zip(t.fields, ir.field_offsets(t))]
-        return [self.decode(t.elem, b[i * ir.sizeof(t.elem) :]) for i in range(t.n)]
+            return [self.decode(ft, b[o:], None if mask is None else mask[o:]) for ft, o in zip(t.fields, ir.field_offsets(t))]
+        step = ir.sizeof(t.elem)
+        return [self.decode(t.elem, b[i * step :], None if mask is None else mask[i * step :]) for i in range(t.n)]
 
     def run(self, fname, args):
         f = self.m.funcs[fname]
@@ -132,7 +154,12 @@ class _Machine:
         if n == "llvm.mlir.constant":
             raw = op.props["value"]
             t = op.result_type
-            env[r] = ir.attr_bytes(raw) if raw.startswith('"') else ir.attr_int(raw) & ((1 << t.bits) - 1)
+            if raw.startswith('"'):
+                env[r] = ir.attr_bytes(raw)
+            elif isinstance(t, ir.Vector):
+                env[r] = [x & ((1 << t.elem.bits) - 1) for x in ir.attr_dense(raw, t.n)]
+            else:
+                env[r] = ir.attr_int(raw) & ((1 << t.bits) - 1)
         elif n == "llvm.mlir.zero":
             env[r] = 0
         elif n in ("llvm.mlir.poison", "llvm.mlir.undef"):
@@ -162,12 +189,11 @@ class _Machine:
                     cur = cur.elem
             env[r] = addr
         elif n == "llvm.store":
-            b = self.encode(op.operand_types[0], a[0])
-            if b is not None:
-                self.write(a[1], b)
+            self.store(op.operand_types[0], a[0], a[1])
         elif n == "llvm.load":
             t = op.result_type
-            env[r] = self.decode(t, self.read(a[0], ir.sizeof(t)))
+            (_, mask), o = self.region(a[0], ir.sizeof(t))
+            env[r] = self.decode(t, self.read(a[0], ir.sizeof(t)), bytes(mask[o : o + ir.sizeof(t)]))
         elif n == "llvm.insertvalue":
             t = op.result_type
             agg = a[0] if a[0] is not None else _empty(t)
@@ -379,6 +405,10 @@ def load_launcher(source: str, name="launcher"):
     return ns
 
 
+def f32bits(x):
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
 def _random_args(spec, rng):
     """Pointers: 16-byte aligned; integers: small values often (edge cases of ceil-divisions and
     bucket bounds live there), then mid-size, large positive and any bit pattern."""
@@ -386,6 +416,9 @@ def _random_args(spec, rng):
     for _, kind in spec:
         if kind == "ptr":
             out.append(rng.randrange(1, 1 << 47) * 16)
+            continue
+        if kind == "f32":
+            out.append(rng.choice([0.0, -0.0, 1.0, 0.125, -3.5, 1e-30, 3.0e38, float("inf"), float("nan")]) * rng.choice([1, rng.random()]))
             continue
         bits = int(kind[1:])
         r = rng.random()
@@ -442,7 +475,8 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
 
         args = _random_args(ns["ARGS"], rng)
         try:
-            setup_calls, conc = run_concrete(module, entry_function, args, kparams, dattr, kattr)
+            bits = [f32bits(a) if k == "f32" else a for a, (_, k) in zip(args, ns["ARGS"])]
+            setup_calls, conc = run_concrete(module, entry_function, bits, kparams, dattr, kattr)
             conc_err = None
         except _Trap as e:
             conc, conc_err = None, str(e)

@@ -6,7 +6,15 @@ signed overflow of INT_MIN / -1, shifting by the width or more), raise instead o
 
 from ..errors import LaunchError
 
-__all__ = ["LaunchError", "sx", "shl", "lshr", "ashr", "udiv", "urem", "sdiv", "srem"]
+__all__ = ["LaunchError", "f32bits", "sx", "shl", "lshr", "ashr", "udiv", "urem", "sdiv", "srem"]
+
+
+_F32 = __import__("struct").Struct("<f")
+
+
+def f32bits(x):
+    """A Python float -> the bit pattern of the fp32 the kernel receives (round to nearest)."""
+    return int.from_bytes(_F32.pack(x), "little")
 
 
 def sx(v, bits):

@@ -26,7 +26,7 @@ def load(name):
 @pytest.mark.parametrize("name", ENTRIES)
 def test_lifted_launcher_matches_concrete_host_code_and_cubin(name):
     host, fn, cubin = load(name)
-    src = lift.lift(host, fn, name)
+    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
     rep = verify.verify(host, fn, src, cubin, samples=60, seed=1)
     assert rep["verdict"] == "ok" and rep["samples"] == 60
 
@@ -117,3 +117,26 @@ def test_runtime_branch_to_an_error_path_becomes_a_check():
     with pytest.raises(verify.LaunchError, match="error path"):
         ns["launch"](*bufs, 16, 32, 48, 17, 64, 0)
     verify.verify(bad, fn, lift.lift(bad, fn), cubin, samples=80)  # and it agrees with the host code
+
+
+def test_tma_descriptor_params_take_the_cubins_offsets():
+    """SM90 puts kernel params at c[0x0][0x210]: a 64-byte-aligned CUtensorMap lands at param offset
+    368, not at its natural 320. Lifted without the cubin's layout, the verifier refuses it."""
+    name = "dsa_indexer_backward.gemm_sm90.heads64.topk512.notopk_global.sm_90a"
+    host, fn, cubin = load(name)
+    ns = verify.load_launcher(lift.lift(host, fn, name, lift.cubin_param_layout(cubin)))
+    offs = [o for o, s in ns["LAUNCHES"][0]["params"] if s == 128]
+    assert offs == [368, 496]
+    # the JIT leaves the upper 64 bytes of each descriptor unwritten
+    assert ns["LAUNCHES"][0]["never_written"][13] == list(range(64, 128))
+    with pytest.raises(VerifyError, match="EIATTR_KPARAM_INFO"):
+        verify.verify(host, fn, lift.lift(host, fn, name), cubin, samples=5)
+
+
+def test_pdl_consumer_and_float_scale():
+    name = "dsa_indexer_backward.gemm.nodeterministic.heads64.pdl.persistent.planes96.topk512.notopk_global.sm_100a"
+    host, fn, cubin = load(name)
+    ns = verify.load_launcher(lift.lift(host, fn, name, lift.cubin_param_layout(cubin)))
+    attrs = dict((aid, v) for aid, v in ns["LAUNCHES"][0]["attrs"])
+    assert attrs[6] == [[0, 4, 1]]  # programmatic stream serialization: the GEMM may start under score-grad
+    assert ("a8", "f32") in ns["ARGS"]  # sm_scale, passed as a Python float
