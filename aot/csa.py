@@ -39,6 +39,8 @@ def bucket_of(op: str, nb_total: int) -> str:
     raise ValueError(f"nb_total={nb_total} is outside every {op} bucket")
 
 
+from ._opsupport import _alloc_on, _check, _index, _input_error, _state, _stream_handle
+
 # --- constants upstream bakes into its launch code (checked against cudnn at build time) -----------
 BWD_ROWS = 8  # compressor_sm100._BWD_ROWS: output rows per CTA of the ratio-2/4 backward
 DAPE_GROUP_PARTIALS = 32  # compressor_sm100._DAPE_REDUCTION_GROUP_PARTIALS (split reduction stage)
@@ -70,88 +72,6 @@ def backward_workspace_bytes(total_comp, ratio, head_dim, coff, device=None) -> 
     npartials = -(-total_comp // BWD_ROWS)
     stage = -(-npartials // DAPE_GROUP_PARTIALS) * nelems if ratio == 4 else 0
     return (npartials * nelems + stage) * 4
-
-
-# --- device state ------------------------------------------------------------------------------------
-
-
-class _DevState:
-    __slots__ = ("arch", "sm_count", "cap")
-
-    def __init__(self, dev):
-        import torch
-
-        from .runtime.registry import device_arches
-
-        props = torch.cuda.get_device_properties(dev)
-        self.cap = (props.major, props.minor)
-        self.sm_count = props.multi_processor_count
-        have = _index().arches
-        ok = [a for a in device_arches(self.cap) if a in have]
-        if not ok:
-            from .errors import ArchMismatchError
-
-            raise ArchMismatchError(
-                f"GPU {dev} ({props.name}, compute capability {self.cap[0]}.{self.cap[1]}) has no cubins in this build "
-                f"(the build has: {', '.join(have)}). Add a [[target]] for it to the manifest and rebuild"
-            )
-        self.arch = ok[0]
-
-
-_STATES: dict = {}
-
-
-def _state(dev) -> _DevState:
-    s = _STATES.get(dev)
-    if s is None:
-        s = _STATES[dev] = _DevState(dev)
-    return s
-
-
-def _index():
-    from .runtime.registry import index
-
-    return index()
-
-
-_raw_stream = None
-
-
-def _stream_int(stream) -> int:
-    """A torch.cuda.Stream, a cuda-python CUstream or a raw handle -> the raw handle."""
-    return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
-
-
-def _stream_handle(stream, dev):
-    global _raw_stream
-    if stream is not None:
-        return _stream_int(stream)
-    if _raw_stream is None:
-        import torch
-
-        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
-    return _raw_stream(dev)
-
-
-# --- validation (collect every problem, raise once, before anything is touched) ----------------------
-
-
-def _check(problems, t, name, shape, dtype, dev, align):
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        problems.append(f"{name}: got {type(t).__name__} (expected a torch.Tensor)")
-        return
-    if tuple(t.shape) != tuple(shape):
-        problems.append(f"{name}: shape {tuple(t.shape)} (expected {tuple(shape)})")
-    if t.dtype != dtype:
-        problems.append(f"{name}: dtype {t.dtype} (expected {dtype})")
-    if t.device.type != "cuda" or (dev is not None and t.device.index != dev):
-        problems.append(f"{name}: on {t.device} (expected cuda:{dev}, the device of kv)")
-    if not t.is_contiguous():
-        problems.append(f"{name}: strides {tuple(t.stride())} (expected contiguous; call .contiguous())")
-    if t.data_ptr() % align:
-        problems.append(f"{name}: data pointer 0x{t.data_ptr():x} is not {align}-byte aligned (expected a {align}-byte aligned base; clone() the tensor)")
 
 
 def _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp):
@@ -191,12 +111,6 @@ def _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, 
     if total_comp is not None and total_comp > 0 and total_tokens < ratio:
         problems.append(f"total_comp={total_comp} > 0 needs at least ratio={ratio} tokens, got total_tokens={total_tokens}")
     return problems, dev, head_dim, total_tokens, width
-
-
-def _input_error(problems):
-    from .errors import InputError
-
-    return InputError(f"{len(problems)} invalid input(s), nothing was launched:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def _fwd_r128_key(nb_total, d, coff):
@@ -385,14 +299,3 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
             ws = torch.empty(backward_workspace_bytes(total_comp, ratio, head_dim, coff, dev), dtype=torch.uint8, device=kv.device) if deterministic and total_comp else None
     compressor_backward_into(gkv, gs, gape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, head_dim, coff, stream, deterministic, ws)
     return Outputs(grad_kv=gkv, grad_score=gs, grad_ape=gape)
-
-
-def _alloc_on(stream):
-    """Allocate outputs on the launch stream (torch's caching allocator is per stream)."""
-    import contextlib
-
-    import torch
-
-    if stream is None:
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.ExternalStream(_stream_int(stream)))

@@ -150,6 +150,9 @@ def loads(text: str, path="<string>") -> Manifest:
                 problems.append(f"{where}: {dict(key)} is not a valid combination: {why}")
                 continue
             for t in chosen:
+                if ops[op].arches is not None and t.arch not in ops[op].arches:
+                    problems.append(f"{where}: {family}/{op} exists for {sorted(ops[op].arches)} only, not target {t.name} ({t.arch}); set targets = [...] on the bucket")
+                    continue
                 e = Entry(family, op, ops[op].normalise(key), t)
                 ident = (family, op, e.key, t.name)
                 if ident in seen:

@@ -24,6 +24,7 @@ KNOWN_ARCHES = frozenset({"sm_90a", "sm_100a", "sm_100f", "sm_103a"})
 # family name -> spec file in kernels/. Adding a family = adding a file and a line here.
 FAMILY_FILES = {
     "csa_compressor": "csa_compressor.py",
+    "dsa_indexer_backward": "dsa_indexer_backward.py",
 }
 
 
@@ -70,6 +71,7 @@ class Op:
     fields: dict
     check: Callable[[dict], Any] = field(default=lambda key: None)
     requires: Callable[[dict], list] = field(default=lambda key: [])
+    arches: frozenset | None = None  # the arches the kernel exists for (None: any)
 
     def invalid(self, key: dict):
         return self.check(key)

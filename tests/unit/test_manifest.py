@@ -21,7 +21,7 @@ def test_default_manifest_expands_every_csa_entry_for_both_arches():
     m = manifest.load("manifests/default.toml")
     arches = {e.target.arch for e in m.entries}
     assert arches == {"sm_90a", "sm_100a"}
-    per_arch = [e for e in m.entries if e.target.arch == "sm_90a"]
+    per_arch = [e for e in m.entries if e.target.arch == "sm_90a" and e.family == "csa_compressor"]
     ops = {}
     for e in per_arch:
         ops[e.op] = ops.get(e.op, 0) + 1
@@ -110,3 +110,51 @@ def test_targets_select_entries():
         '[[bucket]]\nfamily = "csa_compressor"\nop = "dape_reduce"\nsplit = false\ntargets = ["b200"]\n'
     m = manifest.loads(text)
     assert [e.target.arch for e in m.entries] == ["sm_100a"]
+
+
+def test_default_manifest_indexer_backward_entries():
+    m = manifest.load("manifests/default.toml")
+    ib = [e for e in m.entries if e.family == "dsa_indexer_backward"]
+    by = {}
+    for e in ib:
+        by.setdefault((e.target.arch, e.op), []).append(e.key_dict)
+    # SM90 twins: score-grad per topk, GEMM per topk x index convention
+    assert len(by[("sm_90a", "score_grad_sm90")]) == 4 and len(by[("sm_90a", "gemm_sm90")]) == 8
+    # SM100: every anchor topk, H32 and H64, both conventions, deterministic planes, v2 at S_q 4096/8192
+    gemm = by[("sm_100a", "gemm")]
+    assert {(k["heads"], k["topk"]) for k in gemm if not k["deterministic"]} == {(h, t) for h in (32, 64) for t in (512, 1024, 1536, 2048)}
+    assert {k["planes"] for k in gemm if k["deterministic"]} == {96, 128, 148}
+    assert all(k["persistent"] == (k["topk"] == 512 or k["deterministic"]) for k in gemm)
+    assert {k["rows_per_cta"] for k in by[("sm_100a", "gemm_v2")]} == {28, 56, 43, 86}
+    assert len(by[("sm_100a", "reduce_dk")]) == 6 and len(by[("sm_100a", "score_grad")]) == 8
+    assert not any(e.target.arch == "sm_90a" and e.op in ("gemm", "gemm_v2", "score_grad", "reduce_dk") for e in ib)
+
+
+def test_op_of_another_arch_is_refused():
+    text = GOOD_TARGET + '\n[[bucket]]\nfamily = "dsa_indexer_backward"\nop = "reduce_dk"\nout = "bf16"\nplanes = 96\n'
+    with pytest.raises(ManifestError, match=r"exists for \['sm_100a', 'sm_103a'\] only, not target h200"):
+        manifest.loads(text)
+
+
+def test_gemm_key_must_follow_upstream_persistence_policy():
+    text = """
+[[target]]
+name = "b200"
+arch = "sm_100a"
+sm_count = 148
+
+[[bucket]]
+family = "dsa_indexer_backward"
+op = "gemm"
+heads = 64
+topk = [512, 1024]
+topk_global = false
+persistent = false
+pdl = true
+deterministic = false
+planes = 96
+"""
+    with pytest.raises(ManifestError) as ei:
+        manifest.loads(text)
+    assert "upstream always runs topk 512 persistent" in str(ei.value)
+    assert "needs dsa_indexer_backward/score_grad" in str(ei.value)
