@@ -91,11 +91,24 @@ def _input_error(problems):
 
 
 def _alloc_on(stream):
-    """Allocate outputs on the launch stream (torch's caching allocator is per stream)."""
+    """Make ``stream`` (None: leave the current one) torch's current stream: allocations and the torch
+    ops of a wrapper (casts, zeroing) then follow the kernels launched on it.
+
+    A raw handle is not wrapped blindly: ``torch.cuda.ExternalStream(0)`` does not name the legacy
+    default stream, it hands back an unrelated stream (measured on the H200, torch 2.11), and a cast
+    queued there raced the GEMM it was meant to follow.
+    """
     import contextlib
 
     import torch
 
     if stream is None:
         return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.ExternalStream(_stream_int(stream)))
+    if isinstance(stream, torch.cuda.Stream):
+        return torch.cuda.stream(stream)
+    handle = _stream_int(stream)
+    if torch.cuda.current_stream().cuda_stream == handle:
+        return contextlib.nullcontext()
+    if handle == 0:
+        return torch.cuda.stream(torch.cuda.default_stream())
+    return torch.cuda.stream(torch.cuda.ExternalStream(handle))
