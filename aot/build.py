@@ -1,4 +1,4 @@
-"""The whole build: manifest -> compile -> lift -> verify -> pack. Each stage is its own module;
+"""The whole build: manifest -> compile -> lift -> verify -> fidelity -> pack. Each stage is its own module;
 this file only sequences them and can re-run lift/verify from saved artifacts.
 """
 
@@ -13,6 +13,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from . import compile as compile_stage
+from . import fidelity as fidelity_stage
 from . import lift, manifest, pack, verify
 from .errors import AotError, VerifyError
 
@@ -24,7 +25,7 @@ def lift_and_verify(entry_dir, samples=50) -> dict:
     d = Path(entry_dir)
     meta = json.loads((d / "meta.json").read_text())
     host = (d / "host.mlir").read_text()
-    src = lift.lift(host, meta["host_function"], meta["id"])
+    src = lift.lift(host, meta["host_function"], meta["id"], lift.cubin_param_layout((d / "kernel.cubin").read_bytes()))
     (d / "launcher.py").write_text(src)
     try:
         rep = verify.verify(host, meta["host_function"], src, (d / "kernel.cubin").read_bytes(), samples=samples)
@@ -42,7 +43,7 @@ def _lv(args):
         return args[0], None, f"{type(e).__name__}: {e}"
 
 
-def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True) -> dict:
+def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True, fidelity=True) -> dict:
     t0 = time.perf_counter()
     m = manifest.load(manifest_path)
     compiled = compile_stage.compile_entries(m.entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress)
@@ -58,8 +59,17 @@ def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", job
     if failures:
         raise VerifyError(f"{len(failures)} entries failed the lifter checks:\n" + "\n".join(f"  - {f}" for f in failures))
     t2 = time.perf_counter()
-    index = pack.pack([c.dir for c in compiled], out_dir, manifest_path)
+    # --- fidelity (aot.fidelity): each cubin == what cudnn's own JIT path builds for its key; fails closed ---
+    verdicts = None
+    if fidelity:
+        dirs = [c.dir for c in compiled]
+        verdicts = fidelity_stage.check(dirs, jobs=jobs, cache_dir=cache_dir, progress=progress)
+        fidelity_stage.write_verdicts(verdicts, dirs)
+        fidelity_stage.require_identical(verdicts)
+    t3 = time.perf_counter()
+    # ---
+    index = pack.pack([c.dir for c in compiled], out_dir, manifest_path, fidelity=verdicts)
     if progress:
         print(f"build: {len(compiled)} entries ({sum(c.cached for c in compiled)} from cache); compile {t1 - t0:.1f}s, "
-              f"lift+verify {t2 - t1:.1f}s, pack {time.perf_counter() - t2:.1f}s -> {out_dir}", file=sys.stderr)
+              f"lift+verify {t2 - t1:.1f}s, fidelity {t3 - t2:.1f}s, pack {time.perf_counter() - t3:.1f}s -> {out_dir}", file=sys.stderr)
     return index

@@ -48,6 +48,10 @@ class VerifyError(AotError):
     """A lifted launcher disagrees with the concrete interpreter or with the cubin."""
 
 
+class FidelityError(VerifyError):
+    """A shipped cubin is not what cudnn's own JIT path builds for its key (or that could not be shown)."""
+
+
 class PackError(AotError):
     """The build output could not be packed into the wheel's data directory."""
 

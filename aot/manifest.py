@@ -200,6 +200,12 @@ def _targets(raw, problems) -> list[Target]:
         if not isinstance(sms, int) or isinstance(sms, bool) or not 1 <= sms <= 1024:
             problems.append(f"{where}: sm_count = {sms!r} (expected an integer in [1, 1024], e.g. 148 for B200, 132 for H200)")
             bad = True
+        if not bad and any(o.arch == arch for o in out):
+            # the runtime picks cubins by arch and entry ids name the arch: a second SM count of one
+            # arch would overwrite the first target's persistent-grid cubins
+            other = next(o for o in out if o.arch == arch)
+            problems.append(f"{where}: a second target for {arch} (already {other.name!r}, {other.sm_count} SMs); one target per arch is supported")
+            bad = True
         if not bad:
             names.add(name)
             out.append(Target(name, arch, sms))

@@ -5,7 +5,7 @@ Layout (everything a person can open):
                           resource usage, tool versions, compile seconds, verify verdict
   cubins/<sha256>.cubin   one file per distinct cubin (buckets with equal schedules share one)
   launchers/<name>.py     the lifted launcher of each entry
-  report.json, report.md  the build report
+  report.json, report.md  the build report (with each entry's fidelity verdict, aot.fidelity)
 
 The tree is assembled in a temporary sibling directory and swapped in with os.replace, so a failed
 pack never leaves a half-written build behind.
@@ -28,8 +28,13 @@ from .errors import PackError
 __all__ = ["pack"]
 
 
-def pack(entry_dirs, out_dir, manifest_path="") -> dict:
-    """Pack compiled, lifted and verified ``entry_dirs`` into ``out_dir``; return the index dict."""
+def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
+    """Pack compiled, lifted and verified ``entry_dirs`` into ``out_dir``; return the index dict.
+
+    ``fidelity``: optional ``{entry id: verdict dict}`` from :func:`aot.fidelity.check`; entries not in it
+    use ``<entry dir>/fidelity.json`` when present, else "not checked". A "differs" or "error" verdict
+    refuses the pack.
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".aot-pack-", dir=out_dir.parent))
@@ -58,6 +63,9 @@ def pack(entry_dirs, out_dir, manifest_path="") -> dict:
                 tools = meta["tools"]
             elif tools != meta["tools"]:
                 raise PackError(f"{d.name}: built with {meta['tools']}, other entries with {tools}; rebuild all entries with one toolchain")
+            fid = _fidelity(meta["id"], d, fidelity, sha)
+            if fid["verdict"] in ("differs", "error"):
+                raise PackError(f"{d.name}: fidelity verdict is {fid['verdict']!r} ({fid.get('note')}); refusing to ship it")
             entries.append({
                 "id": meta["id"],
                 "family": meta["family"],
@@ -72,7 +80,7 @@ def pack(entry_dirs, out_dir, manifest_path="") -> dict:
                 "launcher": f"launchers/{lname}",
                 "resources": {k.name: _resources(k) for k in info.kernels},
                 "compile_seconds": meta["compile_seconds"],
-                "fidelity": meta.get("fidelity", "not checked"),
+                "fidelity": fid,
                 "verify": ver,
             })
         ids = [e["id"] for e in entries]
@@ -96,6 +104,19 @@ def pack(entry_dirs, out_dir, manifest_path="") -> dict:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _fidelity(ident, d: Path, given, sha) -> dict:
+    fid = (given or {}).get(ident)
+    if fid is not None and fid.get("shipped_sha256") != sha:
+        raise PackError(f"{ident}: the fidelity verdict is for cubin {fid.get('shipped_sha256')}, the entry's cubin is {sha}; re-run the check")
+    if fid is None and (d / "fidelity.json").is_file():
+        fid = json.loads((d / "fidelity.json").read_text())
+        if fid.get("shipped_sha256") != sha:
+            fid = None  # stale: written for an earlier compile of this entry
+    if fid is None:
+        return {"verdict": "not checked"}
+    return {k: fid[k] for k in ("verdict", "upstream_sha256", "note", "options") if fid.get(k) not in (None, "")}
+
+
 def _resources(k) -> dict:
     return {
         "registers": k.registers,
@@ -112,7 +133,7 @@ def _report_rows(entries):
     for e in entries:
         for k, r in e["resources"].items():
             rows.append({"id": e["id"], "arch": e["arch"], "kernel": k, "compile_s": e["compile_seconds"], "cubin_bytes": e["cubin_bytes"], **r,
-                         "lifter_checks": e["verify"]["verdict"], "samples": e["verify"]["samples"], "fidelity": e["fidelity"]})
+                         "lifter_checks": e["verify"]["verdict"], "samples": e["verify"]["samples"], "fidelity": e["fidelity"]["verdict"]})
     return rows
 
 
@@ -123,13 +144,16 @@ def _report_md(entries, tools):
         f"Tools: {', '.join(f'{k}=={v}' for k, v in sorted((tools or {}).items()))}. {len(entries)} entries, "
         f"{len({e['sha256'] for e in entries})} distinct cubins, {sum(e['compile_seconds'] for e in entries):.1f} s of cute.compile (the JIT cost users no longer pay).",
         "",
-        "| entry | kernel | compile s | cubin B | regs | smem B | stack B | spills st/ld | lifter checks |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "Fidelity (aot.fidelity: shipped cubin byte-identical to the one cudnn's own JIT path builds for the key): "
+        + ", ".join(f"{sum(e['fidelity']['verdict'] == v for e in entries)} {v}" for v in sorted({e["fidelity"]["verdict"] for e in entries})) + ".",
+        "",
+        "| entry | kernel | compile s | cubin B | regs | smem B | stack B | spills st/ld | lifter checks | fidelity |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for e in entries:
         for k, r in e["resources"].items():
             lines.append(
                 f"| {e['id']} | {k[:40]}… | {e['compile_seconds']:.2f} | {e['cubin_bytes']} | {r['registers']} | {r['shared_bytes']} | {r['stack_bytes']} | "
-                f"{r['spill_stores']}/{r['spill_loads']} | {e['verify']['verdict']} ({e['verify']['samples']} samples) |"
+                f"{r['spill_stores']}/{r['spill_loads']} | {e['verify']['verdict']} ({e['verify']['samples']} samples) | {e['fidelity']['verdict']} |"
             )
     return "\n".join(lines) + "\n"

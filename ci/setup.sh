@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # torch first and pinned: a plain 'torch' requirement could pull a multi-GB CUDA build
 "$VENV/bin/python" -m pip install -q torch==2.13.0
-"$VENV/bin/python" -m pip install -q "nvidia-cutlass-dsl[cu13]==4.8.1" "apache-tvm-ffi" "cuda-bindings>=12.8" \
+"$VENV/bin/python" -m pip install -q "nvidia-cutlass-dsl[cu13]==4.8.1" "apache-tvm-ffi==0.1.15.post2" "cuda-bindings>=12.8" \
   "scikit-build-core>=0.10" build pytest
 # cudnn-frontend without its extras, so it cannot move the pins above
 "$VENV/bin/python" -m pip install -q --no-deps "nvidia-cudnn-frontend==1.32.0"

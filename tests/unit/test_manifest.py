@@ -158,3 +158,9 @@ planes = 96
         manifest.loads(text)
     assert "upstream always runs topk 512 persistent" in str(ei.value)
     assert "needs dsa_indexer_backward/score_grad" in str(ei.value)
+
+
+def test_one_target_per_arch():
+    text = GOOD_TARGET + '\n[[target]]\nname = "h100"\narch = "sm_90a"\nsm_count = 114\n\n[[bucket]]\nfamily = "csa_compressor"\nop = "dape_reduce"\nsplit = true\n'
+    with pytest.raises(ManifestError, match="a second target for sm_90a"):
+        manifest.loads(text)
