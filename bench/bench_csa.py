@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,7 +51,6 @@ print(json.dumps({"first_ms": (t1 - t0) * 1e3, "load_ms": sum(load_stats().value
 """
 
 JIT_FIRST = SETUP + r"""
-import time
 t0 = time.perf_counter()
 from cudnn.csa.compressor import compressor_sm100_r128 as r
 t_imp = time.perf_counter()

@@ -11,6 +11,10 @@ DSL="$HOME/dsl/site:$HOME/dsl/site/nvidia_cutlass_dsl/dsl_packages"
 rc=0
 # 1. GPU tests of the AOT ops (cutlass is not on the path here)
 python3 -m pytest -q -rs -m gpu tests/gpu 2>&1 | tee "$OUT/gpu-tests.log"; rc=$((rc | ${PIPESTATUS[0]}))
+# Parity and bench families to run (PARITY="csa", "indexer" or both), e.g. to split the run over device calls.
+PARITY=${PARITY:-"csa indexer"}
+want() { case " $PARITY " in *" $1 "*) return 0 ;; esac; return 1; }
+if want csa; then
 # 2. JIT-vs-AOT parity, each side in its own process
 rm -rf /tmp/parity
 if [ -d "$HOME/dsl/site" ]; then
@@ -22,5 +26,21 @@ if [ -d "$HOME/dsl/site" ]; then
 else
   echo "no ~/dsl/site: parity and the cudnn side of the benchmark skipped" | tee "$OUT/parity.log"
   python3 bench/bench_csa.py 2>&1 | tee "$OUT/bench.log"
+fi
+fi
+if want indexer; then
+# 4. DSA indexer backward (SM90 path on the H200): JIT-vs-AOT parity (INDEXER_QUICK=1: S_q 1024 only), then the bench
+rm -rf /tmp/parity-indexer
+if [ -d "$HOME/dsl/site" ]; then
+  PYTHONPATH=$PWD:$DSL python3 ci/parity_indexer.py jit --dir /tmp/parity-indexer ${INDEXER_QUICK:+--quick} 2>&1 | tee "$OUT/parity-indexer-jit.log"
+  python3 ci/parity_indexer.py aot --dir /tmp/parity-indexer 2>&1 | tee "$OUT/parity-indexer-aot.log"
+  python3 ci/parity_indexer.py compare --dir /tmp/parity-indexer 2>&1 | tee "$OUT/parity-indexer.log"; rc=$((rc | ${PIPESTATUS[0]}))
+  cp /tmp/parity-indexer/parity.json "$OUT/parity-indexer.json" 2>/dev/null
+  PYTHONPATH=$PWD:$DSL python3 bench/bench_indexer.py 2>&1 | tee "$OUT/bench-indexer.log"
+else
+  echo "no ~/dsl/site: indexer parity and the cudnn side of the indexer benchmark skipped" | tee "$OUT/parity-indexer.log"
+  python3 bench/bench_indexer.py 2>&1 | tee "$OUT/bench-indexer.log"
+fi
+rm -rf /tmp/parity-indexer  # a few GB of saved inputs and outputs
 fi
 exit $rc

@@ -31,14 +31,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.abc
-import importlib.util
 import json
 import os
-import platform
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parity_common import bitwise as _bitwise  # noqa: E402
+from parity_common import first_call, install_blocker, nan_like, poisoned_workspace, torch_add_us, warm_us  # noqa: E402,F401
+from parity_common import key_match as _key_match  # noqa: E402
+from parity_common import loaded_cubin as _loaded_cubin  # noqa: E402
+from parity_common import meta as _meta  # noqa: E402
+from parity_common import runtime_stats as _runtime_stats  # noqa: E402
+from parity_common import selected as _selected  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------
 # Cases: every bucket of every op
@@ -55,11 +61,6 @@ def _bucket(table, nb):
         if lo <= nb <= hi:
             return name
     raise ValueError(nb)
-
-
-def _selected(args, name):
-    """--only: comma-separated substrings of case names (empty: every case)."""
-    return not args.only or any(part and part in name for part in args.only.split(","))
 
 
 def build_cases():
@@ -145,56 +146,11 @@ def to_cuda(x):
     return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
 
 
-def first_call(fn):
-    import torch
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def warm_us(fn, calls):
-    """Median host microseconds per call; the device is synchronised only outside the loop."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(calls):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(samples) / 1e3
-
-
-def torch_add_us(calls):
-    import torch
-
-    a = torch.ones(16, device="cuda")
-    b = torch.ones(16, device="cuda")
-    return warm_us(lambda: torch.add(a, b), calls)
-
-
-def nan_like(t):
-    import torch
-
-    return torch.full_like(t, float("nan"))
-
-
-def poisoned_workspace(nbytes):
-    import torch
-
-    return torch.full((max(int(nbytes), 1),), 0xFF, dtype=torch.uint8, device="cuda")
-
-
 def run_case(name, spec, x, api, calls, out_dir):
     """Run every op of one case through ``api`` (JIT or AOT adapter); save outputs, return rows."""
     import torch
 
-    ratio, coff, d, nb = spec["ratio"], spec["coff"], spec["d"], x["total_comp"]
+    d, nb = spec["d"], x["total_comp"]
     ins = (x["kv"], x["score"], x["ape"], x["cu_seqlens"], x["cu_seqlens_comp"])
     saved, rows = {}, {}
     for op in spec["ops"]:
@@ -309,19 +265,6 @@ class JitApi:
         return result
 
 
-def _loaded_cubin(fn):
-    """The cubin the JIT loads: the one embedded in the host module's fatbin (kernels_binary).
-
-    ``fn.__cubin__`` is bytes with some DSL library builds and a dump-file path with others.
-    """
-    from aot import ir
-    from aot.cubin import extract_cubins_from_fatbin
-
-    host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
-    cubins = extract_cubins_from_fatbin(ir.attr_bytes(ir.parse_module(host).globals["kernels_binary"].props["value"]))
-    return cubins[0] if len(cubins) == 1 else None
-
-
 def cmd_jit(args):
     keep = os.environ.get("CUTE_DSL_KEEP", "")
     if "cubin" not in keep.split(","):
@@ -354,17 +297,6 @@ def cmd_jit(args):
 # ------------------------------------------------------------------------------------------------
 
 
-class _Blocker(importlib.abc.MetaPathFinder):
-    """Makes the JIT toolchain unimportable in this process: the AOT runtime must not need it."""
-
-    BLOCKED = ("cutlass", "cudnn")
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in self.BLOCKED:
-            raise ImportError(f"{fullname} is blocked in the aot parity process (the runtime must not import it)")
-        return None
-
-
 class AotApi:
     def __init__(self, csa):
         self.csa = csa
@@ -387,41 +319,8 @@ class AotApi:
         self.csa.compressor_backward_into(gkv, gs, gape, *ins, go, ratio=spec["ratio"], coff=spec["coff"], deterministic=det, workspace=ws)
 
 
-def _runtime_stats(aot_pkg):
-    """Whatever cubin-load statistics aot.runtime exposes (optional; probed defensively)."""
-    try:
-        runtime = importlib.import_module("aot.runtime")
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        return {"error": repr(exc)}
-    def jsonable(v):
-        if isinstance(v, dict):
-            return {(k if isinstance(k, str) else repr(k)): jsonable(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [jsonable(x) for x in v]
-        return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
-
-    found = {}
-    for name in ("load_stats", "cubin_load_ms", "stats", "load_times"):
-        obj = getattr(runtime, name, None)
-        if obj is None:
-            continue
-        try:
-            found[name] = jsonable(obj() if callable(obj) else obj)
-        except Exception as exc:  # noqa: BLE001
-            found[name] = repr(exc)
-    return found
-
-
 def cmd_aot(args):
-    sys.meta_path.insert(0, _Blocker())
-    for mod in list(sys.modules):
-        if mod.split(".")[0] in _Blocker.BLOCKED:
-            raise SystemExit(f"{mod} was imported before the blocker was installed")
-    try:
-        spec = importlib.util.find_spec("cutlass")
-    except ImportError:
-        spec = None
-    assert spec is None, "cutlass is importable in the aot process"
+    install_blocker()
     import torch
 
     t0 = time.perf_counter()
@@ -453,31 +352,9 @@ def cmd_aot(args):
     print(f"wrote {os.path.join(args.dir, 'aot.json')}")
 
 
-def _meta(torch):
-    props = torch.cuda.get_device_properties(0)
-    return {"python": platform.python_version(), "torch": torch.__version__, "device": props.name, "sm_count": props.multi_processor_count}
-
-
 # ------------------------------------------------------------------------------------------------
 # Compare
 # ------------------------------------------------------------------------------------------------
-
-
-def _bitwise(a, b):
-    """(equal, differing element count) for same-shape tensors, NaN-safe."""
-    import torch
-
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False, -1
-    view = {2: torch.int16, 4: torch.int32}[a.element_size()]
-    n = int((a.view(view) != b.view(view)).sum())
-    return n == 0, n
-
-
-def _key_match(entry, want):
-    """Every field of the JIT key equals the entry's (looked up in entry["key"], then the entry)."""
-    key = entry.get("key", {})
-    return all(key.get(k, entry.get(k)) == v for k, v in want.items())
 
 
 def _sha_status(keys, cubins, index, arch):

@@ -2,7 +2,7 @@
 import sys, time
 import torch
 import aot.csa
-from aot.runtime import preload, load_stats
+from aot.runtime import preload
 
 dev = torch.device("cuda", 0)
 t = time.perf_counter()
