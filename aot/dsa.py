@@ -110,28 +110,21 @@ def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_in
 
     from .outputs import Outputs
 
-    problems = []
-    if backend not in BACKENDS:
-        problems.append(f"backend={backend!r} (expected one of {BACKENDS})")
-    if deterministic_dk_planes not in PLANES or isinstance(deterministic_dk_planes, bool):
-        problems.append(f"deterministic_dk_planes={deterministic_dk_planes!r} (expected one of {PLANES})")
-    elif not deterministic and deterministic_dk_planes != DEFAULT_PLANES:
-        problems.append("deterministic_dk_planes is only configurable when deterministic=True")
-    for t, name, nd, what in ((index_q, "index_q", 4, "(B, S_q, H, D)"), (index_k, "index_k", 3, "(B, S_k, D)"), (topk_indices, "topk_indices", 3, "(B, S_q, topk)")):
-        if not isinstance(t, torch.Tensor) or t.ndim != nd:
-            problems.append(f"{name}: must be a {nd}-D tensor {what}, got {getattr(t, 'shape', type(t).__name__)}")
-    if problems:
-        raise _input_error(problems)
-    dev = index_q.device.index if index_q.device.type == "cuda" else None
-    if dev is None:
-        raise _input_error([f"index_q: on {index_q.device} (expected a CUDA tensor)"])
-    n = 0
-    if workspace is None:
-        b, s_k, d = index_k.shape
-        dt = d_index_k.dtype if isinstance(d_index_k, torch.Tensor) else index_k.dtype
-        n = indexer_backward_workspace_bytes(b, s_k, d, d_index_k_dtype=dt, backend=backend, deterministic=deterministic,
-                                             deterministic_dk_planes=deterministic_dk_planes)
-    if d_index_q is None or d_weights is None or d_index_k is None or n:
+    if workspace is None or d_index_q is None or d_weights is None or d_index_k is None:
+        # allocate what is missing like upstream (empty_like the inputs, per-call workspace); the full
+        # validation of everything happens in indexer_backward_into, before any launch
+        problems = []
+        for t, name, nd, what in ((index_q, "index_q", 4, "(B, S_q, H, D)"), (weights, "weights", 3, "(B, S_q, H)"), (index_k, "index_k", 3, "(B, S_k, D)")):
+            if not isinstance(t, torch.Tensor) or t.ndim != nd:
+                problems.append(f"{name}: must be a {nd}-D tensor {what}, got {getattr(t, 'shape', type(t).__name__)}")
+        if problems:
+            raise _input_error(problems)
+        n = 0
+        if workspace is None and backend in BACKENDS and deterministic_dk_planes in PLANES:
+            b, s_k, d = index_k.shape
+            dt = d_index_k.dtype if isinstance(d_index_k, torch.Tensor) else index_k.dtype
+            n = indexer_backward_workspace_bytes(b, s_k, d, d_index_k_dtype=dt, backend=backend, deterministic=deterministic,
+                                                 deterministic_dk_planes=deterministic_dk_planes)
         with _alloc_on(stream):  # empty_like keeps the inputs' device; the stream orders the allocator
             d_index_q = torch.empty_like(index_q) if d_index_q is None else d_index_q
             d_weights = torch.empty_like(weights) if d_weights is None else d_weights

@@ -182,12 +182,18 @@ class LoadedEntry:
             self.funcs.append(d.CUfunction(int(self.kernels[L["kernel"]])))
             self.last.append(None)
         self._launch_ex = d.cuLaunchKernelEx
+        self._last_args = self._last_dims = None
         self._fill = mod.launch
         self.load_ms = (time.perf_counter() - t0) * 1e3
 
     def __call__(self, *args):
         """Launch every kernel of this entry with the JIT host code's arguments (hot path)."""
-        dims_all = self._fill(*self.bufs, *args)
+        if args == self._last_args:  # same tensors, scalars and stream: the param bytes are already there
+            dims_all = self._last_dims
+        else:
+            self._last_args = None  # a fill that raises half way must not leave a stale hit behind
+            dims_all = self._fill(*self.bufs, *args)
+            self._last_args, self._last_dims = args, dims_all
         for i, dims in enumerate(dims_all):
             cfg = self.cfgs[i]
             if dims != self.last[i]:

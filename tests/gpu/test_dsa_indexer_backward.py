@@ -246,3 +246,13 @@ def test_bf16_cast_follows_the_gemm(dsa, how):
         torch.cuda.synchronize()
         e = ref.rel_err(dk, r["d_index_k"])
         assert e <= ref.REL_ERR_BOUNDS["d_index_k"], f"d_index_k rel err {e:.3e} ({how})"
+
+
+def test_alternating_calls_rewrite_the_params(dsa):
+    """A launcher reuses its parameter bytes when called with the very same arguments; alternating
+    two problems (other pointers, other S_q) must still launch each with its own."""
+    xa = _inputs(1, 40, 2048, 64, 512, False, seed=81)
+    xb = _inputs(2, 24, 3000, 64, 512, False, seed=82)
+    for x in (xa, xb, xa, xa, xb):
+        out, attn = _run(dsa, x)
+        _check(out, attn, x, False, 0.7, 1.3, "alternating")
