@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ._opsupport import _alloc_on, _check, _index, _input_error, _state, _stream_handle
 
-__all__ = ["indexer_backward", "indexer_backward_workspace_bytes", "BACKENDS", "PLANES"]
+__all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "indexer_backward_kernels", "BACKENDS", "PLANES"]
 
 FAMILY = "dsa_indexer_backward"
 BACKENDS = ("default", "sm100_v2")
@@ -32,6 +32,36 @@ _I32 = 2**31
 def gemm_persistent(topk: int, rows: int, grid: int) -> bool:
     """Upstream's launch policy for the non-deterministic SM100 GEMM (H32/H64, D128, block_I 128)."""
     return topk in _SHORT_TOPK and (topk == 512 or rows > grid)
+
+
+def indexer_backward_kernels(arch, batch, seqlen_q, heads, topk, *, topk_indices_global=False, backend="default", deterministic=False,
+                             deterministic_dk_planes=DEFAULT_PLANES, d_index_k_f32=False, d_weights_f32=False, target_sm_count=None) -> dict:
+    """Which shipped (op, key) serves each stage of one call, by upstream's policy: role -> (op, key).
+
+    Pure (no GPU): the op calls it, and the tests hold it against the manifest. ``target_sm_count`` is
+    the SM count the build's target for ``arch`` declared (persistent grids are baked with it).
+    """
+    glob, planes, rows = bool(topk_indices_global), int(deterministic_dk_planes), batch * seqlen_q
+    if not _sm100(arch):
+        return {"score_grad": ("score_grad_sm90", {"topk": topk}), "gemm": ("gemm_sm90", {"heads": heads, "topk": topk, "topk_global": glob})}
+    out = {}
+    if backend == "sm100_v2":
+        num_ctas = planes if deterministic else target_sm_count
+        out["gemm"] = ("gemm_v2", {"topk": topk, "rows_per_cta": -(-rows // num_ctas), "dw": "f32" if d_weights_f32 else "bf16",
+                                   "idx_local": (not glob) and batch > 1, "deterministic": bool(deterministic), "planes": planes})
+        out["score_grad"] = ("score_grad", {"topk": topk, "zero_dk": False})
+    elif deterministic:
+        out["gemm"] = ("gemm", {"heads": heads, "topk": topk, "topk_global": glob, "persistent": True, "pdl": True, "deterministic": True,
+                                "planes": planes})
+        out["score_grad"] = ("score_grad", {"topk": topk, "zero_dk": False})
+    else:
+        # the op launches the GEMM right behind score-grad, so always the PDL variant (as upstream's wrapper)
+        out["gemm"] = ("gemm", {"heads": heads, "topk": topk, "topk_global": glob, "persistent": gemm_persistent(topk, rows, target_sm_count),
+                                "pdl": True, "deterministic": False, "planes": DEFAULT_PLANES})
+        out["score_grad"] = ("score_grad", {"topk": topk, "zero_dk": True})
+    if deterministic:
+        out["reduce"] = ("reduce_dk", {"out": "f32" if d_index_k_f32 else "bf16", "planes": planes})
+    return out
 
 
 def _ws_align(n: int) -> int:
@@ -171,9 +201,20 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
     ws = workspace.data_ptr() if workspace is not None else 0
     kbytes = b * s_k * d * 4
 
-    if not _sm100(arch):  # SM90 twins
-        sg = _launcher("score_grad_sm90", {"topk": topk}, dev)
-        gemm = _launcher("gemm_sm90", {"heads": h, "topk": topk, "topk_global": glob}, dev)
+    planes = int(deterministic_dk_planes)
+    sm100 = _sm100(arch)
+    ks = indexer_backward_kernels(arch, b, s_q, h, topk, topk_indices_global=glob, backend=backend, deterministic=deterministic,
+                                  deterministic_dk_planes=planes, d_index_k_f32=dk_dtype_f32, d_weights_f32=d_weights.dtype == torch.float32,
+                                  target_sm_count=_index().target_sm_count(arch) if sm100 else None)
+    hint = ""
+    if backend == "sm100_v2":
+        rpc = ks["gemm"][1]["rows_per_cta"]
+        hint = f" (the v2 kernel is compiled per ceil(B*S_q / CTAs) = {rpc}; add rows_per_cta = {rpc})"
+    sg = _launcher(*ks["score_grad"], dev)
+    gemm = _launcher(*ks["gemm"], dev, hint)
+    red = _launcher(*ks["reduce"], dev) if "reduce" in ks else None
+
+    if not sm100:  # SM90 twins: zero fp32 dK, score-grad, GEMM, cast
         dk = d_index_k.data_ptr() if dk_dtype_f32 else ws
         _memset0(dk, kbytes, s)
         sg(*a3, *i3, *gl1, grad_scale, s)
@@ -182,14 +223,7 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
             _cast_into(d_index_k, workspace, (b, s_k, d), stream)
         return d_index_q, d_weights, d_index_k
 
-    planes = int(deterministic_dk_planes)
     if backend == "sm100_v2":
-        num_ctas = planes if deterministic else _state(dev).sm_count
-        rpc = -(-rows // num_ctas)
-        gemm = _launcher("gemm_v2", {"topk": topk, "rows_per_cta": rpc, "dw": "f32" if d_weights.dtype == torch.float32 else "bf16",
-                                     "idx_local": (not glob) and b > 1, "deterministic": bool(deterministic), "planes": planes}, dev,
-                         f" (the v2 kernel is compiled per ceil(B*S_q / {num_ctas}) = {rpc}; add rows_per_cta = {rpc})")
-        sg = _launcher("score_grad", {"topk": topk, "zero_dk": False}, dev)
         if deterministic:
             dk_rows, dk_ptr, cnt = planes * b * s_k, ws, (ws, 1)
             _memset0(ws, planes * kbytes, s)
@@ -204,38 +238,25 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
              *_flat(attn_score, (rows, topk)), *_flat(d_index_q, (rows, h, d)), *_flat(d_weights, (rows, h)), *_flat_ptr(dk_ptr, (dk_rows, d)),
              sm_scale, s_q, s_k, s, *cnt)
         if deterministic:
-            _reduce(dev, d_index_k, ws, planes, b * s_k, d, s)
+            red(*_flat_ptr(ws, (planes, b * s_k, d)), *_targs(d_index_k), s)
         elif not dk_dtype_f32:
             _cast_into(d_index_k, workspace, (b, s_k, d), stream, offset=_ws_align(8))
         return d_index_q, d_weights, d_index_k
 
-    if deterministic:
-        gemm = _launcher("gemm", {"heads": h, "topk": topk, "topk_global": glob, "persistent": True, "pdl": True, "deterministic": True,
-                                  "planes": planes}, dev)
-        sg = _launcher("score_grad", {"topk": topk, "zero_dk": False}, dev)
+    if deterministic:  # zero planes, score-grad, GEMM on fixed-owner planes, fixed-order reduction
         _memset0(ws, planes * kbytes, s)
         sg(*a3, *i3, *gl1, *gl1, grad_scale, s)
         gemm(*q4, *w3, *k3, *dq4, *dw3, *_flat_ptr(ws, (planes, b * s_k, d)), *a3, *t3, sm_scale, s)
-        _reduce(dev, d_index_k, ws, planes, b * s_k, d, s)
+        red(*_flat_ptr(ws, (planes, b * s_k, d)), *_targs(d_index_k), s)
         return d_index_q, d_weights, d_index_k
 
-    grid = _state(dev).sm_count
-    gemm = _launcher("gemm", {"heads": h, "topk": topk, "topk_global": glob, "persistent": gemm_persistent(topk, rows, grid), "pdl": True,
-                              "deterministic": False, "planes": DEFAULT_PLANES}, dev)
-    sg = _launcher("score_grad", {"topk": topk, "zero_dk": True}, dev)
+    # default: score-grad clears the fp32 dK in the same launch, GEMM (PDL), cast
     dk = _flat_ptr(d_index_k.data_ptr() if dk_dtype_f32 else ws, (b, s_k, d))
     sg(*a3, *i3, *gl1, *dk, grad_scale, s)
     gemm(*q4, *w3, *k3, *dq4, *dw3, *dk, *a3, *t3, sm_scale, s)
     if not dk_dtype_f32:
         _cast_into(d_index_k, workspace, (b, s_k, d), stream)
     return d_index_q, d_weights, d_index_k
-
-
-def _reduce(dev, d_index_k, planes_ptr, planes, rows_k, d, s):
-    import torch
-
-    red = _launcher("reduce_dk", {"out": "f32" if d_index_k.dtype == torch.float32 else "bf16", "planes": planes}, dev)
-    red(*_flat_ptr(planes_ptr, (planes, rows_k, d)), *_targs(d_index_k), s)
 
 
 def _cast_into(d_index_k, workspace, shape, stream, offset=0):

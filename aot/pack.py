@@ -71,6 +71,8 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
                 "family": meta["family"],
                 "op": meta["op"],
                 "key": meta["key"],
+                # what the spec derived from the key (schedule, grid, ...): shown, not looked up by
+                "derived": _derived(meta),
                 "arch": meta["arch"],
                 "target": meta["target"],
                 "kernels": [k.name for k in info.kernels],
@@ -102,6 +104,13 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _derived(meta) -> list:
+    from .specs import FAMILIES
+
+    fields = FAMILIES[meta["family"]].OPS[meta["op"]].fields
+    return sorted(k for k in meta["key"] if k not in fields)
 
 
 def _fidelity(ident, d: Path, given, sha) -> dict:

@@ -46,8 +46,8 @@ def device_arches(cap) -> tuple:
     return _CAP_ARCHES.get(tuple(cap), ())
 
 
-def _key(d: dict) -> tuple:
-    return tuple(sorted((k, v) for k, v in d.items() if k != "schedule"))
+def _key(d: dict, derived=()) -> tuple:
+    return tuple(sorted((k, v) for k, v in d.items() if k not in derived))
 
 
 class Index:
@@ -66,10 +66,18 @@ class Index:
             raise KernelNotFoundError(f"{path}: index format {doc.get('format')!r} is not 1; rebuild with this version of dsa-aot")
         self.doc = doc
         self.entries = doc["entries"]
-        self.by_key = {(e["family"], e["op"], _key(e["key"]), e["arch"]): e for e in self.entries}
+        # looked up by the op's own key fields; what the spec derived from them is not part of the lookup
+        self.by_key = {(e["family"], e["op"], _key(e["key"], e.get("derived", ("schedule",))), e["arch"]): e for e in self.entries}
         self.arches = sorted({e["arch"] for e in self.entries})
+        self._sms = {e["arch"]: e["target"]["sm_count"] for e in self.entries if "target" in e}
         self._loaded: dict = {}
         self._lock = threading.Lock()
+
+    def target_sm_count(self, arch) -> int:
+        """The SM count the build's target for ``arch`` declared: persistent grids are baked with it."""
+        if arch not in self._sms:
+            raise ArchMismatchError(f"this build has no target for {arch} (it has: {', '.join(self.arches)})")
+        return self._sms[arch]
 
     def find(self, family, op, key: dict, arch, hint=""):
         e = self.by_key.get((family, op, _key(key), arch))

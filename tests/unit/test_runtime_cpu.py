@@ -152,3 +152,51 @@ def test_indexer_workspace_bytes_equal_upstream_plan():
                 mine = aot.dsa.indexer_backward_workspace_bytes(2, 1000, 128, d_index_k_dtype=dk_dtype, backend=backend, deterministic=det,
                                                                 deterministic_dk_planes=planes)
                 assert mine == plan.scratch_workspace_bytes(), (dk_dtype, backend, det, planes)
+
+
+def test_indexer_dispatch_hits_the_default_manifest_for_every_anchor_shape():
+    """The runtime's choice of (op, key) per stage, for the anchor shapes, is an entry the default
+    manifest ships (same key fields the spec declares), on both arches."""
+    import aot.dsa
+    from aot import manifest
+
+    m = manifest.load(ROOT / "manifests" / "default.toml")
+    have = {(e.target.arch, e.op, e.key) for e in m.entries if e.family == "dsa_indexer_backward"}
+    sms = {t.arch: t.sm_count for t in m.targets}
+    calls = []
+    for s_q in (4096, 8192):
+        for topk in (512, 1024, 1536, 2048):
+            for glob in (False, True):
+                for dkf32 in (False, True):
+                    calls.append(("sm_90a", 64, s_q, topk, dict(topk_indices_global=glob, d_index_k_f32=dkf32)))
+                    for h in (32, 64):
+                        calls.append(("sm_100a", h, s_q, topk, dict(topk_indices_global=glob, d_index_k_f32=dkf32)))
+                for h in (32, 64):
+                    calls.append(("sm_100a", h, s_q, topk, dict(deterministic=True, d_index_k_f32=glob)))
+                calls.append(("sm_100a", 64, s_q, topk, dict(backend="sm100_v2", d_weights_f32=glob, d_index_k_f32=glob)))
+                calls.append(("sm_100a", 64, s_q, topk, dict(backend="sm100_v2", deterministic=True, d_weights_f32=True)))
+        for planes in (128, 148):
+            calls.append(("sm_100a", 64, s_q, 512, dict(deterministic=True, deterministic_dk_planes=planes)))
+    for arch, h, s_q, topk, kw in calls:
+        ks = aot.dsa.indexer_backward_kernels(arch, 1, s_q, h, topk, target_sm_count=sms[arch], **kw)
+        for role, (op, key) in ks.items():
+            assert (arch, op, tuple(sorted(key.items()))) in have, (arch, h, s_q, topk, kw, role, op, key)
+
+
+def test_lookup_ignores_what_the_spec_derived(tmp_path):
+    """index.json keeps the spec's derived fields (grid, persistence, ...) next to the key; the runtime
+    looks entries up by the op's own fields."""
+    import shutil
+
+    from aot import build, pack
+
+    name = "dsa_indexer_backward.gemm.nodeterministic.heads64.pdl.persistent.planes96.topk512.notopk_global.sm_100a"
+    d = tmp_path / "entries" / name
+    shutil.copytree(DATA / name, d)
+    build.lift_and_verify(d)
+    pack.pack([d], tmp_path / "gen")
+    ix = registry.Index(tmp_path / "gen")
+    e = ix.find("dsa_indexer_backward", "gemm", {"heads": 64, "topk": 512, "topk_global": False, "persistent": True, "pdl": True,
+                                                 "deterministic": False, "planes": 96}, "sm_100a")
+    assert e["id"] == name and e["key"]["grid"] == 148 and "grid" in e["derived"]
+    assert ix.target_sm_count("sm_100a") == 148
