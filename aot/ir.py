@@ -410,6 +410,8 @@ def parse_module(text: str) -> Module:
             continue
         if s.startswith('"builtin.module"()') or s.startswith("module"):
             continue
+        if not stack and s.startswith("#") and " = " in s:
+            continue  # attribute alias (#loop_annotation = ...): only referenced by branch hints
         if s.startswith("})") or s == "}":
             if not stack:
                 continue  # the builtin.module's own close
@@ -472,6 +474,24 @@ def attr_int(raw: str) -> int:
         return int(v, 0)
     except ValueError:
         raise LiftError(f"expected an integer attribute, got {raw[:80]!r}") from None
+
+
+def attr_f32_bits(raw: str) -> int:
+    """``1.44269502 : f32`` / ``0x7F800000 : f32`` -> the fp32 bit pattern (MLIR prints f32 constants
+    with digits that round-trip, and non-finite ones as hex bits)."""
+    v = raw.split(":")[0].strip()
+    if v.lower().startswith("0x"):
+        return int(v, 16) & 0xFFFFFFFF
+    try:
+        x = float(v)
+    except ValueError:
+        raise LiftError(f"expected an f32 constant, got {raw[:80]!r}") from None
+    import struct
+
+    try:
+        return int.from_bytes(struct.pack("<f", x), "little")
+    except OverflowError:
+        raise LiftError(f"f32 constant {raw[:80]!r} does not fit an f32") from None
 
 
 def attr_dense(raw: str, n: int) -> list:

@@ -169,6 +169,9 @@ class _Lifter:
         self.kernels = {}  # kernel global -> symbol
         self.globals = {}
         self.steps = 0
+        self.functions = []  # module-level helper functions (run-time arithmetic regions)
+        self.nregion = 0
+        self.env = {}
 
     # residual code
     def emit(self, code, bits, deps, status=False, okwhen=None):
@@ -199,9 +202,10 @@ class _Lifter:
 
     def run(self, func: ir.Func, args: list):
         env = {}
+        outer_env, self.env = self.env, env
         for (nm, _), v in zip(func.args, args):
             env[nm] = v
-        label, prev = func.entry, None
+        label = func.entry
         while True:
             block = func.blocks[label]
             nxt = None
@@ -214,6 +218,7 @@ class _Lifter:
                     nxt = res[1:]
                     break
                 if isinstance(res, tuple) and res[0] == "return":
+                    self.env = outer_env
                     return res[1]
             if nxt is None:
                 raise LiftError(f"block {label} of {func.name} has no terminator")
@@ -325,10 +330,14 @@ class _Lifter:
             return K(ir.attr_int(raw) & _mask(t.bits), t.bits)
         if isinstance(t, ir.Vector):
             return A(tuple(K(x & _mask(t.elem.bits), t.elem.bits) for x in ir.attr_dense(raw, t.n)))
+        if isinstance(t, ir.Float) and t.bits == 32:  # kept as its bit pattern, like f32 arguments
+            return K(ir.attr_f32_bits(raw), 32)
         raise LiftError(f"{op.where()}: constant {raw[:60]!r} of type {t}")
 
     def gep(self, op, ops):
         base, dyn = ops[0], list(ops[1:])
+        if isinstance(base, (K, S)) and isinstance(op.operand_types[0], ir.Ptr) and op.operand_types[0].space == 1:
+            return self.device_gep(op, base, dyn)
         if not isinstance(base, P):
             raise LiftError(f"{op.where()}: getelementptr on {base!r}")
         t = ir.parse_type(op.prop("elem_type"))
@@ -353,6 +362,40 @@ class _Lifter:
             else:
                 raise LiftError(f"{op.where()}: getelementptr index into scalar {cur}")
         return P(base.region, base.off + off)
+
+    def device_gep(self, op, base, dyn):
+        """Address arithmetic on a device (addrspace 1) pointer argument, e.g. workspace + offset."""
+        t = ir.parse_type(op.prop("elem_type"))
+        tys = list(op.operand_types[1:])
+        const, terms, deps, cur = 0, [], [base], t
+        for depth, raw in enumerate(ir.attr_ints(op.prop("rawConstantIndices"))):
+            if depth == 0:
+                step = ir.sizeof(t)
+            elif isinstance(cur, ir.Array):
+                step = ir.sizeof(cur.elem)
+            elif isinstance(cur, ir.Struct):
+                step = None
+            else:
+                raise LiftError(f"{op.where()}: getelementptr index into scalar {cur}")
+            if raw == -2147483648:
+                v, vt = self.scalar(dyn.pop(0), op), tys.pop(0)
+                if step is None:
+                    raise LiftError(f"{op.where()}: getelementptr with a run-time struct field index")
+                if isinstance(v, K):
+                    const += (v.v - (1 << v.bits) if v.v >> (v.bits - 1) else v.v) * step
+                else:
+                    terms.append(f"sx({v.name}, {vt.bits}) * {step}")
+                    deps.append(v)
+                idx = None
+            else:
+                idx = raw
+                const += ir.field_offsets(cur)[raw] if step is None else raw * step
+            if depth > 0:
+                cur = cur.fields[idx] if isinstance(cur, ir.Struct) else cur.elem
+        if isinstance(base, K) and not terms:
+            return K((base.v + const) & _mask(64), 64)
+        expr = " + ".join([self.x(base)] + terms + ([str(const)] if const else []))
+        return self.emit(f"(({expr}) & 0xffffffffffffffff)", 64, deps)
 
     def load(self, t, p, where):
         if isinstance(t, (ir.Int, ir.Float, ir.Ptr)):
@@ -442,7 +485,43 @@ class _Lifter:
         if f_err and not t_err:
             self.effect(f"if not {c.name}: raise LaunchError({_err_text(op, func, f)!r})", [c])
             return ("jump", t, tvals)
-        raise LiftError(f"{op.where()}: branch on a run-time value ({c.name}) where neither side is an error path; the lifter only follows host code whose control flow is fixed at compile time")
+        # a run-time branch into pure integer arithmetic that rejoins (e.g. fast-divmod set-up loops):
+        # emitted as a small Python function of its inputs, returning the values at the join
+        join, region, why = _pure_region(func, op, t, f)
+        if join is None:
+            raise LiftError(f"{op.where()}: branch on a run-time value ({c.name}) where neither side is an error path, and the region it "
+                            f"opens is not pure arithmetic ({why}); the lifter only follows host code whose control flow is fixed at compile time")
+        return self.region_call(op, func, c, (t, tvals), (f, fvals), join, region)
+
+    def region_call(self, op, func, c, tside, fside, join, region):
+        env_names = {}
+        params, args = [], []
+
+        def outer(name):
+            # a value the region reads but does not define: constant literal or a residual passed in
+            v = self.env[name]
+            if isinstance(v, K):
+                return str(v.v)
+            if not isinstance(v, S):
+                raise LiftError(f"{op.where()}: the run-time region reads {name} = {v!r}, not an integer")
+            if name not in env_names:
+                env_names[name] = f"x{len(params)}"
+                params.append(env_names[name])
+                args.append(v)
+            return env_names[name]
+
+        src = _region_source(func, region, join, tside, fside, outer)
+        self.nregion += 1
+        fname = f"_region{self.nregion}"
+        self.functions.append(f"def {fname}(c, {', '.join(params)}):\n" + src if params else f"def {fname}(c):\n" + src)
+        call = self.emit(f"{fname}({', '.join([c.name] + [a.name for a in args])})", 0, [c, *args])
+        outs = []
+        for i, (_, ty) in enumerate(func.blocks[join].args):
+            t = ir.parse_type(ty)
+            if not isinstance(t, ir.Int):
+                raise LiftError(f"{op.where()}: the run-time region yields a {t}, not an integer")
+            outs.append(self.emit(f"{call.name}[{i}]", t.bits, [call]))
+        return ("jump", join, outs)
 
     def call(self, op, ops):
         callee = ir.attr_sym(op.prop("callee"))
@@ -551,6 +630,7 @@ class _Lifter:
 
 
 _BINOPS = {
+    "llvm.fmul": ("f32mul", True),  # host-side scale folding (softmax_scale * log2(e)), on bit patterns
     "llvm.add": ("(({a} + {b}) & {m})", False),
     "llvm.sub": ("(({a} - {b}) & {m})", False),
     "llvm.mul": ("(({a} * {b}) & {m})", False),
@@ -601,6 +681,115 @@ def _is_error_path(func, label, seen=None):
         if op.name in ("llvm.cond_br", "llvm.return"):
             return False
     return False
+
+
+_PURE = {"llvm.mlir.constant", "llvm.icmp", "llvm.select", "llvm.zext", "llvm.sext", "llvm.trunc", "llvm.br", "llvm.cond_br", *_BINOPS}
+
+
+def _succs(func, label):
+    term = func.blocks[label].ops[-1]
+    return list(term.successors) if term.name in ("llvm.br", "llvm.cond_br") else []
+
+
+def _pure_region(func, op, t, f):
+    """(join, blocks, None) when the paths from a run-time branch rejoin at one block and run only
+    pure integer ops until then; else (None, None, why)."""
+    # immediate post-dominator of the branching block, by the iterative set formulation
+    labels = list(func.blocks)
+    pdom = {b: set(labels) for b in labels}
+    for b in labels:
+        if not _succs(func, b):
+            pdom[b] = {b}
+    changed = True
+    while changed:
+        changed = False
+        for b in labels:
+            ss = _succs(func, b)
+            if not ss:
+                continue
+            new = {b} | set.intersection(*(pdom[x] for x in ss))
+            if new != pdom[b]:
+                pdom[b], changed = new, True
+    cands = pdom[t] & pdom[f]
+    if not cands:
+        return None, None, "its paths never rejoin"
+    # the nearest common post-dominator: the one post-dominated by all the others
+    join = next((j for j in cands if cands <= pdom[j]), None)
+    region, todo = set(), [t, f]
+    while todo:
+        b = todo.pop()
+        if b == join or b in region:
+            continue
+        region.add(b)
+        todo += _succs(func, b)
+    for b in region:
+        for o in func.blocks[b].ops:
+            if o.name not in _PURE:
+                return None, None, f"{o.name} at host.mlir line {o.line}"
+            if o.name == "llvm.mlir.constant" and not isinstance(o.result_type, ir.Int):
+                return None, None, f"a non-integer constant at host.mlir line {o.line}"
+    return join, region, None
+
+
+def _region_source(func, region, join, tside, fside, outer):
+    """Python source of a state machine over ``region``: block by block, returns the join's arguments."""
+    def name(v):
+        return "r" + v.lstrip("%").replace("#", "_")
+
+    defined = {a for b in region for a, _ in func.blocks[b].args} | {r for b in region for o in func.blocks[b].ops for r in o.results}
+
+    def val(v):
+        return name(v) if v in defined else outer(v)
+
+    order = sorted(region, key=list(func.blocks).index)
+    ids = {b: i for i, b in enumerate(order)}
+
+    def goto(target, vals, ind):
+        if target == join:
+            return [f"{ind}return ({''.join(val(v) + ', ' for v in vals)})"]
+        lines = [f"{ind}b = {ids[target]}"]
+        names = [name(an) for an, _ in func.blocks[target].args]
+        if names:  # one tuple assignment: block arguments are assigned in parallel
+            lines.append(f"{ind}{', '.join(names)} = {', '.join(val(v) for v in vals)}")
+        return lines
+
+    body = ["    steps = 0"]
+    (t, tv), (f, fv) = tside, fside
+    body += ["    if c:", *goto(t, tv, "        "), "    else:", *goto(f, fv, "        ")]
+    body += ["    while True:", "        steps += 1", "        if steps > 1000000:",
+             "            raise LaunchError('a run-time loop of the host code did not finish')"]
+    for b in order:
+        body.append(f"        {'if' if b == order[0] else 'elif'} b == {ids[b]}:")
+        ind = "            "
+        for o in func.blocks[b].ops:
+            a = [val(x) for x in o.operands]
+            r = name(o.results[0]) if o.results else None
+            if o.name == "llvm.mlir.constant":
+                body.append(f"{ind}{r} = {ir.attr_int(o.prop('value')) & _mask(o.result_type.bits)}")
+            elif o.name in _BINOPS:
+                bits = o.result_type.bits
+                fn, needs = _BINOPS[o.name]
+                body.append(f"{ind}{r} = " + (f"{fn}({a[0]}, {a[1]}, {bits})" if needs else fn.format(a=a[0], b=a[1], m=hex(_mask(bits)))))
+            elif o.name == "llvm.icmp":
+                pred = _ICMP[ir.attr_int(o.prop("predicate"))]
+                bits = o.operand_types[0].bits
+                cmp = f"sx({a[0]}, {bits}) {_SIGNED[pred]} sx({a[1]}, {bits})" if pred in _SIGNED else f"{a[0]} {pred} {a[1]}"
+                body.append(f"{ind}{r} = int({cmp})")
+            elif o.name == "llvm.select":
+                body.append(f"{ind}{r} = {a[1]} if {a[0]} else {a[2]}")
+            elif o.name == "llvm.zext":
+                body.append(f"{ind}{r} = {a[0]}")
+            elif o.name == "llvm.trunc":
+                body.append(f"{ind}{r} = {a[0]} & {hex(_mask(o.result_type.bits))}")
+            elif o.name == "llvm.sext":
+                body.append(f"{ind}{r} = sx({a[0]}, {o.operand_types[0].bits}) & {hex(_mask(o.result_type.bits))}")
+            elif o.name == "llvm.br":
+                body += goto(o.successors[0], o.operands, ind)
+            elif o.name == "llvm.cond_br":
+                seg = ir.attr_ints(o.prop("operandSegmentSizes"))
+                tv_, fv_ = o.operands[1 : 1 + seg[1]], o.operands[1 + seg[1] :]
+                body += [f"{ind}if {a[0]}:", *goto(o.successors[0], tv_, ind + "    "), f"{ind}else:", *goto(o.successors[1], fv_, ind + "    ")]
+    return "\n".join(body) + "\n"
 
 
 def _err_text(op, func, label):
@@ -730,7 +919,7 @@ def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
     src = [
         f'"""Lifted launcher: {title}. Generated by aot.lift from host.mlir; do not edit."""',
         "from struct import Struct",
-        "from aot.runtime.lifted import LaunchError, f32bits, sx, shl, lshr, ashr, udiv, urem, sdiv, srem  # noqa: F401",
+        "from aot.runtime.lifted import LaunchError, f32bits, f32mul, sx, shl, lshr, ashr, udiv, urem, sdiv, srem  # noqa: F401",
         "",
         f"ARGS = {tuple(arg_spec)!r}",
         f"KERNELS = {tuple(sorted(set(kernels.values())))!r}",
@@ -740,6 +929,8 @@ def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
         "def setup(dattr, kattr, set_attr):",
         '    """Per-device kernel set-up the JIT performs in cuda_load_to_device."""',
         *(setup.live_code([]) or ["    pass"]),
+        "",
+        *[ln for fn in main.functions for ln in ("", fn)],
         "",
         *[ln for ln in pack_lines if ln.startswith("_S")],
         "",

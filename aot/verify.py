@@ -158,6 +158,8 @@ class _Machine:
                 env[r] = ir.attr_bytes(raw)
             elif isinstance(t, ir.Vector):
                 env[r] = [x & ((1 << t.elem.bits) - 1) for x in ir.attr_dense(raw, t.n)]
+            elif isinstance(t, ir.Float):
+                env[r] = ir.attr_f32_bits(raw)
             else:
                 env[r] = ir.attr_int(raw) & ((1 << t.bits) - 1)
         elif n == "llvm.mlir.zero":
@@ -301,7 +303,17 @@ def _shift(kind):
     return f
 
 
+def _fmul32(a, b, n):
+    """fp32 multiply through ctypes (C float arithmetic), independent of the launcher helpers."""
+    import ctypes
+
+    fa = ctypes.c_float.from_buffer_copy(a.to_bytes(4, "little")).value
+    fb = ctypes.c_float.from_buffer_copy(b.to_bytes(4, "little")).value
+    return int.from_bytes(bytes(ctypes.c_float(fa * fb)), "little")
+
+
 _ARITH = {
+    "llvm.fmul": _fmul32,
     "llvm.add": lambda a, b, n: a + b,
     "llvm.sub": lambda a, b, n: a - b,
     "llvm.mul": lambda a, b, n: a * b,

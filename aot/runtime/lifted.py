@@ -6,7 +6,7 @@ signed overflow of INT_MIN / -1, shifting by the width or more), raise instead o
 
 from ..errors import LaunchError
 
-__all__ = ["LaunchError", "f32bits", "sx", "shl", "lshr", "ashr", "udiv", "urem", "sdiv", "srem"]
+__all__ = ["LaunchError", "f32bits", "f32mul", "sx", "shl", "lshr", "ashr", "udiv", "urem", "sdiv", "srem"]
 
 
 _F32 = __import__("struct").Struct("<f")
@@ -70,3 +70,17 @@ def srem(a, b, bits):
         _undefined(f"i{bits} signed remainder {x} % {y}")
     r = abs(x) % abs(y)
     return (r if x >= 0 else -r) & ((1 << bits) - 1)
+
+
+_FLT_MAX = 3.4028234663852886e38
+
+
+def f32mul(a, b, bits=32):
+    """IEEE fp32 a * b on bit patterns, round to nearest even: the double product of two fp32 values
+    is exact, so one rounding to fp32 is the fp32 product."""
+    x = _F32.unpack(a.to_bytes(4, "little"))[0] * _F32.unpack(b.to_bytes(4, "little"))[0]
+    try:
+        return int.from_bytes(_F32.pack(x), "little")
+    except OverflowError:  # beyond FLT_MAX: rounds to FLT_MAX within half an ulp (2**103), else to inf
+        m = _FLT_MAX if abs(x) < _FLT_MAX + 2.0**103 else float("inf")
+        return int.from_bytes(_F32.pack(m if x > 0 else -m), "little")
