@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from ._opsupport import _alloc_on, _check, _index, _input_error, _state, _stream_handle
 
-__all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "indexer_backward_kernels", "BACKENDS", "PLANES"]
+__all__ = [
+    "indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "indexer_backward_kernels", "BACKENDS", "PLANES",
+    "sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes", "sparse_attention_backward_kernels",
+]
 
 FAMILY = "dsa_indexer_backward"
 BACKENDS = ("default", "sm100_v2")
@@ -121,9 +124,7 @@ def _memset0(ptr, nbytes, stream):
 
 
 def _launcher(op, key, dev, hint=""):
-    ix = _index()
-    e = ix.find(FAMILY, op, key, _state(dev).arch, hint)
-    return ix.loaded(e, dev)
+    return _launcher_family(FAMILY, op, key, dev, hint)
 
 
 def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
@@ -390,3 +391,278 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
     if problems:
         raise _input_error(problems)
     return dev, arch, b, s_q, s_k, h, d, topk, need
+
+
+# =====================================================================================================
+# Sparse attention backward: upstream's policy, re-implemented (kernels/dsa_sparse_attention_backward.py
+# checks each function against cudnn's own at build time)
+# =====================================================================================================
+
+HEAD_DIM_V = 512  # D 512 -> D_v 512; D 576 (MLA: 512 + 64 rope) -> D_v 512
+TWO_CTA_TOPK = (128, 512, 1024, 1152, 2048)  # upstream's tuned two-CTA widths (H128 D512, H96/H128 D576)
+DETERMINISTIC_HEADS = (16, 32, 64, 96, 128)
+D576_BACKENDS = ("h96_d576_2cta_m64", "h128_d576_2cta_m64")
+
+
+
+def select_backend(heads: int, dim: int, dtype: str, topk: int, deterministic: bool) -> tuple:
+    """(backend, block_tile) of ``_select_sm100_backend`` for a contiguous plan on an SM100/SM103 device."""
+    bf16 = dtype == "bf16"
+    if bf16 and heads == 128 and dim == 512 and topk in TWO_CTA_TOPK:
+        return "h128_2cta_m64", 64
+    if bf16 and heads == 128 and dim == 576 and topk in TWO_CTA_TOPK:
+        return "h128_d576_2cta_m64", 64
+    if bf16 and heads == 96 and dim == 576 and topk in TWO_CTA_TOPK:
+        return "h96_d576_2cta_m64", 64
+    if heads == 96 and dim == 576:
+        return "h96_h64_h32", 64
+    if deterministic:
+        return "generic_m64", 64
+    if heads == 16 and dim == 576:
+        return "h16_m128", 128
+    if heads == 32 and dim == 576:
+        return "h32_m64", 64
+    return "generic_m64", 64
+
+
+def deterministic_dkv(s_q: int, s_kv: int, dim: int, heads: int) -> tuple:
+    """(planes, relay) upstream's generic deterministic policy picks (``deterministic_kernel_class``)."""
+    k, d = (s_kv + 7) // 8 * 8, (dim + 7) // 8 * 8
+    need = (s_q + 3) // 4
+    planes = next((p for p in (32, 64, 128) if need <= p), 128)
+    if planes * k * d * 4 <= 16 << 30:
+        return planes, 1
+    relay = 4 if s_q >= 8192 else 8
+    if _relay_bytes(s_q, k, d, heads, relay) > 32 << 30:
+        relay = 16
+    return 128 // relay, relay
+
+
+def _relay_bytes(s_q, k, d, heads, relay):
+    return (128 // relay) * (k + _relay_mask_rows(s_q, k, d, heads, relay)) * d * 4
+
+
+def _relay_mask_rows(s_q, k, d, heads, relay):
+    words = -(-s_q // 128) * -(-heads // 64) * -(-k // (32 // relay))
+    return -(-words // d)
+
+
+def d576_split_count(s_q: int, topk: int, sm_count: int) -> int:
+    """``_interface_sm100_d576._split_count``: query splitting for short batches (run-time Int32 argument)."""
+    return max(1, min((sm_count // 2) // max(s_q, 1), 1 + ((topk + 63) // 64) // 2, 8))
+
+
+def d576_compact_slots(sm_count: int) -> int:
+    """``_deterministic_compact_slots``: deterministic D576 wave width (one slot per two-SM cluster)."""
+    return max(1, min(sm_count // 2, 76))
+
+
+def sm100_workspace_shapes(s_q, s_kv, dim, heads, deterministic, backend) -> tuple:
+    """The byte-shaped (LSE/OdO, dKV) workspaces of one SM100 call (``_workspace_shapes_sm100``)."""
+    r8 = lambda x: (x + 7) // 8 * 8  # noqa: E731
+    lse = (1, heads, r8(s_q), 8)
+    k, d = r8(s_kv), r8(dim)
+    if not deterministic:
+        return lse, (1, 1, k, d * 4)
+    if backend in D576_BACKENDS:
+        return lse, (1, 96, k, d * 4)
+    if backend != "generic_m64":
+        return lse, (1, 128, k, d * 4)
+    planes, relay = deterministic_dkv(s_q, s_kv, dim, heads)
+    rows = k + (_relay_mask_rows(s_q, k, d, heads, relay) if relay > 1 else 0)
+    return lse, (1, planes, rows, d * 4)
+
+
+def sm100_workspace_bytes(s_q, s_kv, dim, heads, deterministic, backend) -> int:
+    """Caller workspace of one SM100 call: both segments, each rounded up to 128 bytes."""
+    a = lambda n: -(-n // 128) * 128  # noqa: E731
+    lse, dkv = sm100_workspace_shapes(s_q, s_kv, dim, heads, deterministic, backend)
+    return a(_prod(lse)) + a(_prod(dkv))
+
+
+def needs_wide(s_q, s_kv, dim, heads, topk, deterministic, backend) -> bool:
+    """``_requires_wide_data_addressing``: any tensor (or, off the D576 route, workspace) past 2**31 elements."""
+    spans = [s_q * heads * dim, s_q * heads * HEAD_DIM_V, s_q * heads, s_q * topk, s_kv * dim]
+    if backend not in D576_BACKENDS:
+        spans += [_prod(s) for s in sm100_workspace_shapes(s_q, s_kv, dim, heads, deterministic, backend)]
+    return any(s > 1 << 31 for s in spans)
+
+
+def _prod(xs):
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+# =====================================================================================================
+# Sparse attention backward: the op
+# =====================================================================================================
+
+_SM90_TILE = 64  # flash_attn_bwd_sm90: S_q and S_kv extents of its fp32 scratch are rounded to the tile
+_SM90_DIM_MULTIPLE = 32
+
+
+def _r(x, m):
+    return -(-int(x) // m) * m
+
+
+def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, *, arch="sm_90a", topk=None, deterministic=False) -> int:
+    """cudnn's ``SparseAttentionBackward.scratch_workspace_bytes()``: uint8 bytes ``workspace=`` must hold.
+
+    SM90: dPsum and log2-scaled LSE (each S_q rounded to 64 x H fp32) and the fp32 dKV accumulator
+    (S_kv rounded to 64 x D rounded to 32), each chunk 128-byte aligned. SM100: the LSE/OdO and dKV
+    workspaces of the selected backend.
+    """
+    if not _sm100(arch):
+        stats = _ws_align(_r(total_s_q, _SM90_TILE) * num_heads * 4)
+        return 2 * stats + _ws_align(_r(total_s_kv, _SM90_TILE) * _r(head_dim, _SM90_DIM_MULTIPLE) * 4)
+    backend, _ = select_backend(num_heads, head_dim, "bf16", topk, deterministic)
+    return sm100_workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, deterministic, backend)
+
+
+def sparse_attention_backward_kernels(arch, heads, head_dim, topk, *, has_topk_length=False, dtype="bf16") -> dict:
+    """Which shipped (op, key) serves each stage of one SM90 call: role -> (op, key). Pure (no GPU)."""
+    if _sm100(arch):
+        raise NotImplementedError("SM100 sparse attention backward dispatch is not shipped yet")
+    return {
+        "pre": ("pre_sm90", {"dtype": dtype}),
+        "main": ("main_sm90", {"dtype": dtype, "heads": heads, "dim": head_dim, "topk": topk, "topk_length": bool(has_topk_length)}),
+        "post": ("post_sm90", {"dtype": dtype, "dim": head_dim}),
+    }
+
+
+def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None,
+                              block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode="off"):
+    """cudnn's ``sparse_attention_backward_wrapper``: returns ``{'dq', 'dkv', 'd_sink'}``.
+
+    ``q`` (S_q, H, D) bf16, ``kv`` (S_kv, D) (K = V, one KV head; D 576 = QK dim, the first 512
+    columns are V), ``out``/``dout`` (S_q, H, 512), ``lse`` (S_q, H) fp32 (KV-only LSE), ``attn_sink``
+    (H,) fp32, ``topk_idxs`` (S_q, topk) int32 global KV ids (ids outside [0, S_kv) are ignored),
+    ``topk_length`` (S_q,) int32 optional valid prefix. ``dq``/``dkv`` and ``workspace`` are
+    allocated on the launch stream when omitted; ``d_sink`` is always a new (H,) fp32 tensor, as
+    upstream. Pass the outputs and workspace to ``sparse_attention_backward_into`` to capture it.
+    """
+    import torch
+
+    from .outputs import Outputs
+
+    problems = []
+    for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (attn_sink, "attn_sink", 1), (topk_idxs, "topk_idxs", 2)):
+        if not isinstance(t, torch.Tensor) or t.ndim != nd:
+            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if problems:
+        raise _input_error(problems)
+    with _alloc_on(stream):
+        dq = torch.empty_like(q) if dq is None else dq
+        dkv = torch.empty_like(kv) if dkv is None else dkv
+        d_sink = torch.empty_like(attn_sink)
+        if workspace is None and q.device.type == "cuda":
+            n = sparse_attention_backward_workspace_bytes(q.shape[0], kv.shape[0], q.shape[2], q.shape[1], arch=_state(q.device.index).arch,
+                                                          topk=topk_idxs.shape[1], deterministic=deterministic)
+            workspace = torch.empty(n, dtype=torch.uint8, device=q.device)
+    sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile,
+                                   deterministic, stream, workspace, q_cluster_mode)
+    return Outputs(dq=dq, dkv=dkv, d_sink=d_sink)
+
+
+def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None,
+                                   block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode="off"):
+    """``sparse_attention_backward`` into caller-provided ``dq``, ``dkv``, ``d_sink`` and ``workspace``
+    (capture-safe; allocates nothing). Returns (dq, dkv, d_sink)."""
+    import math
+
+    dev, arch, s_q, s_kv, h, d, topk = _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, block_tile,
+                                                         deterministic, workspace, q_cluster_mode)
+    s = _stream_handle(stream, dev)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
+    if s_q == 0:  # no query: nothing flows back
+        with _alloc_on(stream):
+            dkv.zero_()
+            d_sink.zero_()
+        return dq, dkv, d_sink
+    ks = sparse_attention_backward_kernels(arch, h, d, topk, has_topk_length=topk_length is not None)
+    pre, main, post = (_launcher_family(SPARSE_FAMILY, *ks[r], dev) for r in ("pre", "main", "post"))
+    sqr, skr, dr = _r(s_q, _SM90_TILE), _r(s_kv, _SM90_TILE), _r(d, _SM90_DIM_MULTIPLE)
+    stats = _ws_align(sqr * h * 4)
+    ws = workspace.data_ptr()
+    dpsum, lse_log2, acc = (ws, 1, sqr, h), (ws + stats, 1, sqr, h), ws + 2 * stats
+    dpsum, lse_log2 = _flat_ptr(dpsum[0], dpsum[1:]), _flat_ptr(lse_log2[0], lse_log2[1:])
+    acc3 = _flat_ptr(acc, (1, 1, skr * dr))
+    # upstream's order: clear the dKV accumulator and d_sink (both are atomically accumulated)
+    _memset0(acc, skr * dr * 4, s)
+    _memset0(d_sink.data_ptr(), h * 4, s)
+    o4, do4 = _targs(out.unsqueeze(0)), _targs(dout.unsqueeze(0))
+    pre(*o4, *do4, *dpsum, *_targs(lse.unsqueeze(0)), *lse_log2, *_targs(attn_sink), *_targs(d_sink), s)
+    tl = _targs(topk_length.unsqueeze(0)) if topk_length is not None else ()
+    main(*_targs(q.unsqueeze(0)), *_targs(kv.unsqueeze(0).unsqueeze(2)), *do4, *lse_log2, *dpsum, *_targs(dq.unsqueeze(0)), *acc3,
+         *_targs(topk_idxs.unsqueeze(0)), *tl, scale, s)
+    post(*acc3, *_targs(dkv.unsqueeze(0).unsqueeze(2)), s_kv, s)
+    return dq, dkv, d_sink
+
+
+SPARSE_FAMILY = "dsa_sparse_attention_backward"
+
+
+def _launcher_family(family, op, key, dev, hint=""):
+    ix = _index()
+    return ix.loaded(ix.find(family, op, key, _state(dev).arch, hint), dev)
+
+
+def _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, block_tile, deterministic, workspace,
+                     q_cluster_mode):
+    """Every problem with the inputs, raised together before anything is launched or written."""
+    import torch
+
+    problems = []
+    for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (topk_idxs, "topk_idxs", 2)):
+        if not isinstance(t, torch.Tensor) or t.ndim != nd:
+            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if problems:
+        raise _input_error(problems)
+    dev = q.device.index if q.device.type == "cuda" else None
+    s_q, h, d = q.shape
+    s_kv, topk = kv.shape[0], topk_idxs.shape[1]
+    bf16, f32 = torch.bfloat16, torch.float32
+    if d not in (512, 576):
+        problems.append(f"head dim D={d} (expected 512 or 576)")
+    _check(problems, q, "q", (s_q, h, d), bf16, dev, 16)
+    _check(problems, kv, "kv", (s_kv, d), bf16, dev, 16)
+    _check(problems, out, "out", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
+    _check(problems, dout, "dout", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
+    _check(problems, lse, "lse", (s_q, h), f32, dev, 4)
+    _check(problems, attn_sink, "attn_sink", (h,), f32, dev, 16)
+    _check(problems, topk_idxs, "topk_idxs", (s_q, topk), torch.int32, dev, 16)
+    if topk_length is not None:
+        _check(problems, topk_length, "topk_length", (s_q,), torch.int32, dev, 16)
+    _check(problems, dq, "dq", (s_q, h, d), bf16, dev, 16)
+    _check(problems, dkv, "dkv", (s_kv, d), bf16, dev, 16)
+    _check(problems, d_sink, "d_sink", (h,), f32, dev, 16)
+    if s_kv < 1:
+        problems.append("kv: S_kv = 0 (expected at least one key row: the sink alone has no gradient path upstream supports)")
+    if block_tile != 64:
+        problems.append(f"block_tile={block_tile!r} (expected 64)")
+    if q_cluster_mode != "off":
+        problems.append(f"q_cluster_mode={q_cluster_mode!r}: 'adaptive_pair' is an SM100 H16/H32 D576 path this build does not ship")
+    arch = None
+    if dev is not None and not problems:
+        arch = _state(dev).arch
+        if _sm100(arch):
+            problems.append(f"this build ships the sparse attention backward for sm_90a only so far, not {arch} (issue 4)")
+        elif deterministic:
+            problems.append("deterministic=True needs an SM100 GPU; upstream refuses it on SM90 too")
+    if not problems:
+        need = sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=deterministic)
+        n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
+        _check(problems, workspace, "workspace", (n,), torch.uint8, dev, 16)
+        if not problems and n < need:
+            problems.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.sparse_attention_backward_workspace_bytes)")
+        if not problems:
+            w0, w1 = workspace.data_ptr(), workspace.data_ptr() + need
+            for name, t in (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", attn_sink), ("topk_idxs", topk_idxs),
+                            ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink)):
+                if t is not None and t.numel() and w0 < t.data_ptr() + t.numel() * t.element_size() and t.data_ptr() < w1:
+                    problems.append(f"workspace: its first {need} bytes overlap {name}")
+    if problems:
+        raise _input_error(problems)
+    return dev, arch, s_q, s_kv, h, d, topk

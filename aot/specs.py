@@ -25,6 +25,7 @@ KNOWN_ARCHES = frozenset({"sm_90a", "sm_100a", "sm_100f", "sm_103a"})
 FAMILY_FILES = {
     "csa_compressor": "csa_compressor.py",
     "dsa_indexer_backward": "dsa_indexer_backward.py",
+    "dsa_sparse_attention_backward": "dsa_sparse_attention_backward.py",
 }
 
 

@@ -200,3 +200,35 @@ def test_lookup_ignores_what_the_spec_derived(tmp_path):
                                                  "deterministic": False, "planes": 96}, "sm_100a")
     assert e["id"] == name and e["key"]["grid"] == 148 and "grid" in e["derived"]
     assert ix.target_sm_count("sm_100a") == 148
+
+
+def test_sparse_attention_workspace_and_dispatch_match_upstream_and_manifest():
+    iface = pytest.importorskip("cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm90")
+    import aot.dsa
+    from aot import manifest
+
+    for s_q, s_kv, d, h in ((1, 1, 512, 64), (77, 1500, 576, 64), (2048, 2048, 512, 128), (4097, 65, 576, 128)):
+        assert aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h) == iface.flash_attn_bwd_sm90_workspace_size(s_q, s_kv, d, h)
+    m = manifest.load(ROOT / "manifests" / "default.toml")
+    have = {(e.op, e.key) for e in m.entries if e.family == "dsa_sparse_attention_backward" and e.target.arch == "sm_90a"}
+    for h in (64, 128):
+        for d in (512, 576):
+            for topk in (512, 1024, 2048):
+                for tl in (False, True):
+                    for role, (op, key) in aot.dsa.sparse_attention_backward_kernels("sm_90a", h, d, topk, has_topk_length=tl).items():
+                        assert (op, tuple(sorted(key.items()))) in have, (h, d, topk, tl, role)
+
+
+def test_sparse_attention_reports_every_bad_input_before_anything_runs():
+    torch = pytest.importorskip("torch")
+    import aot.dsa
+
+    q = torch.zeros(8, 64, 256, dtype=torch.bfloat16)
+    kv = torch.zeros(16, 256, dtype=torch.bfloat16)
+    out = torch.zeros(8, 64, 512, dtype=torch.float16)
+    with pytest.raises(InputError) as ei:
+        aot.dsa.sparse_attention_backward_into(q.clone(), kv.clone(), torch.zeros(64), q, kv, out, out, torch.zeros(8, 64), torch.zeros(64),
+                                               torch.zeros(8, 100, dtype=torch.int64), block_tile=32, q_cluster_mode="x")
+    msg = str(ei.value)
+    for want in ("head dim D=256", "out: dtype torch.float16", "topk_idxs: dtype torch.int64", "block_tile=32", "q_cluster_mode='x'", "(expected cuda"):
+        assert want in msg, (want, msg)

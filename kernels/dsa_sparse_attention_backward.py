@@ -1,0 +1,336 @@
+"""Spec of the DSA sparse attention backward family (cudnn.deepseek_sparse_attention.sparse_attention_backward, 1.32.0).
+
+The route is the one cudnn's public ``sparse_attention_backward_wrapper`` takes: a prepared
+``SparseAttentionBackward`` plan whose ``compile()`` builds ONE cute.compile artifact per call on SM100
+(4-9 kernel launches inside one host function) and whose SM90 ``execute()`` compiles three separate
+artifacts (preprocess, main, postprocess). Ops and their compile keys:
+
+  bwd        SM100, ``_interface_sm100._compile_sm100_artifact`` (reached through
+             ``_compile_nondeterministic_sm100`` / ``_compile_deterministic_sm100``): every backend except
+             the D576 two-CTA one. Key: dtype, heads, dim (D_v = 512), topk (= max_topk, the index row
+             width), topk_length (presence), deterministic, planes + relay (upstream's
+             (deterministic_shards, relay_cluster_size): (1, 1) ordinary; generic deterministic
+             (32|64|128, 1) or relay (32, 4) / (16, 8) / (8, 16), chosen by upstream from S_q and S_kv;
+             (128, 1) for the tuned H96 / H128 deterministic classes), wide (Int64 addressing: upstream
+             switches to fully dynamic strided tensor types when a tensor or workspace passes 2**31
+             elements; the relay layouts only exist past a 16 GiB workspace, so they are always wide).
+             The backend (generic_m64 | h16_m128 | h32_m64 | h96_h64_h32 | h128_2cta_m64) and its row
+             tile are derived (``select_backend``) and checked against ``_select_sm100_backend``.
+  bwd_d576   SM100, ``_interface_sm100_d576._compile_d576_2cta``: H96/H128 D576 BF16 two-CTA kernel
+             (+ deterministic). Key: heads, topk (upstream's five tuned widths), topk_length,
+             single_query (S_q == 1), split (the split regime: ``_split_count(S_q, topk, SMs) > 1``,
+             S_q <= SMs // 4 on a B200), deterministic, wide. The deterministic compact-slot count is the
+             target's ``min(SMs // 2, 76)``.
+  pre_sm90   SM90 ``_FlashAttentionDSABackwardPreprocessSm90`` (sum OdO, LSE*log2e, d_sink): dtype.
+  main_sm90  SM90 ``FlashAttentionDSABackwardSm90``: dtype, heads, dim, topk, topk_length.
+  post_sm90  SM90 ``_FlashAttentionDSABackwardPostprocessSm90`` (f32 dKV accumulator -> dkv): dtype, dim.
+
+The pure-Python policy functions below (select_backend, deterministic_dkv, d576_split_count,
+d576_compact_slots, sm100_workspace_shapes/_bytes, needs_wide) are what the op needs at run time; build()
+checks each against upstream's own function (``_check_upstream``).
+
+Arguments mirror upstream exactly. SM100 plans compile from storage-free fake tensors
+(``make_fake_compact_tensor`` row-major with static H / D / topk extents and one symbolic S_q and S_kv
+shared by every tensor, dq/dkv/d_sink/dout aliasing q/kv/sink/out; lse aligned 8, topk_length 4, the rest
+16; the byte workspaces (1, H, ?, 8) and (1, planes, ?, 4*D) [D576: flat Int64 extents, dKV aligned 32
+when deterministic]; ``make_fake_stream``), or in wide mode fully dynamic ``make_fake_tensor`` types
+with head-dim divisibility. SM90 converts live tensors with ``to_cute_tensor``: every extent dynamic
+Int32, every stride dynamic Int64 but the unit innermost, gmem, 16-byte aligned (lse: 4). Options:
+upstream passes ``--enable-tvm-ffi --gpu-arch <arch>`` (SM90: ``--enable-tvm-ffi``); here the arch comes
+from CUTE_DSL_ARCH and the TVM-FFI wrapper is left out (it does not change the cubin).
+"""
+
+from aot.specs import Choice, IntRange, Op
+
+FAMILY = "dsa_sparse_attention_backward"
+
+_BOOL = Choice(False, True)
+SM100 = frozenset({"sm_100a", "sm_103a"})
+SM90 = frozenset({"sm_90a"})
+CAPABILITY = {"sm_100a": (10, 0), "sm_103a": (10, 3), "sm_90a": (9, 0)}
+DTYPES = Choice("bf16", "f16")
+TOPK = IntRange(64, 2048, 64)
+# deterministic generic-M64 dKV layouts: (planes, relay cluster size)
+GENERIC_DKV = ((32, 1), (64, 1), (128, 1), (32, 4), (16, 8), (8, 16))
+
+
+# --- upstream policy the op re-implements (aot.dsa), checked against upstream in build -------------
+from aot.dsa import (  # noqa: E402
+    D576_BACKENDS,
+    DETERMINISTIC_HEADS,
+    HEAD_DIM_V,
+    TWO_CTA_TOPK,
+    d576_compact_slots,
+    d576_split_count,
+    deterministic_dkv,
+    needs_wide,
+    select_backend,
+    sm100_workspace_bytes,
+    sm100_workspace_shapes,
+)
+
+
+# --- key rules -------------------------------------------------------------------------------------
+
+
+def _bwd_check(key):
+    backend, _ = select_backend(key["heads"], key["dim"], key["dtype"], key["topk"], key["deterministic"])
+    if backend in D576_BACKENDS:
+        return f"H{key['heads']} D576 bf16 topk {key['topk']} runs upstream's two-CTA D576 kernel: use op bwd_d576"
+    if key["deterministic"] and key["heads"] not in DETERMINISTIC_HEADS:
+        return f"upstream's deterministic backward supports heads {DETERMINISTIC_HEADS}"
+    dkv = (key["planes"], key["relay"])
+    if not key["deterministic"]:
+        if dkv != (1, 1):
+            return "planes/relay are deterministic specialisations: (1, 1) otherwise"
+    elif backend == "generic_m64":
+        if dkv not in GENERIC_DKV:
+            return f"the generic deterministic kernel has (planes, relay) in {GENERIC_DKV}"
+        if key["relay"] > 1 and not key["wide"]:
+            return "relay layouts are chosen only past a 16 GiB dKV workspace, which upstream always compiles with wide (Int64) addressing"
+    elif dkv != (128, 1):
+        return f"the deterministic {backend} kernel has a fixed (planes, relay) = (128, 1)"
+    return None
+
+
+def _d576_check(key):
+    if key["deterministic"] and key["split"]:
+        return "upstream never splits queries in deterministic mode (split_count = 1)"
+    if key["single_query"] and not key["deterministic"] and not key["split"]:
+        return "upstream always splits a single query (split_count > 1 for S_q = 1 on >= 4 SMs)"
+    return None
+
+
+OPS = {
+    "bwd": Op(
+        fields={
+            "dtype": DTYPES,
+            "heads": Choice(16, 32, 64, 96, 128),
+            "dim": Choice(512, 576),
+            "topk": TOPK,
+            "topk_length": _BOOL,
+            "deterministic": _BOOL,
+            "planes": Choice(1, 8, 16, 32, 64, 128),
+            "relay": Choice(1, 4, 8, 16),
+            "wide": _BOOL,
+        },
+        check=_bwd_check,
+        arches=SM100,
+    ),
+    "bwd_d576": Op(
+        fields={
+            "heads": Choice(96, 128),
+            "topk": Choice(*TWO_CTA_TOPK),
+            "topk_length": _BOOL,
+            "single_query": _BOOL,
+            "split": _BOOL,
+            "deterministic": _BOOL,
+            "wide": _BOOL,
+        },
+        check=_d576_check,
+        arches=SM100,
+    ),
+    "pre_sm90": Op(fields={"dtype": DTYPES}, arches=SM90),
+    "main_sm90": Op(
+        fields={"dtype": DTYPES, "heads": Choice(16, 32, 64, 96, 128), "dim": Choice(512, 576), "topk": TOPK, "topk_length": _BOOL},
+        requires=lambda key: [("pre_sm90", {"dtype": key["dtype"]}), ("post_sm90", {"dtype": key["dtype"], "dim": key["dim"]})],
+        arches=SM90,
+    ),
+    "post_sm90": Op(fields={"dtype": DTYPES, "dim": Choice(512, 576)}, arches=SM90),
+}
+
+# SM90 launch constants of flash_attn_bwd_sm90 (tiles, stages, swaps, threads)
+SM90_TILE_M, SM90_TILE_N, SM90_THREADS, SM90_PRE_THREADS = 64, 64, 256, 256
+
+
+def sm90_post_chunk(dim: int) -> int:
+    """hdim_chunk of the SM90 postprocess (also its thread count)."""
+    return 64 if dim == 576 else min(128, dim)
+
+
+def build(op, key, target):
+    """Return (jit_object, args, options, extra_key) for one entry. Imports the toolchain."""
+    import cuda.bindings.driver as cuda_driver
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+    dt = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[key.get("dtype", "bf16")]
+    f32, i32, u8 = cutlass.Float32, cutlass.Int32, cutlass.Uint8
+
+    def compact(dtype, shape, align=16):
+        """cudnn's plan-time _fake_compact_tensor: row-major, storage-free."""
+        return make_fake_compact_tensor(dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=align)
+
+    def runtime(dtype, rank, divisibility=1, align=16):
+        """cudnn's plan-time _fake_runtime_tensor (wide mode): fully dynamic, divisibility on the last extent."""
+        shape = [cute.sym_int() for _ in range(rank)]
+        if divisibility != 1:
+            shape[-1] = cute.sym_int(divisibility=divisibility)
+        stride = [cute.sym_int64(divisibility=divisibility) for _ in range(rank - 1)] + [1]
+        return make_fake_tensor(dtype, tuple(shape), tuple(stride), assumed_align=align)
+
+    def dlpack(dtype, rank, align=16):
+        """What cudnn's to_cute_tensor makes of a contiguous CUDA tensor (SM90 path)."""
+        shape = tuple(cute.sym_int() for _ in range(rank))
+        stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
+        return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=align)
+
+    if op in ("bwd", "bwd_d576"):
+        if target.arch not in CAPABILITY or CAPABILITY[target.arch][0] != 10:
+            raise ValueError(f"{op} is an SM100-family kernel, not {target.arch}")
+        _check_upstream(target)
+
+    if op == "bwd":
+        from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100 as iface
+        from cudnn.deepseek_sparse_attention.sparse_attention_backward import dsa_bwd_sm100_deterministic as detmod
+
+        H, D, topk, det = key["heads"], key["dim"], key["topk"], key["deterministic"]
+        Dv = HEAD_DIM_V
+        backend, block_tile = select_backend(H, D, key["dtype"], topk, det)
+        if backend == "generic_m64" and det:
+            cls = detmod._deterministic_kernel_class_for_config(key["planes"], key["relay"])
+        else:
+            cls = iface._get_sm100_kernel_class(backend, det)
+        planes = cls.num_dkv_shards if det else 1  # upstream's _compile_sm100_artifact(dkv_planes=...)
+        relay = getattr(cls, "dkv_relay_cluster_size", 1) if det else 1
+        if (planes, relay) != (key["planes"], key["relay"]):
+            raise ValueError(f"bwd {key}: upstream's {cls.__name__} has (planes, relay) = ({planes}, {relay})")
+        sq, skv = cute.sym_int(), cute.sym_int()
+        if key["wide"]:
+            q, kv = runtime(dt, 3, D), runtime(dt, 2, D)
+            out, dout = runtime(dt, 3, Dv), runtime(dt, 3, Dv)
+            lse, sink = runtime(f32, 2, align=8), runtime(f32, 1)
+            lengths = runtime(i32, 1, align=4) if key["topk_length"] else None
+            dq, dkv, d_sink = runtime(dt, 3, D), runtime(dt, 2, D), runtime(f32, 1)
+            ws_lse, ws_dkv = runtime(u8, 4), runtime(u8, 4)
+            indices = make_fake_tensor(i32, (cute.sym_int(), topk), (cute.sym_int64(divisibility=max(topk, 1)), 1), assumed_align=16)
+        else:
+            q, kv, out = compact(dt, (sq, H, D)), compact(dt, (skv, D)), compact(dt, (sq, H, Dv))
+            dout = out
+            lse, sink = compact(f32, (sq, H), 8), compact(f32, (H,))
+            lengths = compact(i32, (sq,), 4) if key["topk_length"] else None
+            dq, dkv, d_sink = q, kv, sink
+            ws_lse = compact(u8, (1, H, cute.sym_int(), 8))
+            ws_dkv = compact(u8, (1, planes, cute.sym_int(), D * 4))
+            indices = compact(i32, (sq, topk))
+        problem = (i32(1), i32(1), i32(D), (i32(H), i32(1)))
+        obj = cls(element_dtype=dt, head_dim=D, head_dim_v=Dv, block_tile=block_tile, max_topk=topk)
+        args = (problem, q, kv, out, dout, lse, sink, indices, lengths, dq, dkv, d_sink, ws_lse, ws_dkv, f32(1.0), make_fake_stream(use_tvm_ffi_env_stream=False))
+        extra = {"backend": backend, "block_tile": block_tile, "kernel_class": cls.__name__, "dkv_shards": getattr(obj, "num_dkv_shards", planes)}
+        return obj, args, None, extra
+
+    if op == "bwd_d576":
+        from cudnn.deepseek_sparse_attention.sparse_attention_backward import dsa_bwd_sm100_h128_d576_2cta as k576
+
+        H, topk, det = key["heads"], key["topk"], key["deterministic"]
+        if key["single_query"] and not det and d576_split_count(1, topk, target.sm_count) == 1:
+            raise ValueError(f"on {target.sm_count} SMs upstream does not split a single query: key split must be False")
+        sq, skv = cute.sym_int(), cute.sym_int()
+        if key["wide"]:
+            q, kv = runtime(cutlass.BFloat16, 3, 576), runtime(cutlass.BFloat16, 2, 576)
+            out, dout = runtime(cutlass.BFloat16, 3, 512), runtime(cutlass.BFloat16, 3, 512)
+            lse, sink = runtime(f32, 2, align=8), runtime(f32, 1)
+            lengths = runtime(i32, 1, align=4) if key["topk_length"] else None
+            dq, dkv, d_sink = runtime(cutlass.BFloat16, 3, 576), runtime(cutlass.BFloat16, 2, 576), runtime(f32, 1)
+            indices = make_fake_tensor(i32, (cute.sym_int(), topk), (cute.sym_int64(divisibility=max(topk, 1)), 1), assumed_align=16)
+        else:
+            q, kv = compact(cutlass.BFloat16, (sq, H, 576)), compact(cutlass.BFloat16, (skv, 576))
+            out = compact(cutlass.BFloat16, (sq, H, 512))
+            dout = out
+            lse, sink = compact(f32, (sq, H), 8), compact(f32, (H,))
+            lengths = compact(i32, (sq,), 4) if key["topk_length"] else None
+            dq, dkv, d_sink = q, kv, sink
+            indices = compact(i32, (sq, topk))
+        ws_stats = compact(u8, (cute.sym_int64(),))
+        ws_dkv = compact(u8, (cute.sym_int64(),), 32 if det else 16)
+        kwargs = dict(element_dtype=cutlass.BFloat16, head_dim=576, head_dim_v=512, block_tile=64, max_topk=topk, single_query=key["single_query"], num_heads=H)
+        slots = d576_compact_slots(target.sm_count) if det else 74
+        if det:
+            obj = k576.FlashAttentionDSABackwardSm100H128D576TwoCTADeterministic(**kwargs, compact_slots=slots)
+        else:
+            obj = k576.FlashAttentionDSABackwardSm100H128D576TwoCTA(**kwargs)
+        problem = (i32(1), i32(1), i32(576), (i32(H), i32(1)))
+        args = (
+            problem, q, kv, out, dout, lse, sink, indices, lengths, dq, dkv, d_sink, ws_stats, ws_dkv,
+            f32(1.0), i32(1), make_fake_stream(use_tvm_ffi_env_stream=False), key["split"] and not det,
+        )  # fmt: skip
+        backend = "h96_d576_2cta_m64" if H == 96 else "h128_d576_2cta_m64"
+        return obj, args, None, {"backend": backend, "compact_slots": slots, "kernel_class": type(obj).__name__}
+
+    if target.arch != "sm_90a":
+        raise ValueError(f"{op} is an SM90 kernel, not {target.arch}")
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import dsa_bwd_sm90 as k90
+
+    stream = cuda_driver.CUstream(0)
+    if op == "pre_sm90":
+        obj = k90._FlashAttentionDSABackwardPreprocessSm90(dt, HEAD_DIM_V, 90, SM90_TILE_M, num_threads=SM90_PRE_THREADS)
+        # out4, dout4 (1, S_q, H, Dv); dpsum, lse_log2 (1, S_q_rounded, H) f32; lse4 (1, S_q, H) f32 align 4; sink, d_sink (H,)
+        args = (dlpack(dt, 4), dlpack(dt, 4), dlpack(f32, 3), dlpack(f32, 3, 4), dlpack(f32, 3), dlpack(f32, 1), dlpack(f32, 1), None, None, None, stream)
+        return obj, args, None, {}
+    if op == "main_sm90":
+        obj = k90.FlashAttentionDSABackwardSm90(
+            dt, key["dim"], HEAD_DIM_V, key["heads"], tile_m=SM90_TILE_M, tile_n=SM90_TILE_N, KV_stage=1, PdS_stage=1,
+            SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False, num_threads=SM90_THREADS,
+            have_topk_length=key["topk_length"], max_topk=key["topk"],
+        )  # fmt: skip
+        # q4, kv4 (1, S_kv, 1, D), dout4, lse_log2, dpsum, dq4, dkv_accum (1, 1, S_kv_r * D_r), topk4 (1, S_q, topk), tlen4 (1, S_q)
+        args = (
+            dlpack(dt, 4), dlpack(dt, 4), dlpack(dt, 4), dlpack(f32, 3), dlpack(f32, 3), dlpack(dt, 4), dlpack(f32, 3), dlpack(i32, 3),
+            dlpack(i32, 2) if key["topk_length"] else None, 1.0, stream,
+        )  # fmt: skip
+        return obj, args, None, {}
+    if op == "post_sm90":
+        chunk = sm90_post_chunk(key["dim"])
+        obj = k90._FlashAttentionDSABackwardPostprocessSm90(dt, hdim_chunk=chunk, tile_n=SM90_TILE_N, head_dim=key["dim"], num_threads=chunk, N_hdim_chunks=key["dim"] // chunk)
+        return obj, (dlpack(f32, 3), dlpack(dt, 4), 1, stream), None, {"hdim_chunk": chunk}
+    raise KeyError(op)
+
+
+def _check_upstream(target):
+    """The policy above (and the op's run-time selection built on it) against upstream's own functions."""
+    import torch
+
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100 as iface
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100_common as common
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100_d576 as d576
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import dsa_bwd_sm100_deterministic as detmod
+
+    cap = CAPABILITY[target.arch]
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}
+    for heads in (16, 32, 64, 96, 128):
+        for dim in (512, 576):
+            for dtype in tdt:
+                for topk in (64, 128, 256, 512, 640, 1024, 1152, 1536, 2048):
+                    for det in (False, True):
+                        theirs = iface._select_sm100_backend(heads, dim, head_dim_v=HEAD_DIM_V, dtype=tdt[dtype], max_topk=topk, device_capability=cap, deterministic=det)
+                        if select_backend(heads, dim, dtype, topk, det) != tuple(theirs):
+                            raise ValueError(f"upstream selects {theirs} for H{heads} D{dim} {dtype} topk {topk} det={det}; select_backend disagrees")
+    shapes = [(1, 1), (4, 4096), (128, 4096), (129, 65536), (512, 1 << 17), (513, 1 << 20), (4096, 1 << 20), (8192, 1 << 21), (8192, 1 << 22), (100000, 1 << 22), (20000, 1 << 23)]
+    for s_q, s_kv in shapes:
+        for dim in (512, 576):
+            for heads in (64, 128):
+                cls = detmod.deterministic_kernel_class(s_q, s_kv, dim, heads)
+                ours = deterministic_dkv(s_q, s_kv, dim, heads)
+                if (cls.num_dkv_shards, getattr(cls, "dkv_relay_cluster_size", 1)) != ours:
+                    raise ValueError(f"upstream picks {cls.__name__} for S_q {s_q} S_kv {s_kv} D{dim} H{heads}; deterministic_dkv says {ours}")
+                if ours[1] > 1 and not common._requires_wide_data_addressing(s_q, s_kv, dim, HEAD_DIM_V, heads, 512, True, "generic_m64", include_workspace=True):
+                    raise ValueError(f"upstream runs relay {ours} without wide addressing for S_q {s_q} S_kv {s_kv}: _bwd_check must allow it")
+                for det in (False, True):
+                    for backend in ("generic_m64", "h128_2cta_m64", "h128_d576_2cta_m64"):
+                        theirs = common._workspace_shapes_sm100(s_q, s_kv, dim, heads, det, backend)
+                        if tuple(map(tuple, theirs)) != sm100_workspace_shapes(s_q, s_kv, dim, heads, det, backend):
+                            raise ValueError(f"upstream workspace {theirs} != {sm100_workspace_shapes(s_q, s_kv, dim, heads, det, backend)} ({s_q}, {s_kv}, {dim}, {heads}, {det}, {backend})")
+                        if common.flash_attn_bwd_sm100_workspace_size(s_q, s_kv, dim, heads, det, backend=backend) != sm100_workspace_bytes(s_q, s_kv, dim, heads, det, backend):
+                            raise ValueError(f"upstream workspace bytes differ for ({s_q}, {s_kv}, {dim}, {heads}, {det}, {backend})")
+                        for topk in (512, 2048):
+                            up = common._requires_wide_data_addressing(s_q, s_kv, dim, HEAD_DIM_V, heads, topk, det, backend, include_workspace=backend not in D576_BACKENDS)
+                            if up != needs_wide(s_q, s_kv, dim, heads, topk, det, backend):
+                                raise ValueError(f"upstream wide addressing {up} for ({s_q}, {s_kv}, {dim}, {heads}, {topk}, {det}, {backend})")
+    for sm in (132, 148, target.sm_count):
+        if d576._deterministic_compact_slots(sm) != d576_compact_slots(sm):
+            raise ValueError(f"upstream compact slots for {sm} SMs: {d576._deterministic_compact_slots(sm)}")
+        for s_q in (1, 2, 3, 17, 18, 37, 38, 74, 75, 4096):
+            for topk in TWO_CTA_TOPK:
+                if d576._split_count(s_q, topk, sm) != d576_split_count(s_q, topk, sm):
+                    raise ValueError(f"upstream split count for S_q {s_q} topk {topk} on {sm} SMs: {d576._split_count(s_q, topk, sm)}")
