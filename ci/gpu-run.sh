@@ -11,8 +11,8 @@ DSL="$HOME/dsl/site:$HOME/dsl/site/nvidia_cutlass_dsl/dsl_packages"
 rc=0
 # 1. GPU tests of the AOT ops (cutlass is not on the path here)
 python3 -m pytest -q -rs -m gpu tests/gpu 2>&1 | tee "$OUT/gpu-tests.log"; rc=$((rc | ${PIPESTATUS[0]}))
-# Parity and bench families to run (PARITY="csa", "indexer" or both), e.g. to split the run over device calls.
-PARITY=${PARITY:-"csa indexer"}
+# Parity and bench families to run (any of "csa", "indexer", "sparse"), e.g. to split the run over device calls.
+PARITY=${PARITY:-"csa indexer sparse"}
 want() { case " $PARITY " in *" $1 "*) return 0 ;; esac; return 1; }
 if want csa; then
 # 2. JIT-vs-AOT parity, each side in its own process
@@ -42,5 +42,20 @@ else
   python3 bench/bench_indexer.py 2>&1 | tee "$OUT/bench-indexer.log"
 fi
 rm -rf /tmp/parity-indexer  # a few GB of saved inputs and outputs
+fi
+if want sparse; then
+# 5. DSA sparse attention backward (SM90 path on the H200): JIT-vs-AOT parity (SPARSE_QUICK=1: 5 cases), then the bench
+rm -rf /tmp/parity-sparse
+if [ -d "$HOME/dsl/site" ]; then
+  PYTHONPATH=$PWD:$DSL python3 ci/parity_sparse.py jit --dir /tmp/parity-sparse ${SPARSE_QUICK:+--quick} 2>&1 | tee "$OUT/parity-sparse-jit.log"
+  python3 ci/parity_sparse.py aot --dir /tmp/parity-sparse 2>&1 | tee "$OUT/parity-sparse-aot.log"
+  python3 ci/parity_sparse.py compare --dir /tmp/parity-sparse 2>&1 | tee "$OUT/parity-sparse.log"; rc=$((rc | ${PIPESTATUS[0]}))
+  cp /tmp/parity-sparse/parity.json "$OUT/parity-sparse.json" 2>/dev/null
+  PYTHONPATH=$PWD:$DSL python3 bench/bench_sparse.py 2>&1 | tee "$OUT/bench-sparse.log"
+else
+  echo "no ~/dsl/site: sparse parity and the cudnn side of the sparse benchmark skipped" | tee "$OUT/parity-sparse.log"
+  python3 bench/bench_sparse.py 2>&1 | tee "$OUT/bench-sparse.log"
+fi
+rm -rf /tmp/parity-sparse  # a few GB of saved inputs and outputs
 fi
 exit $rc

@@ -1,10 +1,12 @@
-"""What the JIT-vs-AOT parity scripts share (ci/parity_csa.py, ci/parity_indexer.py).
+"""What the JIT-vs-AOT parity scripts share (ci/parity_csa.py, ci/parity_indexer.py, ci/parity_sparse.py).
 
 * the import blocker of the AOT side (cutlass and cudnn must not be importable there);
 * timing: first call (synchronised) and warm host microseconds per call, ``torch.add`` yardstick;
-* NaN / 0xFF poisoning of outputs and workspaces;
+* NaN / 0xFF poisoning of outputs and workspaces; host copies, device-side bitwise equality;
 * the cubin a JIT-compiled function really loads (``loaded_cubin``);
-* bitwise comparison, index.json key matching, run metadata.
+* bitwise comparison, index.json key matching and sha256 status, run metadata;
+* the verdict of an order-dependent output against the JIT's own run-to-run jitter
+  (``jitter_verdict``), markdown tables.
 
 torch is imported lazily (the compare step and ``--help`` need no GPU).
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import json
+import os
 import platform
 import statistics
 import sys
@@ -34,6 +38,19 @@ __all__ = [
     "bitwise",
     "key_match",
     "selected",
+    "to_cuda",
+    "host_copy",
+    "same",
+    "key_str",
+    "shipped_index",
+    "family_entries",
+    "shipped",
+    "sha_status",
+    "torch_ulp",
+    "torch_isnan",
+    "jitter_verdict",
+    "md_table",
+    "load_json",
 ]
 
 # ------------------------------------------------------------------------------------------------
@@ -226,3 +243,158 @@ def key_match(entry, want):
 def selected(args, name):
     """--only: comma-separated substrings of case names (empty: every case)."""
     return not args.only or any(part and part in name for part in args.only.split(","))
+
+
+# ------------------------------------------------------------------------------------------------
+# Tensors moved around by both sides (torch only)
+# ------------------------------------------------------------------------------------------------
+
+
+def to_cuda(x):
+    """A dict of CPU inputs on the GPU (non-tensors, None included, as they are)."""
+    import torch
+
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+
+
+def host_copy(t):
+    """A host copy (a copy even of a host tensor: later calls overwrite the device buffers)."""
+    return t.to("cpu", copy=True)
+
+
+def same(a, b):
+    """Bitwise equality on the device (NaN-safe)."""
+    import torch
+
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.view(view), b.view(view)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Shipped index: entries, key matching, sha256 status
+# ------------------------------------------------------------------------------------------------
+
+
+def key_str(op_key):
+    """A canonical string of an (op, key dict) pair (kernel lists compare as sorted lists of these)."""
+    op, key = op_key
+    return json.dumps([op, key], sort_keys=True)
+
+
+def shipped_index(aot_module, family):
+    """(path, {"tools", "entries" of ``family``}) of the aot package's index.json; index None if absent."""
+    index_path = os.path.join(os.path.dirname(aot_module.__file__), "_generated", "index.json")
+    index = None
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            full = json.load(f)
+        index = {"tools": full.get("tools"), "entries": [e for e in full.get("entries", []) if e.get("family") == family]}
+    return index_path, index
+
+
+def family_entries(index, family, arch):
+    if index is None:
+        return None
+    return [e for e in index.get("entries", []) if e.get("family") == family and e.get("arch") == arch]
+
+
+def shipped(entries, op, key):
+    """The index entries of (op, key): every field of the JIT key equal."""
+    return [e for e in entries if e.get("op") == op and key_match(e, key)]
+
+
+def sha_status(keys, cubins, entries):
+    """'yes' / 'NO' / 'missing:...' / 'no-jit-cubin:...' for the kernels a row used."""
+    if entries is None:
+        return "no-index"
+    status = "yes"
+    for op, key in keys:
+        jit = [c for c in cubins if c["op"] == op and c["key"] == key]
+        if not jit or not jit[0]["sha256"]:
+            return f"no-jit-cubin:{op}"
+        match = shipped(entries, op, key)
+        if not match:
+            return f"missing:{op}"
+        if any(e.get("sha256") != jit[0]["sha256"] for e in match):
+            status = "NO"
+    return status
+
+
+# ------------------------------------------------------------------------------------------------
+# Order-dependent outputs against the JIT's own jitter
+# ------------------------------------------------------------------------------------------------
+
+
+def torch_ulp(a, b):
+    """bf16 ulp at max(|a|, |b|) (float64 tensors)."""
+    import torch
+
+    m = torch.maximum(a.abs(), b.abs())
+    _, e = torch.frexp(m)
+    return torch.where(m == 0, torch.zeros_like(m), torch.pow(2.0, (e - 8).to(torch.float64)))
+
+
+def torch_isnan(t):
+    import torch
+
+    return torch.isnan(t.float()).sum()
+
+
+def jitter_verdict(jo, ao, n):
+    """(ok, text, numbers) for an order-dependent output: AOT vs JIT against the JIT's own jitter.
+
+    ``jo`` / ``ao``: the saved outputs of each side, ``n`` and its reruns ``n.run2``, ``n.run3``, ...
+    bf16 outputs, elementwise: |aot - jit| <= 1 bf16 ulp (a sum in another order rounds to a
+    neighbour) + 2 * the JIT's own max |jitter| (fp32 order noise, large where a sum cancels); fp32
+    outputs: max |diff| <= max(4 * jitter, 1e-6 * max|ref|). Bitwise when the JIT reruns were all
+    bitwise equal to its first run.
+    """
+    j1, a1 = jo[n].double(), ao[n].double()
+    runs = sorted(k for k in jo if k.startswith(n + ".run"))
+    aot_runs = sorted(k for k in ao if k.startswith(n + ".run"))
+    bf16 = str(jo[n].dtype) == "torch.bfloat16"
+    nans = int(torch_isnan(ao[n]))
+    eq, cnt = bitwise(jo[n], ao[n])
+    jitter = max((float((jo[k].double() - j1).abs().max()) for k in runs), default=float("nan"))
+    aot_jitter = max((float((ao[k].double() - a1).abs().max()) for k in aot_runs), default=float("nan"))
+    diff = float((a1 - j1).abs().max()) if j1.numel() else 0.0
+    unit = ""
+    if bf16 and runs and j1.numel():
+        # each element may round to a neighbour (1 bf16 ulp at its size) and carry the fp32
+        # order noise the JIT shows against itself (large where the sum cancels)
+        bound = torch_ulp(a1, j1) + 2 * jitter
+        over = float(((a1 - j1).abs() / bound.clamp_min(1e-300)).max())
+        diff, unit = over, "x bound"
+    scale = float(j1.abs().max()) if j1.numel() else 0.0
+    nums = dict(diff=diff, unit=unit, jitter=jitter, aot_jitter=aot_jitter, max_abs=scale, differing=cnt, nan=nans, jit_reruns=len(runs))
+    if nans or diff != diff:
+        return False, f"NO ({nans} NaN)", nums
+    if not runs:
+        return False, "NO (no JIT rerun to measure jitter)", nums
+    if jitter == 0.0:  # the JIT reproduced itself bitwise: require bitwise
+        nums["limit"] = 0.0
+        return eq, ("bitwise" if eq else f"NO ({cnt} differ, JIT reproducible)"), nums
+    limit = 1.0 if bf16 else max(4 * jitter, 1e-6 * scale)
+    nums["limit"] = limit
+    ok = diff <= limit
+    return ok, f"{'ok' if ok else 'NO'} {diff:.3g}{unit} (JIT jitter {jitter:.2e}, AOT jitter {aot_jitter:.2e}, {cnt} differ)", nums
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+
+def md_table(header, lines):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(v) for v in r) + " |" for r in lines]
+    return "\n".join(out)
+
+
+def load_json(path, script, step, d):
+    """The json a step wrote, or None (with the command to run) when it is missing."""
+    if not os.path.exists(path):
+        print(f"FAIL: {path} missing: run `python {script} {step} --dir {d}` (it may have failed)")
+        return None
+    with open(path) as f:
+        return json.load(f)

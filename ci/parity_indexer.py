@@ -73,18 +73,29 @@ sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
     bitwise,
     device_us,
+    family_entries,
     first_call,
     install_blocker,
-    key_match,
+    jitter_verdict,
+    load_json,
     loaded_cubin,
+    md_table,
     meta,
     nan_like,
     poisoned_workspace,
     runtime_stats,
     selected,
+    sha_status,
+    shipped_index,
+    to_cuda,
     torch_add_us,
+    torch_isnan,
     warm_us,
 )
+from parity_common import host_copy as _host  # noqa: E402
+from parity_common import key_str as _key_str  # noqa: E402
+from parity_common import same as _same  # noqa: E402
+from parity_common import shipped as _shipped  # noqa: E402
 
 FAMILY = "dsa_indexer_backward"
 B, H, D, S_K = 1, 64, 128, 4096
@@ -187,25 +198,6 @@ def make_inputs(spec):
     return _own_inputs(*args, **kw), "ci/parity_indexer._own_inputs"
 
 
-def to_cuda(x):
-    import torch
-
-    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
-
-
-def _host(t):
-    """A host copy (a copy even of a host tensor: the warm calls overwrite the buffers later)."""
-    return t.to("cpu", copy=True)
-
-
-def _same(a, b):
-    """Bitwise equality on the device (NaN-safe)."""
-    import torch
-
-    view = {2: torch.int16, 4: torch.int32}[a.element_size()]
-    return bool(torch.equal(a.view(view), b.view(view)))
-
-
 # ------------------------------------------------------------------------------------------------
 # One case, either side
 # ------------------------------------------------------------------------------------------------
@@ -273,11 +265,6 @@ def _op_kwargs(x, attn, outs, ws, spec):
         topk_indices_global=spec["glob"], d_index_q=outs["d_index_q"], d_weights=outs["d_weights"], d_index_k=outs["d_index_k"],
         workspace=ws,
     )  # fmt: skip
-
-
-def _key_str(op_key):
-    op, key = op_key
-    return json.dumps([op, key], sort_keys=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -466,12 +453,7 @@ def cmd_aot(args):
         rows[name] = r = run_case(name, spec, to_cuda(torch.load(path)), api, args, out_dir)
         print(f"aot {name}: first {1e3 * r['first_s']:.2f} ms{'' if r['new'] else ' (nothing loaded)'}, warm {r['warm_us']:.1f} us "
               f"(into {r['warm_into_us']:.1f} us), device {r['device_us']:.1f} us", flush=True)
-    index_path = os.path.join(os.path.dirname(aot.__file__), "_generated", "index.json")
-    index = None
-    if os.path.exists(index_path):
-        with open(index_path) as f:
-            full = json.load(f)
-        index = {"tools": full.get("tools"), "entries": [e for e in full.get("entries", []) if e.get("family") == FAMILY]}
+    index_path, index = shipped_index(aot, FAMILY)
     m = meta(torch)
     m.update(import_s=import_s, torch_add_us=torch_add_us(args.calls), index_path=index_path, runtime_stats=runtime_stats(aot), calls=args.calls)
     with open(os.path.join(args.dir, "aot.json"), "w") as f:
@@ -484,110 +466,15 @@ def cmd_aot(args):
 # ------------------------------------------------------------------------------------------------
 
 
-def _entries(index, arch):
-    if index is None:
-        return None
-    return [e for e in index.get("entries", []) if e.get("family") == FAMILY and e.get("arch") == arch]
-
-
-def _shipped(entries, op, key):
-    """The index entries of (op, key): every field of the JIT key equal."""
-    return [e for e in entries if e.get("op") == op and key_match(e, key)]
-
-
-def _sha_status(keys, cubins, entries):
-    """'yes' / 'NO' / 'missing:...' / 'no-jit-cubin:...' for the kernels a row used."""
-    if entries is None:
-        return "no-index"
-    status = "yes"
-    for op, key in keys:
-        jit = [c for c in cubins if c["op"] == op and c["key"] == key]
-        if not jit or not jit[0]["sha256"]:
-            return f"no-jit-cubin:{op}"
-        match = _shipped(entries, op, key)
-        if not match:
-            return f"missing:{op}"
-        if any(e.get("sha256") != jit[0]["sha256"] for e in match):
-            status = "NO"
-    return status
-
-
-def torch_ulp(a, b):
-    """bf16 ulp at max(|a|, |b|) (float64 tensors)."""
-    import torch
-
-    m = torch.maximum(a.abs(), b.abs())
-    _, e = torch.frexp(m)
-    return torch.where(m == 0, torch.zeros_like(m), torch.pow(2.0, (e - 8).to(torch.float64)))
-
-
-def jitter_verdict(jo, ao, n):
-    """(ok, text, numbers) for an order-dependent output: AOT vs JIT against the JIT's own jitter.
-
-    bf16 outputs, elementwise: |aot - jit| <= 1 bf16 ulp (a sum in another order rounds to a
-    neighbour) + 2 * the JIT's own max |jitter| (fp32 order noise, large where a sum cancels); fp32
-    outputs: max |diff| <= max(4 * jitter, 1e-6 * max|ref|).
-    """
-    j1, a1 = jo[n].double(), ao[n].double()
-    runs = sorted(k for k in jo if k.startswith(n + ".run"))
-    aot_runs = sorted(k for k in ao if k.startswith(n + ".run"))
-    bf16 = str(jo[n].dtype) == "torch.bfloat16"
-    nans = int(torch_isnan(ao[n]))
-    eq, cnt = bitwise(jo[n], ao[n])
-    jitter = max((float((jo[k].double() - j1).abs().max()) for k in runs), default=float("nan"))
-    aot_jitter = max((float((ao[k].double() - a1).abs().max()) for k in aot_runs), default=float("nan"))
-    diff = float((a1 - j1).abs().max()) if j1.numel() else 0.0
-    unit = ""
-    if bf16 and runs and j1.numel():
-        # each element may round to a neighbour (1 bf16 ulp at its size) and carry the fp32
-        # order noise the JIT shows against itself (large where the sum cancels)
-        bound = torch_ulp(a1, j1) + 2 * jitter
-        over = float(((a1 - j1).abs() / bound.clamp_min(1e-300)).max())
-        diff, unit = over, "x bound"
-    scale = float(j1.abs().max()) if j1.numel() else 0.0
-    nums = dict(diff=diff, unit=unit, jitter=jitter, aot_jitter=aot_jitter, max_abs=scale, differing=cnt, nan=nans, jit_reruns=len(runs))
-    if nans or diff != diff:
-        return False, f"NO ({nans} NaN)", nums
-    if not runs:
-        return False, "NO (no JIT rerun to measure jitter)", nums
-    if jitter == 0.0:  # the JIT reproduced itself bitwise: require bitwise
-        nums["limit"] = 0.0
-        return eq, ("bitwise" if eq else f"NO ({cnt} differ, JIT reproducible)"), nums
-    limit = 1.0 if bf16 else max(4 * jitter, 1e-6 * scale)
-    nums["limit"] = limit
-    ok = diff <= limit
-    return ok, f"{'ok' if ok else 'NO'} {diff:.3g}{unit} (JIT jitter {jitter:.2e}, AOT jitter {aot_jitter:.2e}, {cnt} differ)", nums
-
-
-def torch_isnan(t):
-    import torch
-
-    return torch.isnan(t.float()).sum()
-
-
-def _md(header, lines):
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(v) for v in r) + " |" for r in lines]
-    return "\n".join(out)
-
-
-def _load_json(path, step, d):
-    if not os.path.exists(path):
-        print(f"FAIL: {path} missing: run `python ci/parity_indexer.py {step} --dir {d}` (it may have failed)")
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def cmd_compare(args):
     import torch
 
-    jit = _load_json(os.path.join(args.dir, "jit.json"), "jit", args.dir)
-    aot = _load_json(os.path.join(args.dir, "aot.json"), "aot", args.dir)
+    jit = load_json(os.path.join(args.dir, "jit.json"), "ci/parity_indexer.py", "jit", args.dir)
+    aot = load_json(os.path.join(args.dir, "aot.json"), "ci/parity_indexer.py", "aot", args.dir)
     if jit is None or aot is None:
         return 1
     arch = jit["meta"].get("arch", "sm_90a")
-    entries = _entries(aot.get("index"), arch)
+    entries = family_entries(aot.get("index"), FAMILY, arch)
     failures, lines, report = [], [], []
     header = ("case", "dK", "dQ / grad bitwise", "dW / dK vs JIT (max diff, JIT jitter)", "kernels", "sha256", "JIT 1st s", "AOT 1st ms",
               "JIT warm us", "AOT warm us", "device us JIT/AOT")
@@ -640,7 +527,7 @@ def cmd_compare(args):
         if not same_kernels:
             ok_row = False
             failures.append(f"{name}: kernels differ: JIT compile keys {jr['keys']}, AOT looked up {ar['keys']}")
-        sha = _sha_status(jr["keys"], jit["cubins"], entries)
+        sha = sha_status(jr["keys"], jit["cubins"], entries)
         if sha != "yes":
             ok_row = False
             failures.append(f"{name}: cubin sha256 {sha} for {jr['keys']}")
@@ -667,7 +554,7 @@ def cmd_compare(args):
     if not jit.get("cubins"):
         failures.append("the JIT side recorded no cubins")
 
-    print(_md(header, lines))
+    print(md_table(header, lines))
     print("\n(* = the first call compiled (JIT) / loaded (AOT) nothing new: its key was already used by an earlier case)")
     jm, am = jit["meta"], aot["meta"]
     print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}; inputs {jm.get('inputs')}; "

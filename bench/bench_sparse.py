@@ -1,0 +1,159 @@
+"""DSA sparse attention backward: time to first call and host cost per op call, dsa-aot vs cudnn's JIT path vs torch.add.
+
+    python bench/bench_sparse.py        # on a GPU machine; cudnn side runs only where cutlass and cudnn import
+
+Shape: the seed repro, S_q = S_kv = 2048, H64, D512 (D_v 512), topk 512, attention sink, no
+topk_length, bf16, default softmax scale; on the H200 upstream's SM90 path (zero the fp32 dKV
+accumulator and d_sink, preprocess, main, postprocess). Inputs: ``ci/parity_sparse.make_inputs`` of the
+parity's seed case (out / lse from a forward over the selected keys).
+
+Each side's first call is measured in a fresh subprocess after torch, CUDA and the inputs are set up
+(a warm process): import of the op module + cubin load (AOT) or JIT compile (cudnn) + launch + sync,
+so caches of this process do not flatter it. Warm host cost: median over 25 rounds of 20 calls, the
+device synchronised only between rounds (the device time of one call exceeds its host time, so long
+rounds would fill the launch queue and measure the device instead); device time per call is measured
+back to back with CUDA events. ``dq``, ``dkv`` and the workspace are given (cudnn's SM90 workspace
+size); ``d_sink`` is allocated by the op on both sides, as upstream's wrapper does.
+
+Also printed, from ``aot/_generated/report.json``: the CPU ``cute.compile`` seconds of the entries the
+AOT call loaded (what a JIT pays on the CPU), next to AOT's first-call time. Without cudnn only the
+AOT rows are printed. The subprocess runner, the import blocker of the AOT side, the timers and the
+report.json lookup are bench/bench_indexer.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_indexer as _bi  # noqa: E402
+
+BLOCK, run, cpu_compile_seconds, _num = _bi.BLOCK, _bi.run, _bi.cpu_compile_seconds, _bi._num
+assert _bi.WARM.startswith(_bi.SETUP)
+TIMERS = _bi.WARM[len(_bi.SETUP) :]  # rounds() / device() / torch.add yardstick, then SIDE
+SHAPE = "S_q 2048 S_kv 2048 H64 D512 topk 512, sink, bf16"
+
+SETUP = r"""
+import os, sys, torch
+sys.path.insert(0, os.path.join(os.getcwd(), "ci"))
+from parity_sparse import SEED, case, make_inputs
+dev = torch.device("cuda", 0)
+_, spec = case(**SEED, label="seed-")
+x, _ = make_inputs(spec, device="cuda")
+S_q, S_kv, H, D = spec["s_q"], spec["s_kv"], spec["h"], spec["d"]
+args = tuple(x[k].to(dev) for k in ("q", "kv", "out", "dout", "lse", "attn_sink", "topk_idxs"))
+dq, dkv = torch.empty_like(args[0]), torch.empty_like(args[1])
+r = lambda n, m: -(-n // m) * m
+ws_bytes = 2 * r(r(S_q, 64) * H * 4, 128) + r(r(S_kv, 64) * r(D, 32) * 4, 128)  # cudnn's flash_attn_bwd_sm90_workspace_size
+workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
+given = dict(dq=dq, dkv=dkv, workspace=workspace)
+torch.cuda.synchronize()
+"""
+
+AOT_FIRST = BLOCK + SETUP + r"""
+import os, time, json
+t0 = time.perf_counter()
+import aot.dsa
+aot.dsa.sparse_attention_backward(*args, **given)
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+from aot.runtime import load_stats
+stats = load_stats()
+print(json.dumps({"first_ms": (t1 - t0) * 1e3, "load_ms": sum(stats.values()), "loads": {k[0]: v for k, v in stats.items()},
+                  "generated": os.path.join(os.path.dirname(aot.__file__), "_generated")}))
+"""
+
+JIT_FIRST = SETUP + r"""
+import time, json
+t0 = time.perf_counter()
+from cudnn.deepseek_sparse_attention.sparse_attention_backward import sparse_attention_backward_wrapper
+t_imp = time.perf_counter()
+sparse_attention_backward_wrapper(*args, **given)
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm90 as i90
+f = i90.flash_attn_bwd_sm90
+print(json.dumps({"first_ms": (t1 - t0) * 1e3, "import_ms": (t_imp - t0) * 1e3, "compile_and_launch_ms": (t1 - t_imp) * 1e3,
+                  "compiled": [repr(k) for c in (f.compile_cache_pre, f.compile_cache, f.compile_cache_post) for k in c]}))
+"""
+
+WARM = SETUP + TIMERS
+
+AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
+import aot.dsa
+fn = lambda: aot.dsa.sparse_attention_backward(*args, **given)
+out_d["aot sparse_attention_backward (outputs + workspace given)"] = rounds(fn)
+dev_d["aot sparse_attention_backward"] = device(fn)
+out_d["aot sparse_attention_backward (allocates outputs + workspace)"] = rounds(lambda: aot.dsa.sparse_attention_backward(*args))
+if hasattr(aot.dsa, "sparse_attention_backward_into"):
+    d_sink = torch.empty_like(args[5])
+    out_d["aot sparse_attention_backward_into"] = rounds(lambda: aot.dsa.sparse_attention_backward_into(dq, dkv, d_sink, *args, workspace=workspace))
+""")
+
+JIT_WARM = WARM.replace("SIDE", r"""
+from cudnn.deepseek_sparse_attention.sparse_attention_backward import sparse_attention_backward_wrapper
+fn = lambda: sparse_attention_backward_wrapper(*args, **given)
+out_d["cudnn sparse_attention_backward_wrapper (outputs + workspace given)"] = rounds(fn)
+dev_d["cudnn sparse_attention_backward_wrapper"] = device(fn)
+out_d["cudnn sparse_attention_backward_wrapper (allocates outputs + workspace)"] = rounds(lambda: sparse_attention_backward_wrapper(*args))
+""")
+
+AOT_KEY = "aot sparse_attention_backward (outputs + workspace given)"
+JIT_KEY = "cudnn sparse_attention_backward_wrapper (outputs + workspace given)"
+
+
+def main():
+    import importlib.util
+
+    have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
+    res = {"aot_first": run(AOT_FIRST), "aot_warm": run(AOT_WARM)}
+    if have_jit:
+        res["jit_first"] = run(JIT_FIRST)
+        res["jit_warm"] = run(JIT_WARM)
+    af, aw = res["aot_first"], res["aot_warm"]
+    compile_s = cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
+    res["cpu_compile_s"] = compile_s
+    print(json.dumps(res, indent=1))
+
+    print(f"\n| measurement (DSA sparse attention backward, {SHAPE}) | value |")
+    print("|---|---:|")
+    for side, r in res.items():
+        if isinstance(r, dict) and "error" in r:
+            print(f"| {side} FAILED | {r['error'][:200]} |")
+    loads = af.get("loads", {})
+    print(f"| AOT cubin load ({len(loads)} entries: cuLibraryLoadData + set-up) | {_num(af, 'load_ms'):.2f} ms |")
+    print(f"| AOT first call (import aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
+    if compile_s:
+        parts = ", ".join(f"{i.split('.', 1)[-1]} {s:.1f} s" for i, s in sorted(compile_s.items()))
+        print(f"| CPU cute.compile of those entries (report.json: the JIT cost, paid on the build machine) | {sum(compile_s.values()):.1f} s ({parts}) |")
+    host, devt = aw.get("host", {}), aw.get("device", {})
+    for k, v in host.items():
+        print(f"| host per call: {k} | {v:.1f} us |")
+    for k, v in devt.items():
+        print(f"| device per call, back to back: {k} | {v:.1f} us |")
+    jf, jw = res.get("jit_first", {}), res.get("jit_warm", {})
+    if have_jit:
+        print(f"| cudnn first call (module import + JIT + launch + sync) | {_num(jf, 'first_ms') / 1e3:.2f} s "
+              f"(import {_num(jf, 'import_ms') / 1e3:.2f} s, compile + launch {_num(jf, 'compile_and_launch_ms') / 1e3:.2f} s) |")
+        for k, v in jw.get("host", {}).items():
+            if k != "torch.add":
+                print(f"| host per call: {k} | {v:.1f} us |")
+        for k, v in jw.get("device", {}).items():
+            print(f"| device per call, back to back: {k} | {v:.1f} us |")
+
+    print()
+    a_first, a_warm, add = _num(af, "first_ms"), _num(host, AOT_KEY), _num(host, "torch.add")
+    if compile_s and a_first == a_first:
+        print(f"ratio CPU compile of the used entries / AOT first call: {sum(compile_s.values()) * 1e3 / a_first:.0f}x")
+    print(f"AOT warm / torch.add: {a_warm / add:.2f}")
+    if have_jit:
+        j_first, j_warm = _num(jf, "first_ms"), _num(jw.get("host", {}), JIT_KEY)
+        print(f"ratio first call cudnn/AOT (this run): {j_first / a_first:.0f}x")
+        print(f"ratio warm host cost AOT/cudnn (this run): {a_warm / j_warm:.2f} (cudnn/torch.add {j_warm / _num(jw.get('host', {}), 'torch.add'):.2f})")
+
+
+if __name__ == "__main__":
+    main()
