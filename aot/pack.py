@@ -153,7 +153,8 @@ def _report_md(entries, tools):
         f"Tools: {', '.join(f'{k}=={v}' for k, v in sorted((tools or {}).items()))}. {len(entries)} entries, "
         f"{len({e['sha256'] for e in entries})} distinct cubins, {sum(e['compile_seconds'] for e in entries):.1f} s of cute.compile (the JIT cost users no longer pay).",
         "",
-        "Fidelity (aot.fidelity: shipped cubin byte-identical to the one cudnn's own JIT path builds for the key): "
+        "Fidelity (aot.fidelity: the shipped cubin against the one cudnn's own JIT path builds for the key; 'identical' = "
+        "byte-identical, 'ptx identical' = same PTX where ptxas itself is not reproducible run to run): "
         + ", ".join(f"{sum(e['fidelity']['verdict'] == v for e in entries)} {v}" for v in sorted({e["fidelity"]["verdict"] for e in entries})) + ".",
         "",
         "| entry | kernel | compile s | cubin B | regs | smem B | stack B | spills st/ld | lifter checks | fidelity |",
