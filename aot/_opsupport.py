@@ -84,6 +84,13 @@ def _check(problems, t, name, shape, dtype, dev, align):
         problems.append(f"{name}: data pointer 0x{t.data_ptr():x} is not {align}-byte aligned (expected a {align}-byte aligned base; clone() the tensor)")
 
 
+def _overlapping(workspace, need, tensors):
+    """Indices of the tensors (None allowed) whose bytes overlap the first ``need`` bytes of workspace."""
+    w0 = workspace.data_ptr()
+    w1 = w0 + need
+    return [i for i, t in enumerate(tensors) if t is not None and t.numel() and w0 < t.data_ptr() + t.numel() * t.element_size() and t.data_ptr() < w1]
+
+
 def _input_error(problems):
     from .errors import InputError
 

@@ -39,7 +39,7 @@ def bucket_of(op: str, nb_total: int) -> str:
     raise ValueError(f"nb_total={nb_total} is outside every {op} bucket")
 
 
-from ._opsupport import _alloc_on, _check, _index, _input_error, _state, _stream_handle
+from ._opsupport import _alloc_on, _check, _index, _input_error, _overlapping, _state, _stream_handle
 
 # --- constants upstream bakes into its launch code (checked against cudnn at build time) -----------
 BWD_ROWS = 8  # compressor_sm100._BWD_ROWS: output rows per CTA of the ratio-2/4 backward
@@ -253,12 +253,9 @@ def compressor_backward_into(grad_kv, grad_score, grad_ape, kv, score, ape, cu_s
         if not wp and workspace.numel() < need:
             wp.append(f"workspace: {workspace.numel()} bytes (expected at least {need}; see aot.csa.backward_workspace_bytes)")
         if not wp:
-            w0, w1 = workspace.data_ptr(), workspace.data_ptr() + need
-            for name, t in (("kv", kv), ("score", score), ("ape", ape), ("cu_seqlens", cu_seqlens), ("cu_seqlens_comp", cu_seqlens_comp),
-                            ("grad_out", grad_out), ("grad_kv", grad_kv), ("grad_score", grad_score), ("grad_ape", grad_ape)):
-                t0 = t.data_ptr()
-                if w0 < t0 + t.numel() * t.element_size() and t0 < w1:
-                    wp.append(f"workspace: overlaps {name}")
+            named = (("kv", kv), ("score", score), ("ape", ape), ("cu_seqlens", cu_seqlens), ("cu_seqlens_comp", cu_seqlens_comp),
+                     ("grad_out", grad_out), ("grad_kv", grad_kv), ("grad_score", grad_score), ("grad_ape", grad_ape))
+            wp += [f"workspace: overlaps {named[i][0]}" for i in _overlapping(workspace, need, [t for _, t in named])]
         if wp:
             raise _input_error(wp)
         reduce_, _ = _launcher("dape_reduce", {"split": split}, dev)

@@ -16,7 +16,7 @@ schedule from ceil(B*S_q / CTAs). Every input is validated before anything is la
 
 from __future__ import annotations
 
-from ._opsupport import _alloc_on, _check, _index, _input_error, _state, _stream_handle
+from ._opsupport import _alloc_on, _check, _index, _input_error, _overlapping, _state, _stream_handle
 
 __all__ = [
     "indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "indexer_backward_kernels", "BACKENDS", "PLANES",
@@ -291,16 +291,8 @@ def _misaligned(ts):
 
 
 def _overlaps(workspace, plan, ts):
-    need = plan[-1]
-    w0 = workspace.data_ptr()
-    w1 = w0 + need
-    for t in ts[:-1]:
-        if t is None:
-            continue
-        t0 = t.data_ptr()
-        if t.numel() and w0 < t0 + t.numel() * t.element_size() and t0 < w1:
-            return True
-    return False
+    """Fast-path re-check: ``ts`` ends with the workspace, ``plan`` with the bytes it must hold."""
+    return bool(_overlapping(workspace, plan[-1], ts[:-1]))
 
 
 def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
@@ -382,13 +374,11 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
                 if not wp and n < need:
                     wp.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.indexer_backward_workspace_bytes)")
                 if not wp:
-                    w0, w1 = workspace.data_ptr(), workspace.data_ptr() + need
-                    for name, t in (("index_q", index_q), ("weights", weights), ("index_k", index_k), ("attn_score", attn_score),
-                                    ("index_score", index_score), ("topk_indices", topk_indices), ("grad_loss", grad_loss), ("d_index_q", d_index_q),
-                                    ("d_weights", d_weights), ("d_index_k", d_index_k)):
-                        t0 = t.data_ptr()
-                        if t.numel() and w0 < t0 + t.numel() * t.element_size() and t0 < w1:
-                            wp.append(f"workspace: its first {need} bytes overlap {name}")
+                    named = (("index_q", index_q), ("weights", weights), ("index_k", index_k), ("attn_score", attn_score), ("index_score", index_score),
+                             ("topk_indices", topk_indices), ("grad_loss", grad_loss), ("d_index_q", d_index_q), ("d_weights", d_weights),
+                             ("d_index_k", d_index_k))
+                    for i in _overlapping(workspace, need, [t for _, t in named]):
+                        wp.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
             problems += wp
     if problems:
         raise _input_error(problems)
@@ -670,11 +660,10 @@ def _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idx
         if not problems and n < need:
             problems.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.sparse_attention_backward_workspace_bytes)")
         if not problems:
-            w0, w1 = workspace.data_ptr(), workspace.data_ptr() + need
-            for name, t in (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", attn_sink), ("topk_idxs", topk_idxs),
-                            ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink)):
-                if t is not None and t.numel() and w0 < t.data_ptr() + t.numel() * t.element_size() and t.data_ptr() < w1:
-                    problems.append(f"workspace: its first {need} bytes overlap {name}")
+            named = (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", attn_sink), ("topk_idxs", topk_idxs),
+                     ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink))
+            for i in _overlapping(workspace, need, [t for _, t in named]):
+                problems.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
     if problems:
         raise _input_error(problems)
     return dev, arch, s_q, s_kv, h, d, topk, need

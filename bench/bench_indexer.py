@@ -167,20 +167,23 @@ def _num(d, k):
     return v if isinstance(v, (int, float)) else float("nan")
 
 
-def main():
+def report(title, shape, scripts, aot_key, jit_key, anchor=None):
+    """Run the four timing scripts (aot/jit x first/warm) in fresh processes and print one table with
+    the ratios of this run; the JIT rows only where cutlass and cudnn are importable."""
     import importlib.util
 
+    aot_first, aot_warm, jit_first, jit_warm = scripts
     have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
-    res = {"aot_first": run(AOT_FIRST), "aot_warm": run(AOT_WARM)}
+    res = {"aot_first": run(aot_first), "aot_warm": run(aot_warm)}
     if have_jit:
-        res["jit_first"] = run(JIT_FIRST)
-        res["jit_warm"] = run(JIT_WARM)
+        res["jit_first"] = run(jit_first)
+        res["jit_warm"] = run(jit_warm)
     af, aw = res["aot_first"], res["aot_warm"]
     compile_s = cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
     res["cpu_compile_s"] = compile_s
     print(json.dumps(res, indent=1))
 
-    print(f"\n| measurement (DSA indexer backward, {SHAPE}) | value |")
+    print(f"\n| measurement ({title}, {shape}) | value |")
     print("|---|---:|")
     for side, r in res.items():
         if isinstance(r, dict) and "error" in r:
@@ -205,18 +208,25 @@ def main():
                 print(f"| host per call: {k} | {v:.1f} us |")
         for k, v in jw.get("device", {}).items():
             print(f"| device per call, back to back: {k} | {v:.1f} us |")
-    print(f"| cudnn's own measurement (anchor, same shape) | {CUDNN_ANCHOR['first_s']} s first call, {CUDNN_ANCHOR['warm_us']:.0f} us warm per op call |")
+    if anchor:
+        print(f"| cudnn's own measurement (anchor, same shape) | {anchor['first_s']} s first call, {anchor['warm_us']:.0f} us warm per op call |")
 
     print()
-    a_first, a_warm, add = _num(af, "first_ms"), _num(host, AOT_KEY), _num(host, "torch.add")
+    a_first, a_warm, add = _num(af, "first_ms"), _num(host, aot_key), _num(host, "torch.add")
     if compile_s and a_first == a_first:
         print(f"ratio CPU compile of the used entries / AOT first call: {sum(compile_s.values()) * 1e3 / a_first:.0f}x")
-    print(f"ratio cudnn anchor first call / AOT first call: {CUDNN_ANCHOR['first_s'] * 1e3 / a_first:.0f}x; "
-          f"AOT warm / cudnn anchor warm: {a_warm / CUDNN_ANCHOR['warm_us']:.2f}; AOT warm / torch.add: {a_warm / add:.2f}")
+    if anchor:
+        print(f"ratio cudnn anchor first call / AOT first call: {anchor['first_s'] * 1e3 / a_first:.0f}x; "
+              f"AOT warm / cudnn anchor warm: {a_warm / anchor['warm_us']:.2f}")
+    print(f"AOT warm / torch.add: {a_warm / add:.2f}")
     if have_jit:
-        j_first, j_warm = _num(jf, "first_ms"), _num(jw.get("host", {}), JIT_KEY)
+        j_first, j_warm = _num(jf, "first_ms"), _num(jw.get("host", {}), jit_key)
         print(f"ratio first call cudnn/AOT (this run): {j_first / a_first:.0f}x")
         print(f"ratio warm host cost AOT/cudnn (this run): {a_warm / j_warm:.2f} (cudnn/torch.add {j_warm / _num(jw.get('host', {}), 'torch.add'):.2f})")
+
+
+def main():
+    report("DSA indexer backward", SHAPE, (AOT_FIRST, AOT_WARM, JIT_FIRST, JIT_WARM), AOT_KEY, JIT_KEY, CUDNN_ANCHOR)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ report.json lookup are bench/bench_indexer.py's.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -31,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_indexer as _bi  # noqa: E402
 
-BLOCK, run, cpu_compile_seconds, _num = _bi.BLOCK, _bi.run, _bi.cpu_compile_seconds, _bi._num
+BLOCK = _bi.BLOCK
 assert _bi.WARM.startswith(_bi.SETUP)
 TIMERS = _bi.WARM[len(_bi.SETUP) :]  # rounds() / device() / torch.add yardstick, then SIDE
 SHAPE = "S_q 2048 S_kv 2048 H64 D512 topk 512, sink, bf16"
@@ -106,53 +105,7 @@ JIT_KEY = "cudnn sparse_attention_backward_wrapper (outputs + workspace given)"
 
 
 def main():
-    import importlib.util
-
-    have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
-    res = {"aot_first": run(AOT_FIRST), "aot_warm": run(AOT_WARM)}
-    if have_jit:
-        res["jit_first"] = run(JIT_FIRST)
-        res["jit_warm"] = run(JIT_WARM)
-    af, aw = res["aot_first"], res["aot_warm"]
-    compile_s = cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
-    res["cpu_compile_s"] = compile_s
-    print(json.dumps(res, indent=1))
-
-    print(f"\n| measurement (DSA sparse attention backward, {SHAPE}) | value |")
-    print("|---|---:|")
-    for side, r in res.items():
-        if isinstance(r, dict) and "error" in r:
-            print(f"| {side} FAILED | {r['error'][:200]} |")
-    loads = af.get("loads", {})
-    print(f"| AOT cubin load ({len(loads)} entries: cuLibraryLoadData + set-up) | {_num(af, 'load_ms'):.2f} ms |")
-    print(f"| AOT first call (import aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
-    if compile_s:
-        parts = ", ".join(f"{i.split('.', 1)[-1]} {s:.1f} s" for i, s in sorted(compile_s.items()))
-        print(f"| CPU cute.compile of those entries (report.json: the JIT cost, paid on the build machine) | {sum(compile_s.values()):.1f} s ({parts}) |")
-    host, devt = aw.get("host", {}), aw.get("device", {})
-    for k, v in host.items():
-        print(f"| host per call: {k} | {v:.1f} us |")
-    for k, v in devt.items():
-        print(f"| device per call, back to back: {k} | {v:.1f} us |")
-    jf, jw = res.get("jit_first", {}), res.get("jit_warm", {})
-    if have_jit:
-        print(f"| cudnn first call (module import + JIT + launch + sync) | {_num(jf, 'first_ms') / 1e3:.2f} s "
-              f"(import {_num(jf, 'import_ms') / 1e3:.2f} s, compile + launch {_num(jf, 'compile_and_launch_ms') / 1e3:.2f} s) |")
-        for k, v in jw.get("host", {}).items():
-            if k != "torch.add":
-                print(f"| host per call: {k} | {v:.1f} us |")
-        for k, v in jw.get("device", {}).items():
-            print(f"| device per call, back to back: {k} | {v:.1f} us |")
-
-    print()
-    a_first, a_warm, add = _num(af, "first_ms"), _num(host, AOT_KEY), _num(host, "torch.add")
-    if compile_s and a_first == a_first:
-        print(f"ratio CPU compile of the used entries / AOT first call: {sum(compile_s.values()) * 1e3 / a_first:.0f}x")
-    print(f"AOT warm / torch.add: {a_warm / add:.2f}")
-    if have_jit:
-        j_first, j_warm = _num(jf, "first_ms"), _num(jw.get("host", {}), JIT_KEY)
-        print(f"ratio first call cudnn/AOT (this run): {j_first / a_first:.0f}x")
-        print(f"ratio warm host cost AOT/cudnn (this run): {a_warm / j_warm:.2f} (cudnn/torch.add {j_warm / _num(jw.get('host', {}), 'torch.add'):.2f})")
+    _bi.report("DSA sparse attention backward", SHAPE, (AOT_FIRST, AOT_WARM, JIT_FIRST, JIT_WARM), AOT_KEY, JIT_KEY)
 
 
 if __name__ == "__main__":

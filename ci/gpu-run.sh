@@ -28,34 +28,23 @@ else
   python3 bench/bench_csa.py 2>&1 | tee "$OUT/bench.log"
 fi
 fi
-if want indexer; then
-# 4. DSA indexer backward (SM90 path on the H200): JIT-vs-AOT parity (INDEXER_QUICK=1: S_q 1024 only), then the bench
-rm -rf /tmp/parity-indexer
-if [ -d "$HOME/dsl/site" ]; then
-  PYTHONPATH=$PWD:$DSL python3 ci/parity_indexer.py jit --dir /tmp/parity-indexer ${INDEXER_QUICK:+--quick} 2>&1 | tee "$OUT/parity-indexer-jit.log"
-  python3 ci/parity_indexer.py aot --dir /tmp/parity-indexer 2>&1 | tee "$OUT/parity-indexer-aot.log"
-  python3 ci/parity_indexer.py compare --dir /tmp/parity-indexer 2>&1 | tee "$OUT/parity-indexer.log"; rc=$((rc | ${PIPESTATUS[0]}))
-  cp /tmp/parity-indexer/parity.json "$OUT/parity-indexer.json" 2>/dev/null
-  PYTHONPATH=$PWD:$DSL python3 bench/bench_indexer.py 2>&1 | tee "$OUT/bench-indexer.log"
-else
-  echo "no ~/dsl/site: indexer parity and the cudnn side of the indexer benchmark skipped" | tee "$OUT/parity-indexer.log"
-  python3 bench/bench_indexer.py 2>&1 | tee "$OUT/bench-indexer.log"
-fi
-rm -rf /tmp/parity-indexer  # a few GB of saved inputs and outputs
-fi
-if want sparse; then
-# 5. DSA sparse attention backward (SM90 path on the H200): JIT-vs-AOT parity (SPARSE_QUICK=1: 5 cases), then the bench
-rm -rf /tmp/parity-sparse
-if [ -d "$HOME/dsl/site" ]; then
-  PYTHONPATH=$PWD:$DSL python3 ci/parity_sparse.py jit --dir /tmp/parity-sparse ${SPARSE_QUICK:+--quick} 2>&1 | tee "$OUT/parity-sparse-jit.log"
-  python3 ci/parity_sparse.py aot --dir /tmp/parity-sparse 2>&1 | tee "$OUT/parity-sparse-aot.log"
-  python3 ci/parity_sparse.py compare --dir /tmp/parity-sparse 2>&1 | tee "$OUT/parity-sparse.log"; rc=$((rc | ${PIPESTATUS[0]}))
-  cp /tmp/parity-sparse/parity.json "$OUT/parity-sparse.json" 2>/dev/null
-  PYTHONPATH=$PWD:$DSL python3 bench/bench_sparse.py 2>&1 | tee "$OUT/bench-sparse.log"
-else
-  echo "no ~/dsl/site: sparse parity and the cudnn side of the sparse benchmark skipped" | tee "$OUT/parity-sparse.log"
-  python3 bench/bench_sparse.py 2>&1 | tee "$OUT/bench-sparse.log"
-fi
-rm -rf /tmp/parity-sparse  # a few GB of saved inputs and outputs
-fi
+# 4./5. DSA indexer backward and sparse attention backward (SM90 path on the H200): JIT-vs-AOT parity
+# (INDEXER_QUICK=1 / SPARSE_QUICK=1: a few cases), then the bench. One family: dsa_family NAME QUICK
+dsa_family() {
+  local name=$1 quick=$2 dir=/tmp/parity-$1
+  rm -rf "$dir"
+  if [ -d "$HOME/dsl/site" ]; then
+    PYTHONPATH=$PWD:$DSL python3 ci/parity_$name.py jit --dir "$dir" ${quick:+--quick} 2>&1 | tee "$OUT/parity-$name-jit.log"
+    python3 ci/parity_$name.py aot --dir "$dir" 2>&1 | tee "$OUT/parity-$name-aot.log"
+    python3 ci/parity_$name.py compare --dir "$dir" 2>&1 | tee "$OUT/parity-$name.log"; rc=$((rc | ${PIPESTATUS[0]}))
+    cp "$dir/parity.json" "$OUT/parity-$name.json" 2>/dev/null
+    PYTHONPATH=$PWD:$DSL python3 bench/bench_$name.py 2>&1 | tee "$OUT/bench-$name.log"
+  else
+    echo "no ~/dsl/site: $name parity and the cudnn side of its benchmark skipped" | tee "$OUT/parity-$name.log"
+    python3 bench/bench_$name.py 2>&1 | tee "$OUT/bench-$name.log"
+  fi
+  rm -rf "$dir"  # a few GB of saved inputs and outputs
+}
+if want indexer; then dsa_family indexer "${INDEXER_QUICK:-}"; fi
+if want sparse; then dsa_family sparse "${SPARSE_QUICK:-}"; fi
 exit $rc

@@ -398,3 +398,32 @@ def load_json(path, script, step, d):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def verdict(failures, ok_text):
+    """Print the failures (exit status 1) or the one-line OK summary (0)."""
+    if failures:
+        print(f"\nFAIL: {len(failures)} mismatch(es)")
+        for f in failures:
+            print(f"  - {f}")
+        return 1
+    print(f"\nOK: {ok_text}")
+    return 0
+
+
+def cli(doc, cmd_jit, cmd_aot, cmd_compare, argv=None, calls=100, extra=()):
+    """The jit / aot / compare command line the parity scripts share; ``extra`` = (flag, kwargs) pairs."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=("jit", "aot", "compare"))
+    p.add_argument("--dir", required=True, help="folder shared by the three steps")
+    p.add_argument("--calls", type=int, default=calls, help="warm calls timed per case (median)")
+    p.add_argument("--only", default="", help="run only cases whose name contains one of these comma-separated strings")
+    for flag, kw in extra:
+        p.add_argument(flag, **kw)
+    args = p.parse_args(argv)
+    if args.mode == "compare":
+        return cmd_compare(args)
+    (cmd_jit if args.mode == "jit" else cmd_aot)(args)
+    return 0

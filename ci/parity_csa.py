@@ -29,7 +29,6 @@ against the jitter of two JIT runs (limit: max(4 * jitter, 1e-6 * max|grad_ape|)
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -45,6 +44,7 @@ from parity_common import loaded_cubin as _loaded_cubin  # noqa: E402
 from parity_common import meta as _meta  # noqa: E402
 from parity_common import runtime_stats as _runtime_stats  # noqa: E402
 from parity_common import selected as _selected  # noqa: E402
+from parity_common import cli, verdict  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------
 # Cases: every bucket of every op
@@ -453,29 +453,11 @@ def cmd_compare(args):
     aw = [r["warm_us"] for r in aot["rows"].values()]
     if jw and aw:
         print(f"warm host us, median over rows: JIT {statistics.median(jw):.1f}, AOT {statistics.median(aw):.1f}")
-    if failures:
-        print(f"\nFAIL: {len(failures)} mismatch(es)")
-        for f in failures:
-            print(f"  - {f}")
-        return 1
-    print(f"\nOK: {len(lines)} rows bitwise equal (atomic grad_ape within JIT jitter), every cubin sha256 equal")
-    return 0
+    return verdict(failures, f"{len(lines)} rows bitwise equal (atomic grad_ape within JIT jitter), every cubin sha256 equal")
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("jit", "aot", "compare"))
-    p.add_argument("--dir", required=True, help="folder shared by the three steps")
-    p.add_argument("--calls", type=int, default=200, help="warm calls timed per op (median)")
-    p.add_argument("--only", default="", help="run only cases whose name contains one of these comma-separated strings")
-    args = p.parse_args(argv)
-    if args.mode == "jit":
-        cmd_jit(args)
-        return 0
-    if args.mode == "aot":
-        cmd_aot(args)
-        return 0
-    return cmd_compare(args)
+    return cli(__doc__, cmd_jit, cmd_aot, cmd_compare, argv, calls=200)
 
 
 if __name__ == "__main__":

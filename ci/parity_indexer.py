@@ -56,7 +56,6 @@ score_grad_sm90, arch of the JIT device).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
@@ -71,6 +70,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    cli,
+    verdict,
     bitwise,
     device_us,
     family_entries,
@@ -580,31 +581,14 @@ def cmd_compare(args):
     with open(os.path.join(args.dir, "parity.json"), "w") as f:
         json.dump({"ok": ok, "failures": failures, "arch": arch, "rows": report, "cubins": cubin_report, "meta": {"jit": jm, "aot": am}}, f, indent=1,
                   default=str)
-    if failures:
-        print(f"\nFAIL: {len(failures)} mismatch(es)")
-        for f_ in failures:
-            print(f"  - {f_}")
-        return 1
-    print(f"\nOK: {len(lines)} cases: dQ and grad signal bitwise equal, dW and dK within the JIT's own jitter, same kernels, every cubin sha256 equal")
-    return 0
+    return verdict(failures, f"{len(lines)} cases: dQ and grad signal bitwise equal, dW and dK within the JIT's own jitter, same kernels, every cubin sha256 equal")
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("jit", "aot", "compare"))
-    p.add_argument("--dir", required=True, help="folder shared by the three steps")
-    p.add_argument("--calls", type=int, default=100, help="warm calls timed per case (median)")
-    p.add_argument("--reruns", type=int, default=2, help="jit: extra runs per case to measure the d_index_k jitter")
-    p.add_argument("--quick", action="store_true", help="jit: S_q 1024 only")
-    p.add_argument("--only", default="", help="run only cases whose name contains one of these comma-separated strings")
-    args = p.parse_args(argv)
-    if args.mode == "jit":
-        cmd_jit(args)
-        return 0
-    if args.mode == "aot":
-        cmd_aot(args)
-        return 0
-    return cmd_compare(args)
+    return cli(__doc__, cmd_jit, cmd_aot, cmd_compare, argv, extra=(
+        ("--reruns", dict(type=int, default=2, help="jit: extra runs per case to measure the d_index_k jitter")),
+        ("--quick", dict(action="store_true", help="jit: S_q 1024 only")),
+    ))
 
 
 if __name__ == "__main__":
