@@ -171,7 +171,10 @@ class _Lifter:
         self.steps = 0
         self.functions = []  # module-level helper functions (run-time arithmetic regions)
         self.nregion = 0
+        self.nloop = 0
         self.env = {}
+        self.label = None
+        self.regions = []  # every modelled host region, to prove loop bodies leave outer memory alone
 
     # residual code
     def emit(self, code, bits, deps, status=False, okwhen=None):
@@ -198,6 +201,7 @@ class _Lifter:
                 r.size = 8
                 r.fields[0] = (8, KH(name))
             self.globals[name] = r
+            self.regions.append(r)
         return r
 
     def run(self, func: ir.Func, args: list):
@@ -205,8 +209,14 @@ class _Lifter:
         outer_env, self.env = self.env, env
         for (nm, _), v in zip(func.args, args):
             env[nm] = v
-        label = func.entry
+        res = self.run_blocks(func, env, func.entry)
+        self.env = outer_env
+        return res
+
+    def run_blocks(self, func, env, label, stop=None):
+        """Interpret from ``label``; return the function's result, or ("stop", vals) on a branch to ``stop``."""
         while True:
+            self.label = label
             block = func.blocks[label]
             nxt = None
             for op in block.ops:
@@ -218,11 +228,12 @@ class _Lifter:
                     nxt = res[1:]
                     break
                 if isinstance(res, tuple) and res[0] == "return":
-                    self.env = outer_env
                     return res[1]
             if nxt is None:
                 raise LiftError(f"block {label} of {func.name} has no terminator")
             target, vals = nxt
+            if stop is not None and target == stop:
+                return ("stop", vals)
             blk = func.blocks.get(target)
             if blk is None:
                 raise LiftError(f"{func.name}: branch to unknown block {target}")
@@ -255,6 +266,7 @@ class _Lifter:
                 raise LiftError(f"{op.where()}: alloca with a run-time count")
             t = ir.parse_type(op.prop("elem_type"))
             reg = Region(f"alloca {r} ({op.prop('elem_type')})", ir.sizeof(t) * count.v)
+            self.regions.append(reg)
             # a kernel parameter's slot in the param buffer keeps the alloca's alignment (a TMA
             # descriptor is 64-byte aligned; the cubin's KPARAM_INFO check confirms it)
             reg.align = max(ir.alignof(t), ir.attr_int(op.prop("alignment")) if "alignment" in op.props else 1)
@@ -488,10 +500,65 @@ class _Lifter:
         # a run-time branch into pure integer arithmetic that rejoins (e.g. fast-divmod set-up loops):
         # emitted as a small Python function of its inputs, returning the values at the join
         join, region, why = _pure_region(func, op, t, f)
+        body = _natural_loop(func, self.label) if join is None else set()
+        if join is None and t in body and f not in body:
+            return self.loop(op, func, c, (t, tvals), (f, fvals))
         if join is None:
             raise LiftError(f"{op.where()}: branch on a run-time value ({c.name}) where neither side is an error path, and the region it "
                             f"opens is not pure arithmetic ({why}); the lifter only follows host code whose control flow is fixed at compile time")
         return self.region_call(op, func, c, (t, tvals), (f, fvals), join, region)
+
+    def loop(self, op, func, c, body, exit_):
+        """A loop whose header branches on a run-time value (e.g. waves over S_q, with launches in
+        the body): emitted as a Python while loop. The body is interpreted once with the header's
+        block arguments as loop variables; it must not write host memory allocated before the loop."""
+        header = self.label
+        hblock = func.blocks[header]
+        env = self.env
+        self.nloop += 1
+        lv = []
+        for i, (an, ty) in enumerate(hblock.args):
+            t = ir.parse_type(ty)
+            if not isinstance(t, ir.Int):
+                raise LiftError(f"{op.where()}: loop variable {an} is a {t}, not an integer")
+            cur = env[an]
+            if not isinstance(cur, (K, S)):
+                raise LiftError(f"{op.where()}: loop variable {an} starts as {cur!r}")
+            lv.append(S(f"L{self.nloop}_{i}", t.bits))
+        if lv:
+            self.effect(f"{', '.join(v.name for v in lv)} = {', '.join(self.x(env[an]) for an, _ in hblock.args)}", [env[an] for an, _ in hblock.args])
+        before = {id(r): dict(r.fields) for r in self.regions}
+        outer_lines, self.lines = self.lines, []
+        for (an, _), v in zip(hblock.args, lv):
+            env[an] = v
+        for o in hblock.ops[:-1]:  # the header again, now over the loop variables
+            self.step(o, env, func)
+        cond = self.val(env, op.operands[0], op)
+        if isinstance(cond, K):
+            raise LiftError(f"{op.where()}: the loop condition folds to a constant over the loop variables")
+        self.effect(f"if not {cond.name}: break", [cond])
+        seg = ir.attr_ints(op.prop("operandSegmentSizes"))
+        bvals = [self.val(env, x, op) for x in op.operands[1 : 1 + seg[1]]]
+        for (an, _), v in zip(func.blocks[body[0]].args, bvals):
+            env[an] = v
+        res = self.run_blocks(func, env, body[0], stop=header)
+        if not (isinstance(res, tuple) and res[0] == "stop"):
+            raise LiftError(f"{op.where()}: the loop body returns instead of looping back")
+        nxt = res[1]
+        for v in nxt:
+            if not isinstance(v, (K, S)):
+                raise LiftError(f"{op.where()}: a loop variable's next value is {v!r}")
+        if lv:
+            self.effect(f"{', '.join(v.name for v in lv)} = {', '.join(self.x(v) for v in nxt)}", list(nxt))
+        for r in self.regions:
+            if id(r) in before and r.fields != before[id(r)]:
+                raise LiftError(f"{op.where()}: the loop body writes {r.name}, allocated before the loop; the lifter only lifts loops whose memory is their own")
+        inner, self.lines = self.lines, outer_lines
+        self.lines.append((None, ("while True:", inner), [d for _, _, deps, _ in inner for d in deps], True))
+        self.label = header
+        # after the loop: the exit edge's values, computed by the last (failing) header evaluation
+        fvals = [self.val(env, x, op) for x in op.operands[1 + seg[1] :]]
+        return ("jump", exit_[0], fvals)
 
     def region_call(self, op, func, c, tside, fside, join, region):
         env_names = {}
@@ -572,6 +639,8 @@ class _Lifter:
                 raise LiftError(f"{w}: kernel param {i} points to {pp!r}")
             plist.append(pp)
         self.launches.append(Launch(kernel.glob, tuple(dims), attrs, plist))
+        deps = [d for d in dims if isinstance(d, S)] + [v for pr in plist for _, (_, v) in pr.region.fields.items() if isinstance(v, S)]
+        self.lines.append((None, ("LAUNCH", len(self.launches) - 1), deps, True))
         return self.emit("0", 32, [], status=True)
 
     # --- shims: per-device setup (cuda_load_to_device)
@@ -616,16 +685,25 @@ class _Lifter:
         return self.kernels[kernel.glob]
 
     # --- emission
-    def live_code(self, roots, indent="    "):
+    def live_code(self, roots, indent="    ", launch_code=None, lines=None):
+        """Code of the lines that matter (effects, launches, what they read); loop bodies are kept whole."""
+        lines = self.lines if lines is None else lines
         need = {v.name for v in roots if isinstance(v, S)}
         keep = []
-        for tgt, code, deps, eff in reversed(self.lines):
+        for tgt, code, deps, eff in reversed(lines):
             if eff or tgt in need:
                 keep.append((tgt, code))
                 need.update(d.name for d in deps if isinstance(d, S))
         out = []
         for tgt, code in reversed(keep):
-            out.append(f"{indent}{tgt} = {code}" if tgt else f"{indent}{code}")
+            if isinstance(code, tuple) and code[0] == "LAUNCH":
+                out += [f"{indent}{ln}" for ln in launch_code[code[1]]]
+            elif isinstance(code, tuple):
+                head, inner = code
+                out.append(f"{indent}{head}")
+                out += self.live_code([], indent + "    ", launch_code, [(t, c, d, True) for t, c, d, _ in inner])
+            else:
+                out.append(f"{indent}{tgt} = {code}" if tgt else f"{indent}{code}")
         return out
 
 
@@ -689,6 +767,52 @@ _PURE = {"llvm.mlir.constant", "llvm.icmp", "llvm.select", "llvm.zext", "llvm.se
 def _succs(func, label):
     term = func.blocks[label].ops[-1]
     return list(term.successors) if term.name in ("llvm.br", "llvm.cond_br") else []
+
+
+def _natural_loop(func, header):
+    """Blocks of the natural loop(s) with this header: those that reach a back edge into it without
+    passing through it (empty when nothing loops back)."""
+    preds = {}
+    for b in func.blocks:
+        for x in _succs(func, b):
+            preds.setdefault(x, []).append(b)
+    # back edges: from blocks the header dominates (a path from the entry that avoids the header
+    # cannot reach them)
+    def dominated(b):
+        seen, todo = {header}, [func.entry]
+        while todo:
+            x = todo.pop()
+            if x == b:
+                return False
+            if x in seen:
+                continue
+            seen.add(x)
+            todo += _succs(func, x)
+        return True
+
+    latches = [p for p in preds.get(header, []) if _reaches(func, header, p) and dominated(p)]
+    body, todo = {header}, list(latches)
+    while todo:
+        b = todo.pop()
+        if b in body:
+            continue
+        body.add(b)
+        todo += preds.get(b, [])
+    return body if latches else set()
+
+
+def _reaches(func, start, target):
+    """Whether ``target`` can be reached from block ``start``."""
+    seen, todo = set(), [start]
+    while todo:
+        b = todo.pop()
+        if b == target:
+            return True
+        if b in seen:
+            continue
+        seen.add(b)
+        todo += _succs(func, b)
+    return False
 
 
 def _pure_region(func, op, t, f):
@@ -864,7 +988,7 @@ def _arg_value(t, name, lifter):
 
 
 def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
-    launches_meta, pack_lines, returns, roots = [], [], [], []
+    launches_meta, structs, launch_code = [], [], {}
     for li, L in enumerate(main.launches):
         if L.kernel not in kernels:
             raise LiftError(f"launch {li} uses kernel global {L.kernel} that cuda_load_to_device never loads")
@@ -898,13 +1022,10 @@ def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
                 covered[o : o + s] = b"\1" * s
             unwritten.append([i for i, c in enumerate(covered) if not c])
             size += psize
-        pack_lines += _pack_runs(li, writes)
-        roots += [v for _, _, v in writes]
-        dims = []
-        for d in L.dims:
-            dims.append(str(d.v) if isinstance(d, K) else d.name)
-            roots.append(d)
-        returns.append(f"({', '.join(dims)},)")
+        runs = _pack_runs(li, writes)
+        structs += [ln for ln in runs if ln.startswith("_S")]
+        dims = [str(d.v) if isinstance(d, K) else d.name for d in L.dims]
+        launch_code[li] = [ln.strip() for ln in runs if not ln.startswith("_S")] + [f"emit({li}, ({', '.join(dims)},))"]
         launches_meta.append({
             "kernel": kernels[L.kernel],
             "params": offs,
@@ -913,7 +1034,8 @@ def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
             "never_written": unwritten,
             "attrs": [[aid, sorted([o, s, v] for o, (s, v) in vals.items())] for aid, vals in L.attrs],
         })
-    body = main.live_code(roots)
+    body = main.live_code([], launch_code=launch_code)
+    loops = any(isinstance(code, tuple) and code[0] != "LAUNCH" for _, code, _, _ in main.lines)
     args = ", ".join(n for n, _ in arg_spec)
     bufs = ", ".join(f"p{i}" for i in range(len(main.launches)))
     src = [
@@ -924,6 +1046,7 @@ def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
         f"ARGS = {tuple(arg_spec)!r}",
         f"KERNELS = {tuple(sorted(set(kernels.values())))!r}",
         f"LAUNCHES = {tuple(launches_meta)!r}",
+        f"LOOPS = {loops!r}  # a launch site may fire more than once per call (its bytes are snapshotted)",
         "",
         "",
         "def setup(dattr, kattr, set_attr):",
@@ -932,15 +1055,13 @@ def _emit(title, arg_spec, norm, setup, main, kernels, param_layout):
         "",
         *[ln for fn in main.functions for ln in ("", fn)],
         "",
-        *[ln for ln in pack_lines if ln.startswith("_S")],
+        *structs,
         "",
         "",
-        f"def launch({bufs}, {args}):",
-        '    """Write the run-time bytes of every kernel parameter; return (grid xyz, block xyz, smem, stream) per launch."""',
+        f"def launch(emit, {bufs}, {args}):",
+        '    """Write each launch site\'s run-time parameter bytes and call emit(site, (grid xyz, block xyz, smem, stream)), in the JIT\'s order."""',
         *norm,
         *body,
-        *[ln for ln in pack_lines if not ln.startswith("_S")],
-        f"    return ({', '.join(returns)},)",
         "",
     ]
     return "\n".join(src)

@@ -30,6 +30,10 @@ __all__ = ["verify", "run_concrete", "load_launcher"]
 _ALLOCA_BASE, _GLOBAL_BASE, _STRIDE = 0x7F0000000000, 0x7E0000000000, 1 << 24
 
 
+class _TooLong(Exception):
+    pass
+
+
 class _Trap(Exception):
     pass
 
@@ -39,6 +43,7 @@ class _Machine:
 
     def __init__(self, module, shims):
         self.m, self.shims = module, shims
+        self.max_steps = 2_000_000
         self.mem = {}  # base -> [bytearray, written mask]
         self.nalloca = 0
         self.gaddr = {}
@@ -135,8 +140,8 @@ class _Machine:
             jump = None
             for op in f.blocks[label].ops:
                 self.steps += 1
-                if self.steps > 2_000_000:
-                    raise VerifyError("concrete interpreter: host code does not terminate")
+                if self.steps > self.max_steps:
+                    raise _TooLong("concrete interpreter: more than 2e6 steps (a run-time loop with a huge trip count)")
                 out = self.op(op, env)
                 if out is not None:
                     if out[0] == "ret":
@@ -421,7 +426,7 @@ def f32bits(x):
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
-def _random_args(spec, rng):
+def _random_args(spec, rng, loops=False):
     """Pointers: 16-byte aligned; integers: small values often (edge cases of ceil-divisions and
     bucket bounds live there), then mid-size, large positive and any bit pattern."""
     out = []
@@ -434,6 +439,9 @@ def _random_args(spec, rng):
             continue
         bits = int(kind[1:])
         r = rng.random()
+        if loops:  # launch loops run over extents: keep trip counts interpretable, edges still covered
+            out.append(rng.randrange(0, 65) if r < 0.7 else rng.randrange(1, 4097) if r < 0.95 else rng.randrange(0, 1 << bits))
+            continue
         if r < 0.35:
             out.append(rng.randrange(0, 17))
         elif r < 0.75:
@@ -476,7 +484,12 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
     calls_lifted = []
     setup_calls = None
     agree_traps = 0
-    for s in range(samples):
+    checked = attempts = too_long = 0
+    while checked < samples:
+        attempts += 1
+        if attempts > 20 * samples:
+            raise VerifyError(f"only {checked} of {samples} random argument sets ran to the end in the concrete interpreter ({too_long} looped too long)")
+        s = attempts - 1
         kvals = {}
 
         def kattr(sym, attr):
@@ -485,22 +498,27 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
         def dattr(attr):
             return dvals.setdefault(attr, rng.randrange(1, 1 << 20))
 
-        args = _random_args(ns["ARGS"], rng)
+        args = _random_args(ns["ARGS"], rng, loops=ns.get("LOOPS", False))
         try:
             bits = [f32bits(a) if k == "f32" else a for a, (_, k) in zip(args, ns["ARGS"])]
             setup_calls, conc = run_concrete(module, entry_function, bits, kparams, dattr, kattr)
             conc_err = None
         except _Trap as e:
             conc, conc_err = None, str(e)
+        except _TooLong:
+            too_long += 1  # a loop over a huge random extent: draw another sample
+            continue
+        checked += 1
         if s == 0 or conc is not None:
             calls_lifted.clear()
             ns["setup"](dattr, kattr, lambda k, a, v: calls_lifted.append((k, a, v)))
             if setup_calls is not None and calls_lifted != setup_calls:
                 raise VerifyError(f"setup differs: lifted {calls_lifted} vs JIT host code {setup_calls}")
         bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+        seq = []
         try:
-            dims = ns["launch"](*bufs, *args)
-            lift_err = None
+            ns["launch"](lambda k, d: seq.append((k, tuple(d), bytes(bufs[k]))), *bufs, *args)
+            dims, lift_err = seq, None
         except LaunchError as e:
             dims, lift_err = None, str(e)
         if conc is None or dims is None:
@@ -510,8 +528,9 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
             continue
         if len(conc) != len(dims):
             raise VerifyError(f"sample {s}: {len(conc)} launches in the JIT host code, {len(dims)} lifted")
-        for li, (c, d, L, buf) in enumerate(zip(conc, dims, ns["LAUNCHES"], bufs)):
-            where = f"sample {s} launch {li} args {args}"
+        for li, (c, (k, d, buf)) in enumerate(zip(conc, dims)):
+            L = ns["LAUNCHES"][k]
+            where = f"sample {s} launch {li} (site {k}) args {args}"
             if c["kernel"] != L["kernel"]:
                 raise VerifyError(f"{where}: kernel {c['kernel']} vs lifted {L['kernel']}")
             cd = tuple(x & 0xFFFFFFFF if i < 6 else x for i, x in enumerate(c["dims"]))
@@ -536,6 +555,7 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
                     raise VerifyError(f"{where}: parameter {pi}: bytes the JIT never writes {never} vs lifter's {L['never_written'][pi]}")
     return {
         "samples": samples,
+        "samples_skipped_long_loops": too_long,
         "error_path_samples": agree_traps,
         "launches": len(ns["LAUNCHES"]),
         "params_checked_against_cubin": {L["kernel"]: L["params"] for L in ns["LAUNCHES"]},

@@ -190,19 +190,30 @@ class LoadedEntry:
             self.funcs.append(d.CUfunction(int(self.kernels[L["kernel"]])))
             self.last.append(None)
         self._launch_ex = d.cuLaunchKernelEx
-        self._last_args = self._last_dims = None
+        self._last_args = self._last_seq = None
+        self._seq = []
+        self._loops = bool(getattr(mod, "LOOPS", False))
         self._fill = mod.launch
         self.load_ms = (time.perf_counter() - t0) * 1e3
 
+    def _record(self, k, dims):
+        # a site that can fire more than once per call (a launch loop) keeps a copy of its bytes
+        self._seq.append((k, dims, bytes(self.bufs[k]) if self._loops else None))
+
     def __call__(self, *args):
-        """Launch every kernel of this entry with the JIT host code's arguments (hot path)."""
+        """Launch every kernel of this entry with the JIT host code's arguments (hot path).
+
+        The lifted code runs to the end first (it raises before anything is launched); then the
+        launches go out in the JIT's order."""
         if args == self._last_args:  # same tensors, scalars and stream: the param bytes are already there
-            dims_all = self._last_dims
+            seq = self._last_seq
         else:
             self._last_args = None  # a fill that raises half way must not leave a stale hit behind
-            dims_all = self._fill(*self.bufs, *args)
-            self._last_args, self._last_dims = args, dims_all
-        for i, dims in enumerate(dims_all):
+            self._seq = seq = []
+            self._fill(self._record, *self.bufs, *args)
+            if not self._loops:
+                self._last_args, self._last_seq = args, seq
+        for i, dims, snap in seq:
             cfg = self.cfgs[i]
             if dims != self.last[i]:
                 if min(dims[:6]) <= 0:
@@ -212,6 +223,12 @@ class LoadedEntry:
                 cfg.sharedMemBytes = dims[6]
                 cfg.hStream = dims[7]
                 self.last[i] = dims
-            err = self._launch_ex(cfg, self.funcs[i], self._param_addrs[i], 0)[0]
+            if snap is None:
+                addr = self._param_addrs[i]
+            else:
+                buf = (ctypes.c_char * len(snap)).from_buffer_copy(snap)
+                arr = (ctypes.c_void_p * max(1, len(self.mod.LAUNCHES[i]["params"])))(*[ctypes.addressof(buf) + off for off, _ in self.mod.LAUNCHES[i]["params"]])
+                addr = ctypes.addressof(arr)
+            err = self._launch_ex(cfg, self.funcs[i], addr, 0)[0]
             if err:
                 check((err,), f"cuLaunchKernelEx({self.mod.LAUNCHES[i]['kernel'][:60]}…, entry {self.entry['id']})")

@@ -37,7 +37,10 @@ def test_two_kernel_entry_lifts_residual_grid_arithmetic():
     assert len(ns["LAUNCHES"]) == 2
     bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
     # stage 1 grid = ceil(nelems/32) * ceil(npartials/32); stage 2 grid = ceil(nelems/32) (cudnn's launch code)
-    dims = ns["launch"](*bufs, 0x1000, 0x2000, 0x3000, 100, 1000, 7)
+    seq = []
+    ns["launch"](lambda k, d: seq.append((k, d)), *bufs, 0x1000, 0x2000, 0x3000, 100, 1000, 7)
+    assert [k for k, _ in seq] == [0, 1]
+    dims = [d for _, d in seq]
     assert dims[0][:3] == (32 * 4, 1, 1) and dims[1][:3] == (32, 1, 1)
     assert dims[0][7] == 7 and dims[0][3:6] == (32, 8, 1)
 
@@ -113,9 +116,9 @@ def test_runtime_branch_to_an_error_path_becomes_a_check():
     assert bad != host
     ns = verify.load_launcher(lift.lift(bad, fn))
     bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
-    ns["launch"](*bufs, 16, 32, 48, 16, 64, 0)  # 16 < 17: fine
+    ns["launch"](lambda k, d: None, *bufs, 16, 32, 48, 16, 64, 0)  # 16 < 17: fine
     with pytest.raises(verify.LaunchError, match="error path"):
-        ns["launch"](*bufs, 16, 32, 48, 17, 64, 0)
+        ns["launch"](lambda k, d: None, *bufs, 16, 32, 48, 17, 64, 0)
     verify.verify(bad, fn, lift.lift(bad, fn), cubin, samples=80)  # and it agrees with the host code
 
 
@@ -167,3 +170,19 @@ def test_fp32_multiply_matches_c_float_arithmetic():
         x, y = f32mul(a, b), verify._fmul32(a, b, 32)
         if x != y:  # only NaN payloads may differ
             assert struct.unpack("<f", x.to_bytes(4, "little"))[0] != struct.unpack("<f", x.to_bytes(4, "little"))[0], (hex(a), hex(b))
+
+
+def test_launch_inside_a_run_time_loop():
+    """SM100 generic sparse-attention backward: the main kernel is launched inside
+    `for q_offset in range(0, S_q, S_q)`, a loop over a run-time trip count. The launcher loops in
+    Python and emits the site once per trip; the verifier compares the whole launch sequence."""
+    name = "dsa_sparse_attention_backward.bwd.nodeterministic.dim512.bf16.heads64.planes1.relay1.topk512.notopk_length.nowide.sm_100a"
+    host, fn, cubin = load(name)
+    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
+    assert "while True:" in src and "LOOPS = True" in src
+    rep = verify.verify(host, fn, src, cubin, samples=50, seed=2)
+    assert rep["verdict"] == "ok" and rep["launches"] == 5
+    # a launcher that skips the loop's launch is caught
+    bad = src.replace("while True:", "while False:", 1)
+    with pytest.raises(VerifyError):
+        verify.verify(host, fn, bad, cubin, samples=50, seed=2)
