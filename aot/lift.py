@@ -172,6 +172,8 @@ class _Lifter:
         self.functions = []  # module-level helper functions (run-time arithmetic regions)
         self.nregion = 0
         self.nloop = 0
+        self.nif = 0
+        self.headers = []  # loops being interpreted: an if/else must rejoin inside their body
         self.env = {}
         self.label = None
         self.regions = []  # every modelled host region, to prove loop bodies leave outer memory alone
@@ -500,13 +502,54 @@ class _Lifter:
         # a run-time branch into pure integer arithmetic that rejoins (e.g. fast-divmod set-up loops):
         # emitted as a small Python function of its inputs, returning the values at the join
         join, region, why = _pure_region(func, op, t, f)
-        body = _natural_loop(func, self.label) if join is None else set()
-        if join is None and t in body and f not in body:
+        if join is not None:
+            return self.region_call(op, func, c, (t, tvals), (f, fvals), join, region)
+        body = _natural_loop(func, self.label)
+        if t in body and f not in body:
             return self.loop(op, func, c, (t, tvals), (f, fvals))
-        if join is None:
-            raise LiftError(f"{op.where()}: branch on a run-time value ({c.name}) where neither side is an error path, and the region it "
-                            f"opens is not pure arithmetic ({why}); the lifter only follows host code whose control flow is fixed at compile time")
-        return self.region_call(op, func, c, (t, tvals), (f, fvals), join, region)
+        join, region = _join(func, t, f)
+        if join is not None and self.label not in region and not body and not region & set(self.headers):
+            return self.branch(op, func, c, (t, tvals), (f, fvals), join)
+        raise LiftError(f"{op.where()}: branch on a run-time value ({c.name}) where neither side is an error path, and the region it "
+                        f"opens is not pure arithmetic ({why}), a loop with launches, or an if/else whose arms rejoin; the lifter only "
+                        f"follows host code whose control flow it can reproduce")
+
+    def branch(self, op, func, c, tside, fside, join):
+        """A run-time if/else whose arms rejoin (a kernel launched only for some extents): emitted as a
+        Python if/else. Each arm is interpreted once; the join's block arguments become variables the
+        arms assign. Like a loop body, an arm must leave host memory allocated before it alone."""
+        env = self.env
+        self.nif += 1
+        outs = []
+        for i, (_, ty) in enumerate(func.blocks[join].args):
+            t = ir.parse_type(ty)
+            if not isinstance(t, ir.Int):
+                raise LiftError(f"{op.where()}: the arms of a run-time branch join with a {t}, not an integer")
+            outs.append(S(f"J{self.nif}_{i}", t.bits))
+        before = {id(r): dict(r.fields) for r in self.regions}
+        arms = []
+        for label, vals in (tside, fside):
+            outer_lines, self.lines = self.lines, []
+            if label != join:
+                for (an, _), v in zip(func.blocks[label].args, vals):
+                    env[an] = v
+                res = self.run_blocks(func, env, label, stop=join)
+                if not (isinstance(res, tuple) and res[0] == "stop"):
+                    raise LiftError(f"{op.where()}: an arm of a run-time branch returns instead of reaching block {join}")
+                vals = res[1]
+            for o, v in zip(outs, vals):
+                if not isinstance(v, (K, S)):
+                    raise LiftError(f"{op.where()}: an arm of a run-time branch yields {v!r} at block {join}")
+                self.effect(f"{o.name} = {self.x(v)}", [v])
+            arms.append(self.lines)
+            self.lines = outer_lines
+        for r in self.regions:
+            if id(r) in before and r.fields != before[id(r)]:
+                raise LiftError(f"{op.where()}: an arm of a run-time branch writes {r.name}, allocated before the branch; the lifter only "
+                                f"lifts arms whose memory is their own")
+        self.lines.append((None, (f"if {c.name}:", arms[0]), [c] + [d for _, _, deps, _ in arms[0] for d in deps], True))
+        self.lines.append((None, ("else:", arms[1]), [d for _, _, deps, _ in arms[1] for d in deps], True))
+        return ("jump", join, outs)
 
     def loop(self, op, func, c, body, exit_):
         """A loop whose header branches on a run-time value (e.g. waves over S_q, with launches in
@@ -541,7 +584,9 @@ class _Lifter:
         bvals = [self.val(env, x, op) for x in op.operands[1 : 1 + seg[1]]]
         for (an, _), v in zip(func.blocks[body[0]].args, bvals):
             env[an] = v
+        self.headers.append(header)
         res = self.run_blocks(func, env, body[0], stop=header)
+        self.headers.pop()
         if not (isinstance(res, tuple) and res[0] == "stop"):
             raise LiftError(f"{op.where()}: the loop body returns instead of looping back")
         nxt = res[1]
@@ -701,7 +746,7 @@ class _Lifter:
             elif isinstance(code, tuple):
                 head, inner = code
                 out.append(f"{indent}{head}")
-                out += self.live_code([], indent + "    ", launch_code, [(t, c, d, True) for t, c, d, _ in inner])
+                out += self.live_code([], indent + "    ", launch_code, [(t, c, d, True) for t, c, d, _ in inner]) or [f"{indent}    pass"]
             else:
                 out.append(f"{indent}{tgt} = {code}" if tgt else f"{indent}{code}")
         return out
@@ -813,6 +858,50 @@ def _reaches(func, start, target):
         seen.add(b)
         todo += _succs(func, b)
     return False
+
+
+def _abnormal_exit(func, label):
+    """An error path (trap), or a block that only returns a status some call produced (a failed launch)."""
+    if _is_error_path(func, label):
+        return True
+    ops = func.blocks[label].ops
+    if len(ops) == 1 and ops[0].name == "llvm.return" and len(ops[0].operands) == 1:
+        v = ops[0].operands[0]
+        return any(o.name == "llvm.call" and v in o.results for b in func.blocks.values() for o in b.ops)
+    return False
+
+
+def _join(func, t, f):
+    """(join, blocks between) for the paths from ``t`` and ``f``: their nearest common post-dominator,
+    error exits left out; (None, None) when they never rejoin."""
+    labels = list(func.blocks)
+    bad = {b for b in labels if _abnormal_exit(func, b)}
+    succ = {b: [x for x in _succs(func, b) if x not in bad] for b in labels}
+    pdom = {b: set(labels) for b in labels}
+    for b in labels:
+        if not succ[b]:
+            pdom[b] = {b}
+    changed = True
+    while changed:
+        changed = False
+        for b in labels:
+            if not succ[b]:
+                continue
+            new = {b} | set.intersection(*(pdom[x] for x in succ[b]))
+            if new != pdom[b]:
+                pdom[b], changed = new, True
+    cands = pdom[t] & pdom[f]
+    join = next((j for j in cands if cands <= pdom[j]), None)
+    if join is None:
+        return None, None
+    region, todo = set(), [t, f]
+    while todo:
+        b = todo.pop()
+        if b == join or b in region:
+            continue
+        region.add(b)
+        todo += succ[b]
+    return join, region
 
 
 def _pure_region(func, op, t, f):

@@ -41,9 +41,9 @@ class _Trap(Exception):
 class _Machine:
     """Concrete interpreter of the host module's LLVM dialect subset."""
 
-    def __init__(self, module, shims):
+    def __init__(self, module, shims, max_steps=2_000_000):
         self.m, self.shims = module, shims
-        self.max_steps = 2_000_000
+        self.max_steps = max_steps
         self.mem = {}  # base -> [bytearray, written mask]
         self.nalloca = 0
         self.gaddr = {}
@@ -141,7 +141,7 @@ class _Machine:
             for op in f.blocks[label].ops:
                 self.steps += 1
                 if self.steps > self.max_steps:
-                    raise _TooLong("concrete interpreter: more than 2e6 steps (a run-time loop with a huge trip count)")
+                    raise _TooLong(f"concrete interpreter: more than {self.max_steps} steps (a run-time loop with a huge trip count)")
                 out = self.op(op, env)
                 if out is not None:
                     if out[0] == "ret":
@@ -344,7 +344,7 @@ def _icmp(p, a, b, bits):
 # --- running the JIT's host code concretely ------------------------------------------------------
 
 
-def run_concrete(module, entry_function, args, kparams, dattr, kattr):
+def run_concrete(module, entry_function, args, kparams, dattr, kattr, max_steps=2_000_000, max_launches=None):
     """Run cuda_load_to_device then ``entry_function`` on concrete ``args``.
 
     Returns (setup_calls, launches); a launch is a dict with kernel, dims, attrs, params (bytes and
@@ -388,6 +388,8 @@ def run_concrete(module, entry_function, args, kparams, dattr, kattr):
             (buf, mask), o = mc.region(pp, size)
             plist.append((bytes(buf[o : o + size]), bytes(mask[o : o + size])))
         launches.append({"kernel": sym, "dims": (gx, gy, gz, bx, by, bz, smem, stream), "attrs": alist, "params": plist})
+        if max_launches is not None and len(launches) > max_launches:
+            raise _TooLong(f"more than {max_launches} launches")
         return 0
 
     shims = {
@@ -398,7 +400,7 @@ def run_concrete(module, entry_function, args, kparams, dattr, kattr):
         "_cudaLaunchKernelEx": launch,
         "printf": lambda mc, *a: 0,  # error paths print before they trap
     }
-    mc = _Machine(module, shims)
+    mc = _Machine(module, shims, max_steps)
     lib = mc.alloc(8)
     mc.write(lib, struct.pack("<Q", 0xABCDE))
     if mc.run("cuda_load_to_device", [lib, 0]) != 0:
@@ -484,7 +486,7 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
     calls_lifted = []
     setup_calls = None
     agree_traps = 0
-    checked = attempts = too_long = 0
+    checked = attempts = too_long = most = 0
     while checked < samples:
         attempts += 1
         if attempts > 20 * samples:
@@ -501,7 +503,9 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
         args = _random_args(ns["ARGS"], rng, loops=ns.get("LOOPS", False))
         try:
             bits = [f32bits(a) if k == "f32" else a for a, (_, k) in zip(args, ns["ARGS"])]
-            setup_calls, conc = run_concrete(module, entry_function, bits, kparams, dattr, kattr)
+            # loop entries: a bounded budget skips the samples whose random extents loop for long
+            budget = dict(max_steps=300_000, max_launches=256) if ns.get("LOOPS", False) else {}
+            setup_calls, conc = run_concrete(module, entry_function, bits, kparams, dattr, kattr, **budget)
             conc_err = None
         except _Trap as e:
             conc, conc_err = None, str(e)
@@ -526,6 +530,7 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
                 raise VerifyError(f"sample {s} args {args}: JIT host code {'traps (' + conc_err + ')' if conc is None else 'runs'} but the lifted launcher {'raises: ' + lift_err if dims is None else 'runs'}")
             agree_traps += 1
             continue
+        most = max(most, len(conc))
         if len(conc) != len(dims):
             raise VerifyError(f"sample {s}: {len(conc)} launches in the JIT host code, {len(dims)} lifted")
         for li, (c, (k, d, buf)) in enumerate(zip(conc, dims)):
@@ -556,6 +561,7 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
     return {
         "samples": samples,
         "samples_skipped_long_loops": too_long,
+        "most_launches_in_a_sample": most,
         "error_path_samples": agree_traps,
         "launches": len(ns["LAUNCHES"]),
         "params_checked_against_cubin": {L["kernel"]: L["params"] for L in ns["LAUNCHES"]},
