@@ -177,7 +177,7 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
     ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
     sig = _sig(ts, (block_I, backend, bool(deterministic), deterministic_dk_planes, backend == "sm100_v2" and float(sm_scale) > 0.0))
     plan = _VALIDATED.get(sig) if sig is not None else None
-    if plan is None or _misaligned(ts) or (deterministic and _overlaps(workspace, plan, ts)):
+    if plan is None or _misaligned(ts) or (deterministic and _overlaps(workspace, plan[-1], ts)):
         plan = _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
                          sm_scale, block_I, backend, workspace, deterministic, deterministic_dk_planes)
         if sig is not None and len(_VALIDATED) < 4096:
@@ -290,9 +290,9 @@ def _misaligned(ts):
     return any(t is not None and t.data_ptr() & 15 for t in ts)
 
 
-def _overlaps(workspace, plan, ts):
-    """Fast-path re-check: ``ts`` ends with the workspace, ``plan`` with the bytes it must hold."""
-    return bool(_overlapping(workspace, plan[-1], ts[:-1]))
+def _overlaps(workspace, need, ts):
+    """Fast-path re-check: do the first ``need`` bytes of ``workspace`` (the last of ``ts``) overlap the others?"""
+    return bool(_overlapping(workspace, need, ts[:-1]))
 
 
 def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
@@ -513,15 +513,45 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
     return sm100_workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, deterministic, backend)
 
 
-def sparse_attention_backward_kernels(arch, heads, head_dim, topk, *, has_topk_length=False, dtype="bf16") -> dict:
-    """Which shipped (op, key) serves each stage of one SM90 call: role -> (op, key). Pure (no GPU)."""
-    if _sm100(arch):
-        raise NotImplementedError("SM100 sparse attention backward dispatch is not shipped yet")
-    return {
-        "pre": ("pre_sm90", {"dtype": dtype}),
-        "main": ("main_sm90", {"dtype": dtype, "heads": heads, "dim": head_dim, "topk": topk, "topk_length": bool(has_topk_length)}),
-        "post": ("post_sm90", {"dtype": dtype, "dim": head_dim}),
-    }
+def sparse_attention_backward_kernels(arch, heads, head_dim, topk, *, has_topk_length=False, dtype="bf16", deterministic=False, s_q=1, s_kv=1,
+                                      sm_count=148) -> dict:
+    """Which shipped (op, key) serves each stage of one call: role -> (op, key). Pure (no GPU).
+
+    SM90: three artifacts (pre, main, post). SM100: one artifact ("bwd") whose host function launches
+    every kernel; its key follows upstream's plan: the backend, the deterministic dKV layout (from S_q
+    and S_kv), wide addressing (from the extents) and, on the D576 route, the query-split regime (from
+    the device's SM count) and S_q == 1.
+    """
+    if not _sm100(arch):
+        return {
+            "pre": ("pre_sm90", {"dtype": dtype}),
+            "main": ("main_sm90", {"dtype": dtype, "heads": heads, "dim": head_dim, "topk": topk, "topk_length": bool(has_topk_length)}),
+            "post": ("post_sm90", {"dtype": dtype, "dim": head_dim}),
+        }
+    det = bool(deterministic)
+    backend, _ = select_backend(heads, head_dim, dtype, topk, det)
+    wide = needs_wide(s_q, s_kv, head_dim, heads, topk, det, backend)
+    if backend in D576_BACKENDS:
+        split = not det and d576_split_count(s_q, topk, sm_count) > 1
+        return {"bwd": ("bwd_d576", {"heads": heads, "topk": topk, "topk_length": bool(has_topk_length), "single_query": s_q == 1, "split": split,
+                                     "deterministic": det, "wide": wide})}
+    planes, relay = (1, 1) if not det else deterministic_dkv(s_q, s_kv, head_dim, heads) if backend == "generic_m64" else (128, 1)
+    return {"bwd": ("bwd", {"dtype": dtype, "heads": heads, "dim": head_dim, "topk": topk, "topk_length": bool(has_topk_length),
+                            "deterministic": det, "planes": planes, "relay": relay, "wide": wide})}
+
+
+def _cute_args(ptr, shape, dynamic, fully_dynamic=False):
+    """A row-major buffer as a compiled host function takes it: pointer, its dynamic extents (the modes
+    in ``dynamic``), then its dynamic strides: every stride but the unit one when the tensor type is
+    fully dynamic (wide mode), else those that span a dynamic extent (compact types)."""
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= n
+    stride.reverse()
+    last = max(dynamic, default=-1)
+    strides = [stride[i] for i in range(len(shape) - 1) if fully_dynamic or i < last]
+    return (ptr, *(shape[i] for i in dynamic), *strides)
 
 
 def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None,
@@ -567,14 +597,14 @@ def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_
     ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
     sig = _sig(ts, (block_tile, bool(deterministic), q_cluster_mode))
     plan = _VALIDATED.get(sig) if sig is not None else None
-    # a repeated signature skips the full validation; pointer alignment (lse: 4) and workspace overlap
-    # are per call
-    if plan is None or _misaligned(ts[:7] + ts[8:]) or lse.data_ptr() & 3 or _overlaps(workspace, plan, ts):
+    # a repeated signature skips the full validation; pointer alignment (lse: 4 on SM90, 8 on SM100;
+    # workspace: 32 for the deterministic D576 layout) and workspace overlap are per call
+    if plan is None or _misaligned(ts[:7] + ts[8:]) or lse.data_ptr() & plan[9] or workspace.data_ptr() & plan[10] or _overlaps(workspace, plan[7], ts):
         plan = _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, block_tile, deterministic, workspace,
                                 q_cluster_mode)
         if sig is not None and len(_VALIDATED) < 4096:
             _VALIDATED[sig] = plan
-    dev, arch, s_q, s_kv, h, d, topk, _need = plan
+    dev, arch, s_q, s_kv, h, d, topk, _need, ks = plan[:9]
     s = _stream_handle(stream, dev)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     if s_q == 0:  # no query: nothing flows back
@@ -582,7 +612,10 @@ def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_
             dkv.zero_()
             d_sink.zero_()
         return dq, dkv, d_sink
-    ks = sparse_attention_backward_kernels(arch, h, d, topk, has_topk_length=topk_length is not None)
+    if "bwd" in ks:
+        _sm100_call(ks["bwd"], dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, dq, dkv, d_sink,
+                    workspace, scale, s)
+        return dq, dkv, d_sink
     pre, main, post = (_launcher_family(SPARSE_FAMILY, *ks[r], dev) for r in ("pre", "main", "post"))
     sqr, skr, dr = _r(s_q, _SM90_TILE), _r(s_kv, _SM90_TILE), _r(d, _SM90_DIM_MULTIPLE)
     stats = _ws_align(sqr * h * 4)
@@ -600,6 +633,39 @@ def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_
          *_targs(topk_idxs.unsqueeze(0)), *tl, scale, s)
     post(*acc3, *_targs(dkv.unsqueeze(0).unsqueeze(2)), s_kv, s)
     return dq, dkv, d_sink
+
+
+def _sm100_call(op_key, dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, dq, dkv, d_sink, workspace,
+                scale, s):
+    """One SM100 call: upstream's d_sink clear where its kernels accumulate into it, then the one
+    artifact whose host function launches every kernel (zero-init, sum_OdO, backward, convert,
+    sum_dSink, shard fold) on stream ``s``."""
+    op, key = op_key
+    fn = _launcher_family(SPARSE_FAMILY, op, key, dev)
+    det, wide = key["deterministic"], key["wide"]
+    dv = HEAD_DIM_V
+    c = lambda t, shape, dyn: _cute_args(t if isinstance(t, int) else t.data_ptr(), shape, tuple(range(len(shape))) if wide else dyn, wide)  # noqa: E731
+    tensors = [
+        c(q, (s_q, h, d), (0,)), c(kv, (s_kv, d), (0,)), c(out, (s_q, h, dv), (0,)), c(dout, (s_q, h, dv), (0,)), c(lse, (s_q, h), (0,)),
+        c(attn_sink, (h,), ()), _cute_args(topk_idxs.data_ptr(), (s_q, topk), (0,), wide),  # topk is a static extent even when wide
+    ]  # fmt: skip
+    if topk_length is not None:
+        tensors.append(c(topk_length, (s_q,), (0,)))
+    tensors += [c(dq, (s_q, h, d), (0,)), c(dkv, (s_kv, d), (0,)), c(d_sink, (h,), ())]
+    backend = select_backend(h, d, "bf16", topk, det)[0]
+    lse_shape, dkv_shape = sm100_workspace_shapes(s_q, s_kv, d, h, det, backend)
+    ws = workspace.data_ptr()
+    ws_dkv = ws + _ws_align(_prod(lse_shape))
+    problem = (s_q, s_kv, d, h, 1)
+    if op == "bwd_d576":
+        # flat byte workspaces; split_count is a run-time argument (1 when deterministic)
+        split = 1 if det else d576_split_count(s_q, topk, _state(dev).sm_count)
+        flat = ((ws, _prod(lse_shape)), (ws_dkv, _prod(dkv_shape)))
+        fn(*problem, *(a for t in tensors for a in t), *(a for t in flat for a in t), scale, split, s)
+        return
+    if backend != "h128_2cta_m64" and not det:
+        _memset0(d_sink.data_ptr(), h * 4, s)  # ordinary sum_dSink accumulates atomically
+    fn(*problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
 
 
 SPARSE_FAMILY = "dsa_sparse_attention_backward"
@@ -622,6 +688,8 @@ def _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idx
     if problems:
         raise _input_error(problems)
     dev = q.device.index if q.device.type == "cuda" else None
+    arch = _state(dev).arch if dev is not None else None
+    sm100 = arch is not None and _sm100(arch)
     s_q, h, d = q.shape
     s_kv, topk = kv.shape[0], topk_idxs.shape[1]
     bf16, f32 = torch.bfloat16, torch.float32
@@ -631,11 +699,11 @@ def _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idx
     _check(problems, kv, "kv", (s_kv, d), bf16, dev, 16)
     _check(problems, out, "out", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
     _check(problems, dout, "dout", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
-    _check(problems, lse, "lse", (s_q, h), f32, dev, 4)
+    _check(problems, lse, "lse", (s_q, h), f32, dev, 8 if sm100 else 4)  # SM100 copies LSE in fp32 pairs
     _check(problems, attn_sink, "attn_sink", (h,), f32, dev, 16)
     _check(problems, topk_idxs, "topk_idxs", (s_q, topk), torch.int32, dev, 16)
     if topk_length is not None:
-        _check(problems, topk_length, "topk_length", (s_q,), torch.int32, dev, 16)
+        _check(problems, topk_length, "topk_length", (s_q,), torch.int32, dev, 4 if sm100 else 16)
     _check(problems, dq, "dq", (s_q, h, d), bf16, dev, 16)
     _check(problems, dkv, "dkv", (s_kv, d), bf16, dev, 16)
     _check(problems, d_sink, "d_sink", (h,), f32, dev, 16)
@@ -645,18 +713,26 @@ def _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idx
         problems.append(f"block_tile={block_tile!r} (expected 64)")
     if q_cluster_mode != "off":
         problems.append(f"q_cluster_mode={q_cluster_mode!r}: 'adaptive_pair' is an SM100 H16/H32 D576 path this build does not ship")
-    arch = None
-    if dev is not None and not problems:
-        arch = _state(dev).arch
-        if _sm100(arch):
-            problems.append(f"this build ships the sparse attention backward for sm_90a only so far, not {arch} (issue 4)")
-        elif deterministic:
-            problems.append("deterministic=True needs an SM100 GPU; upstream refuses it on SM90 too")
-    need = 0
+    if deterministic and arch is not None and not sm100:
+        problems.append("deterministic=True needs an SM100 GPU; upstream refuses it on SM90 too")
+    if deterministic and sm100 and h not in DETERMINISTIC_HEADS:
+        problems.append(f"deterministic=True: upstream's deterministic kernels exist for heads {DETERMINISTIC_HEADS}, not H{h}")
+    need, ks, ws_align = 0, None, 16
+    if not problems and dev is not None:
+        st = _state(dev)
+        ks = sparse_attention_backward_kernels(arch, h, d, topk, has_topk_length=topk_length is not None, deterministic=deterministic, s_q=s_q,
+                                               s_kv=s_kv, sm_count=st.sm_count)
+        op, key = ks.get("bwd", (None, None))
+        if op == "bwd_d576" and deterministic:
+            ws_align = 32  # the compact 96-plane dKV layout
+            built = d576_compact_slots(_index().target_sm_count(arch))
+            if d576_compact_slots(st.sm_count) != built:
+                problems.append(f"deterministic D576: this GPU has {st.sm_count} SMs, so upstream would compile {d576_compact_slots(st.sm_count)} "
+                                f"compact slots; the build's {arch} target has {built}. Add a target with sm_count = {st.sm_count} and rebuild")
     if not problems:
         need = sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=deterministic)
         n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
-        _check(problems, workspace, "workspace", (n,), torch.uint8, dev, 16)
+        _check(problems, workspace, "workspace", (n,), torch.uint8, dev, ws_align)
         if not problems and n < need:
             problems.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.sparse_attention_backward_workspace_bytes)")
         if not problems:
@@ -666,4 +742,4 @@ def _validate_sparse(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idx
                 problems.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
     if problems:
         raise _input_error(problems)
-    return dev, arch, s_q, s_kv, h, d, topk, need
+    return dev, arch, s_q, s_kv, h, d, topk, need, ks, 7 if sm100 else 3, ws_align - 1
