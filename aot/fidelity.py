@@ -687,8 +687,8 @@ def _sparse_sm90(op: str, key: dict, st, T, stream):
 # Candidate (S_q, S_kv) for an SM100 sparse-backward key: the first pair whose derived properties (wide
 # addressing, deterministic dKV layout, D576 split / single query) are the key's. Plan tensors are meta
 # tensors: a large shape costs nothing.
-SPARSE_SQ = (512, 1, 16, 128, 4096, 8192, 20000, 30000, 100000)
-SPARSE_SKV = (4096, 8192, 1 << 17, 1 << 20, 1 << 21, 1 << 22, 1 << 23)
+SPARSE_SQ = (512, 1, 16, 128, 200, 4096, 8192, 20000, 30000, 100000)
+SPARSE_SKV = (4096, 8192, 1 << 16, 1 << 17, 1 << 20, 1 << 21, 1 << 22, 1 << 23)
 
 
 def _sparse_shape(op: str, key: dict, dim: int, backend: str, sm_count: int):

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ pytest.importorskip("cudnn")
 
 from aot import compile as compile_stage  # noqa: E402
 from aot import fidelity, manifest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # cheap entries (~0.3-0.5 s per compile): the deterministic dK reduction, the SM90 sparse-backward
 # postprocess (through flash_attn_bwd_sm90), and one entry without an upstream route
@@ -151,3 +154,19 @@ def test_ptx_verdict_without_compiling(entries, tmp_path):
     assert r["verdict"] == "differs" and "line 3" in r["note"], r
     assert (d / fidelity.SPEC_PTX).is_file() and (d / fidelity.UPSTREAM_PTX).is_file()
     fidelity.require_identical({"a": {"verdict": "ptx identical", "note": ""}})
+
+
+def test_every_sm100_sparse_entry_has_a_shape_that_makes_upstream_select_it():
+    """The fidelity route prepares upstream's plan at one (S_q, S_kv) per key: one must exist for every
+    shipped SM100 sparse-backward key (else its verdict would be an error after a long build)."""
+    from aot.dsa import select_backend
+
+    m = manifest.load(ROOT / "manifests" / "default.toml")
+    n = 0
+    for e in m.entries:
+        if e.family == "dsa_sparse_attention_backward" and e.op in ("bwd", "bwd_d576"):
+            key = dict(e.key)
+            dim, dtype = (576, "bf16") if e.op == "bwd_d576" else (key["dim"], key["dtype"])
+            fidelity._sparse_shape(e.op, key, dim, select_backend(key["heads"], dim, dtype, key["topk"], key["deterministic"])[0], e.target.sm_count)
+            n += 1
+    assert n > 200

@@ -262,60 +262,41 @@ def test_sparse_attention_sm100_dispatch_is_in_the_default_manifest():
     assert {(True, False), (False, True), (False, False)} <= {(sp, sq) for op, _, _, _, sp, sq in seen if op == "bwd_d576"}
 
 
-SM100_SPARSE = {  # tests/data entry -> (heads, deterministic)
-    "dsa_sparse_attention_backward.bwd.nodeterministic.dim512.bf16.heads64.planes1.relay1.topk512.notopk_length.nowide.sm_100a": (64, False),
-    "dsa_sparse_attention_backward.bwd.deterministic.dim512.bf16.heads128.planes128.relay1.topk512.notopk_length.nowide.sm_100a": (128, True),
-}
+SM100_SPARSE = (
+    "dsa_sparse_attention_backward.bwd.nodeterministic.dim512.bf16.heads64.planes1.relay1.topk512.notopk_length.nowide.sm_100a",
+    "dsa_sparse_attention_backward.bwd.deterministic.dim512.bf16.heads128.planes128.relay1.topk512.notopk_length.nowide.sm_100a",
+)
 
 
-@pytest.mark.parametrize("name", sorted(SM100_SPARSE))
-def test_sparse_attention_sm100_call_feeds_the_lifted_host_function(monkeypatch, name):
+def _check_sm100_calls():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_sm100_calls", ROOT / "ci" / "check_sm100_calls.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", SM100_SPARSE)
+def test_sparse_attention_sm100_call_feeds_the_lifted_host_function(name):
     """No SM100 GPU here: the op's SM100 call runs the real lifted launcher (with the JIT host code's
-    own checks) in place of the driver. The dispatch picks this entry; every argument the host
-    function declares is passed; every tensor and workspace segment reaches a kernel parameter;
-    d_sink is cleared only where upstream's kernels accumulate into it atomically."""
-    torch = pytest.importorskip("torch")
-    import struct
-    import types
-
+    own checks) in place of the driver (ci/check_sm100_calls.py, which the wheel build runs over every
+    shipped SM100 entry). A call convention that drops an argument or a tensor is caught."""
     import aot.dsa as dsa
     from aot import lift, verify
 
-    heads, det = SM100_SPARSE[name]
+    chk = _check_sm100_calls()
     d = DATA / name
     meta = json.loads((d / "meta.json").read_text())
-    cubin = (d / "kernel.cubin").read_bytes()
-    ns = verify.load_launcher(lift.lift((d / "host.mlir").read_text(), meta["host_function"], name, lift.cubin_param_layout(cubin)))
-    s_q, s_kv, dim, topk = 300, 1000, 512, 512
-    ks = dsa.sparse_attention_backward_kernels("sm_100a", heads, dim, topk, deterministic=det, s_q=s_q, s_kv=s_kv)
-    op, key = ks["bwd"]
-    assert op == meta["op"] and key == {k: meta["key"][k] for k in key}  # the rest of meta's key is derived from it
-    runs, memsets = [], []
-
-    def launcher(*args):
-        assert len(args) == len(ns["ARGS"]), (len(args), len(ns["ARGS"]))
-        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
-        seq = []
-        ns["launch"](lambda k, dims: seq.append((k, dims, bytes(bufs[k]))), *bufs, *args)
-        runs.append(seq)
-
-    monkeypatch.setattr(dsa, "_launcher_family", lambda family, op, key, dev, hint="": launcher)
-    monkeypatch.setattr(dsa, "_memset0", lambda ptr, n, stream: memsets.append((ptr, n)))
-    monkeypatch.setattr(dsa, "_state", lambda dev: types.SimpleNamespace(arch="sm_100a", sm_count=148))
-    bf16, f32 = torch.bfloat16, torch.float32
-    q, kv = torch.empty(s_q, heads, dim, dtype=bf16), torch.empty(s_kv, dim, dtype=bf16)
-    out, dout = torch.empty(s_q, heads, 512, dtype=bf16), torch.empty(s_q, heads, 512, dtype=bf16)
-    lse, sink, idx = torch.empty(s_q, heads, dtype=f32), torch.empty(heads, dtype=f32), torch.empty(s_q, topk, dtype=torch.int32)
-    dq, dkv, d_sink = torch.empty_like(q), torch.empty_like(kv), torch.empty_like(sink)
-    ws = torch.empty(dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, dim, heads, arch="sm_100a", topk=topk, deterministic=det), dtype=torch.uint8)
-    dsa._sm100_call(ks["bwd"], 0, s_q, s_kv, heads, dim, topk, q, kv, out, dout, lse, sink, idx, None, dq, dkv, d_sink, ws, 0.5, 7)
-    (seq,) = runs
-    assert len({k for k, _, _ in seq}) >= 4 and all(dims[7] == 7 for _, dims, _ in seq)  # every launch on the caller's stream
-    blob = b"".join(b for _, _, b in seq)
-    lse_bytes = dsa.sm100_workspace_shapes(s_q, s_kv, dim, heads, det, dsa.select_backend(heads, dim, "bf16", topk, det)[0])[0]
-    ws_dkv = ws.data_ptr() + -(-dsa._prod(lse_bytes) // 128) * 128
-    for what, ptr in (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", sink), ("topk_idxs", idx), ("dq", dq),
-                      ("dkv", dkv), ("d_sink", d_sink), ("workspace (LSE/OdO)", ws), ("workspace (dKV)", ws_dkv)):
-        p = ptr if isinstance(ptr, int) else ptr.data_ptr()
-        assert struct.pack("<Q", p) in blob, f"{what} never reaches a kernel parameter"
-    assert memsets == ([] if det or heads == 128 else [(d_sink.data_ptr(), heads * 4)])
+    ns = verify.load_launcher(lift.lift((d / "host.mlir").read_text(), meta["host_function"], name, lift.cubin_param_layout((d / "kernel.cubin").read_bytes())))
+    key = {k: meta["key"][k] for k in ("dtype", "heads", "dim", "topk", "topk_length", "deterministic", "planes", "relay", "wide")}
+    for s_q, s_kv in ((300, 1000), (5000, 3000)):
+        assert chk.check_call(ns, meta["op"], key, "sm_100a", 148, s_q, s_kv) == []
+    # a call that passes q where kv belongs is caught
+    real = dsa._sm100_call
+    try:
+        dsa._sm100_call = lambda op_key, dev, s_q, s_kv, h, d, topk, q, kv, *rest: real(op_key, dev, s_q, s_kv, h, d, topk, q, q, *rest)
+        problems = chk.check_call(ns, meta["op"], key, "sm_100a", 148, 300, 1000)
+    finally:
+        dsa._sm100_call = real
+    assert any("kv" in p.split(" never reach")[0].split(", ") for p in problems), problems

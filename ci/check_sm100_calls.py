@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Offline check of the SM100 sparse attention backward call convention against a build.
+
+There is no SM100 GPU here, so the op's SM100 path cannot launch. This runs it for every shipped
+SM100 entry of ``aot/_generated`` (or ``--gen DIR``) with the real lifted launcher in place of the
+driver, at one (S_q, S_kv) per key that makes the dispatch pick exactly that entry (the shapes the
+fidelity check prepares upstream's plan at, up to S_q 100000 / S_kv 8M; pointer-only stand-ins for
+the tensors). The op must pass every argument the host function declares, the host code's own checks
+must pass, every launch must go to the caller's stream, every tensor and both workspace segments
+must reach a kernel parameter, and d_sink must be cleared exactly where upstream's kernels accumulate
+into it atomically. Needs no torch and no GPU. Exit status 1 on any failure.
+
+    python ci/check_sm100_calls.py [--gen aot/_generated]
+
+``tests/unit/test_runtime_cpu.py`` runs :func:`check_call` on the SM100 entries of ``tests/data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+NAMES = ("q", "kv", "out", "dout", "lse", "attn_sink", "topk_idxs", "topk_length", "dq", "dkv", "d_sink", "workspace")
+STREAM = 7
+
+
+class Buf:
+    """A stand-in for a contiguous device tensor: only its address is read."""
+
+    def __init__(self, i):
+        self.p = 0x7F00_0000_0000 + ((i + 1) << 36)
+
+    def data_ptr(self):
+        return self.p
+
+
+def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int, s_kv: int) -> list:
+    """Run the op's SM100 call of (op, key) at (S_q, S_kv) on launcher namespace ``ns``; return problems."""
+    import aot.dsa as dsa
+
+    dim, dtype = (576, "bf16") if op == "bwd_d576" else (key["dim"], key["dtype"])
+    h, topk, det, tl = key["heads"], key["topk"], key["deterministic"], key["topk_length"]
+    ks = dsa.sparse_attention_backward_kernels(arch, h, dim, topk, has_topk_length=tl, deterministic=det, s_q=s_q, s_kv=s_kv, sm_count=sm_count)
+    if ks["bwd"] != (op, key):
+        return [f"at S_q {s_q} S_kv {s_kv} the dispatch picks {ks['bwd']}"]
+    runs, memsets, problems = [], [], []
+
+    def launcher(*args):
+        if len(args) != len(ns["ARGS"]):
+            raise AssertionError(f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}")
+        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+        seq = []
+        ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
+        runs.append(seq)
+
+    saved = dsa._launcher_family, dsa._memset0, dsa._state
+    dsa._launcher_family = lambda family, op_, key_, dev, hint="": launcher
+    dsa._memset0 = lambda ptr, nbytes, stream: memsets.append((ptr, nbytes))
+    dsa._state = lambda dev: types.SimpleNamespace(arch=arch, sm_count=sm_count)
+    t = {k: Buf(i) for i, k in enumerate(NAMES)}
+    try:
+        dsa._sm100_call(ks["bwd"], 0, s_q, s_kv, h, dim, topk, t["q"], t["kv"], t["out"], t["dout"], t["lse"], t["attn_sink"], t["topk_idxs"],
+                        t["topk_length"] if tl else None, t["dq"], t["dkv"], t["d_sink"], t["workspace"], 0.5, STREAM)
+    except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
+        return [f"{type(ex).__name__}: {ex}"]
+    finally:
+        dsa._launcher_family, dsa._memset0, dsa._state = saved
+    (seq,) = runs
+    if len({k for k, _, _ in seq}) < 3 or any(dims[7] != STREAM for _, dims, _ in seq):
+        problems.append(f"launch sites {[k for k, _, _ in seq]}, streams {sorted({dims[7] for _, dims, _ in seq})}")
+    blob = b"".join(b for _, _, b in seq)
+    backend = dsa.select_backend(h, dim, dtype, topk, det)[0]
+    lse_shape, _ = dsa.sm100_workspace_shapes(s_q, s_kv, dim, h, det, backend)
+    ptrs = {k: b.p for k, b in t.items() if k != "topk_length" or tl}
+    ptrs["workspace (dKV segment)"] = t["workspace"].p + -(-dsa._prod(lse_shape) // 128) * 128
+    missing = [k for k, p in ptrs.items() if struct.pack("<Q", p) not in blob]
+    if missing:
+        problems.append(f"{', '.join(missing)} never reach a kernel parameter")
+    atomic_sink = op == "bwd" and backend != "h128_2cta_m64" and not det
+    if memsets != ([(t["d_sink"].p, h * 4)] if atomic_sink else []):
+        problems.append(f"memsets {memsets} (upstream clears d_sink first: {atomic_sink})")
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
+    a = ap.parse_args()
+    from aot import fidelity, verify
+    from aot.dsa import select_backend
+    from aot.runtime.registry import Index
+
+    gen = Path(a.gen)
+    index, ix = json.loads((gen / "index.json").read_text()), Index(gen)
+    bad, n = [], 0
+    for e in index["entries"]:
+        if e["family"] != "dsa_sparse_attention_backward" or e["op"] not in ("bwd", "bwd_d576"):
+            continue
+        op, key = e["op"], {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        dim, dtype = (576, "bf16") if op == "bwd_d576" else (key["dim"], key["dtype"])
+        sm = ix.target_sm_count(e["arch"])
+        s_q, s_kv = fidelity._sparse_shape(op, key, dim, select_backend(key["heads"], dim, dtype, key["topk"], key["deterministic"])[0], sm)
+        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        bad += [f"{e['id']} (S_q {s_q}, S_kv {s_kv}): {p}" for p in check_call(ns, op, key, e["arch"], sm, s_q, s_kv)]
+        n += 1
+    print(f"{n} SM100 sparse-backward entries: the op's call runs each lifted host function; {len(bad)} problems")
+    for b in bad:
+        print("  -", b)
+    return 1 if bad or not n else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
