@@ -17,6 +17,7 @@ schedule from ceil(B*S_q / CTAs). Every input is validated before anything is la
 from __future__ import annotations
 
 from ._opsupport import _alloc_on, _check, _index, _input_error, _overlapping, _state, _stream_handle
+from .errors import InputError
 
 __all__ = [
     "indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "indexer_backward_kernels", "BACKENDS", "PLANES",
@@ -509,6 +510,8 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
     if not _sm100(arch):
         stats = _ws_align(_r(total_s_q, _SM90_TILE) * num_heads * 4)
         return 2 * stats + _ws_align(_r(total_s_kv, _SM90_TILE) * _r(head_dim, _SM90_DIM_MULTIPLE) * 4)
+    if topk is None:
+        raise InputError("sparse_attention_backward_workspace_bytes: pass topk= (the index row width) for an SM100 arch: it selects the backend")
     backend, _ = select_backend(num_heads, head_dim, "bf16", topk, deterministic)
     return sm100_workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, deterministic, backend)
 

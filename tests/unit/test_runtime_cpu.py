@@ -238,6 +238,21 @@ SHAPES_SM100 = ((1, 4096), (20, 4096), (100, 2048), (100, 1 << 17), (2048, 2048)
                 (65536, 131072), (131072, 131072))
 
 
+def test_sparse_attention_sm100_workspace_matches_upstream():
+    torch = pytest.importorskip("torch")
+    iface = pytest.importorskip("cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm100")
+    common = pytest.importorskip("cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm100_common")
+    import aot.dsa
+
+    for s_q, s_kv in SHAPES_SM100:
+        for h, d, topk in ((64, 512, 512), (64, 576, 2048), (128, 512, 1024), (128, 576, 512), (128, 576, 640), (16, 576, 512)):
+            for det in (False, True):
+                backend, _ = iface._select_sm100_backend(h, d, head_dim_v=512, dtype=torch.bfloat16, max_topk=topk, device_capability=(10, 0),
+                                                         deterministic=det)
+                want = common.flash_attn_bwd_sm100_workspace_size(s_q, s_kv, d, h, det, backend=backend)
+                assert aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h, arch="sm_100a", topk=topk, deterministic=det) == want
+
+
 def test_sparse_attention_sm100_dispatch_is_in_the_default_manifest():
     """Every production shape, either mode, short and long sequences: the SM100 key the op asks for ships."""
     import aot.dsa
