@@ -223,12 +223,8 @@ class LoadedEntry:
                 cfg.sharedMemBytes = dims[6]
                 cfg.hStream = dims[7]
                 self.last[i] = dims
-            if snap is None:
-                addr = self._param_addrs[i]
-            else:
-                buf = (ctypes.c_char * len(snap)).from_buffer_copy(snap)
-                arr = (ctypes.c_void_p * max(1, len(self.mod.LAUNCHES[i]["params"])))(*[ctypes.addressof(buf) + off for off, _ in self.mod.LAUNCHES[i]["params"]])
-                addr = ctypes.addressof(arr)
-            err = self._launch_ex(cfg, self.funcs[i], addr, 0)[0]
+            if snap is not None:  # this firing's bytes back into the site's buffer: the launch copies them
+                ctypes.memmove(self.bufs[i], snap, len(snap))
+            err = self._launch_ex(cfg, self.funcs[i], self._param_addrs[i], 0)[0]
             if err:
                 check((err,), f"cuLaunchKernelEx({self.mod.LAUNCHES[i]['kernel'][:60]}…, entry {self.entry['id']})")

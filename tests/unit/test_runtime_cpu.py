@@ -315,3 +315,66 @@ def test_sparse_attention_sm100_call_feeds_the_lifted_host_function(name):
     finally:
         dsa._sm100_call = real
     assert any("kv" in p.split(" never reach")[0].split(", ") for p in problems), problems
+
+
+def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(tmp_path, monkeypatch):
+    """The runtime path of loop entries (SM100 only, so no GPU here runs it): LoadedEntry with a
+    recording stand-in for the driver's calls (the driver's own types). The H128 deterministic entry
+    launches its backward once per wave of S_q; each launch must carry that wave's bytes, in the
+    order and with the bytes the lifted launcher emits."""
+    pytest.importorskip("cuda.bindings")
+    import ctypes
+    import types
+
+    from cuda.bindings import driver as real
+
+    import aot.dsa as dsa
+    from aot import build, pack, verify
+
+    name = SM100_SPARSE[1]
+    d = tmp_path / "entries" / name
+    shutil.copytree(DATA / name, d)
+    build.lift_and_verify(d)
+    pack.pack([d], tmp_path / "gen")
+    ix = registry.Index(tmp_path / "gen")
+    entry = ix.find("dsa_sparse_attention_backward", "bwd", {"dtype": "bf16", "heads": 128, "dim": 512, "topk": 512, "topk_length": False, "deterministic": True,
+                                                 "planes": 128, "relay": 1, "wide": False}, "sm_100a")
+    ns = verify.load_launcher((tmp_path / "gen" / entry["launcher"]).read_text())
+    sites = {i: L for i, L in enumerate(ns["LAUNCHES"])}
+    handles = {}
+    launched = []
+
+    def get_kernel(lib, sym):
+        handles[sym.decode()] = 0x1000 + len(handles)
+        return (0, handles[sym.decode()])
+
+    def launch(cfg, f, addr, extra):
+        site = next(i for i, L in sites.items() if handles[L["kernel"]] == int(f))
+        ptrs = (ctypes.c_void_p * len(sites[site]["params"])).from_address(addr)
+        launched.append((site, b"".join(ctypes.string_at(p, size) for p, (_, size) in zip(ptrs, sites[site]["params"]))))
+        return (0,)
+
+    fake = types.SimpleNamespace(
+        cuLibraryLoadData=lambda *a: (0, "lib"), cuLibraryGetKernel=get_kernel, cuDeviceGet=lambda dev: (0, 0),
+        cuDeviceGetAttribute=lambda attr, dev: (0, 1), cuKernelGetAttribute=lambda attr, k, dev: (0, 0), cuKernelSetAttribute=lambda *a: (0,),
+        cuLaunchKernelEx=launch, CUlaunchConfig=real.CUlaunchConfig, CUlaunchAttribute=real.CUlaunchAttribute,
+        CUlaunchAttributeID=real.CUlaunchAttributeID, CUfunction=real.CUfunction, CUdevice_attribute=real.CUdevice_attribute,
+        CUfunction_attribute=real.CUfunction_attribute,
+    )  # fmt: skip
+    monkeypatch.setattr(registry, "drv", lambda: fake)
+    le = ix.loaded(entry, 0)
+    calls = []
+    monkeypatch.setattr(dsa, "_launcher_family", lambda family, op, key, dev, hint="": lambda *args: (calls.append(args), le(*args)))
+    monkeypatch.setattr(dsa, "_memset0", lambda *a: None)
+    monkeypatch.setattr(dsa, "_state", lambda dev: types.SimpleNamespace(arch="sm_100a", sm_count=148))
+    chk = _check_sm100_calls()
+    t = [chk.Buf(i) for i in range(12)]
+    s_q, s_kv = 5000, 3000
+    op_key = dsa.sparse_attention_backward_kernels("sm_100a", 128, 512, 512, deterministic=True, s_q=s_q, s_kv=s_kv)["bwd"]
+    dsa._sm100_call(op_key, 0, s_q, s_kv, 128, 512, 512, *t[:7], None, *t[8:], 0.5, 7)
+    bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+    want = []
+    ns["launch"](lambda k, dims: want.append((k, b"".join(bytes(bufs[k][o : o + n]) for o, n in sites[k]["params"]))), *bufs, *calls[0])
+    assert launched == want
+    repeated = {k for k, _ in want if sum(1 for j, _ in want if j == k) > 1}
+    assert repeated and any(len({b for j, b in want if j == k}) > 1 for k in repeated)  # one site, several waves, different bytes
