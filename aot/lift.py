@@ -821,21 +821,9 @@ def _natural_loop(func, header):
     for b in func.blocks:
         for x in _succs(func, b):
             preds.setdefault(x, []).append(b)
-    # back edges: from blocks the header dominates (a path from the entry that avoids the header
-    # cannot reach them)
-    def dominated(b):
-        seen, todo = {header}, [func.entry]
-        while todo:
-            x = todo.pop()
-            if x == b:
-                return False
-            if x in seen:
-                continue
-            seen.add(x)
-            todo += _succs(func, x)
-        return True
-
-    latches = [p for p in preds.get(header, []) if _reaches(func, header, p) and dominated(p)]
+    # back edges: from blocks the header dominates (no path from the entry that avoids the header
+    # reaches them)
+    latches = [p for p in preds.get(header, []) if _reaches(func, header, p) and not _reaches(func, func.entry, p, avoid=header)]
     body, todo = {header}, list(latches)
     while todo:
         b = todo.pop()
@@ -846,9 +834,9 @@ def _natural_loop(func, header):
     return body if latches else set()
 
 
-def _reaches(func, start, target):
-    """Whether ``target`` can be reached from block ``start``."""
-    seen, todo = set(), [start]
+def _reaches(func, start, target, avoid=None):
+    """Whether ``target`` can be reached from block ``start`` (without passing block ``avoid``)."""
+    seen, todo = {avoid}, [start]
     while todo:
         b = todo.pop()
         if b == target:
@@ -871,11 +859,12 @@ def _abnormal_exit(func, label):
     return False
 
 
-def _join(func, t, f):
-    """(join, blocks between) for the paths from ``t`` and ``f``: their nearest common post-dominator,
-    error exits left out; (None, None) when they never rejoin."""
+def _join(func, t, f, skip_errors=True):
+    """(join, blocks between) for the paths from ``t`` and ``f``: their nearest common post-dominator
+    (immediate post-dominators by the iterative set formulation), error exits left out unless
+    ``skip_errors`` is false; (None, None) when they never rejoin."""
     labels = list(func.blocks)
-    bad = {b for b in labels if _abnormal_exit(func, b)}
+    bad = {b for b in labels if _abnormal_exit(func, b)} if skip_errors else set()
     succ = {b: [x for x in _succs(func, b) if x not in bad] for b in labels}
     pdom = {b: set(labels) for b in labels}
     for b in labels:
@@ -907,34 +896,9 @@ def _join(func, t, f):
 def _pure_region(func, op, t, f):
     """(join, blocks, None) when the paths from a run-time branch rejoin at one block and run only
     pure integer ops until then; else (None, None, why)."""
-    # immediate post-dominator of the branching block, by the iterative set formulation
-    labels = list(func.blocks)
-    pdom = {b: set(labels) for b in labels}
-    for b in labels:
-        if not _succs(func, b):
-            pdom[b] = {b}
-    changed = True
-    while changed:
-        changed = False
-        for b in labels:
-            ss = _succs(func, b)
-            if not ss:
-                continue
-            new = {b} | set.intersection(*(pdom[x] for x in ss))
-            if new != pdom[b]:
-                pdom[b], changed = new, True
-    cands = pdom[t] & pdom[f]
-    if not cands:
+    join, region = _join(func, t, f, skip_errors=False)
+    if join is None:
         return None, None, "its paths never rejoin"
-    # the nearest common post-dominator: the one post-dominated by all the others
-    join = next((j for j in cands if cands <= pdom[j]), None)
-    region, todo = set(), [t, f]
-    while todo:
-        b = todo.pop()
-        if b == join or b in region:
-            continue
-        region.add(b)
-        todo += _succs(func, b)
     for b in region:
         for o in func.blocks[b].ops:
             if o.name not in _PURE:

@@ -172,22 +172,29 @@ def test_fp32_multiply_matches_c_float_arithmetic():
             assert struct.unpack("<f", x.to_bytes(4, "little"))[0] != struct.unpack("<f", x.to_bytes(4, "little"))[0], (hex(a), hex(b))
 
 
+def _control_flow_case(name, seed, launches, *markers):
+    """Lift one SM100 sparse-backward entry whose launches depend on run-time control flow, check it,
+    and return (its source, a verify of a mutated source)."""
+    host, fn, cubin = load(name)
+    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
+    assert all(m in src for m in markers)
+    rep = verify.verify(host, fn, src, cubin, samples=50, seed=seed)
+    assert rep["verdict"] == "ok" and rep["launches"] == launches
+    return src, lambda mutated: verify.verify(host, fn, mutated, cubin, samples=50, seed=seed)
+
+
 def test_launches_inside_a_run_time_branch():
     """SM100 H128 two-CTA deterministic sparse-attention backward: which reduction kernels run is an
     if/else on run-time extents (nested, inside and after a wave loop). The launcher branches in
     Python; each arm's sites fire only when the JIT's would."""
     name = "dsa_sparse_attention_backward.bwd.deterministic.dim512.bf16.heads128.planes128.relay1.topk512.notopk_length.nowide.sm_100a"
-    host, fn, cubin = load(name)
-    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
-    assert "else:" in src and "while True:" in src
-    rep = verify.verify(host, fn, src, cubin, samples=50, seed=3)
-    assert rep["verdict"] == "ok" and rep["launches"] == 14
+    src, check = _control_flow_case(name, 3, 14, "else:", "while True:")
     # a launcher that always takes the first arm is caught
     lines = src.splitlines()
     i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("if v") and lines[k + 1].strip() and "raise" not in lines[k + 1])
     lines[i] = lines[i][: len(lines[i]) - len(lines[i].lstrip())] + "if True:"
     with pytest.raises(VerifyError):
-        verify.verify(host, fn, "\n".join(lines) + "\n", cubin, samples=50, seed=3)
+        check("\n".join(lines) + "\n")
 
 
 def test_launch_inside_a_run_time_loop():
@@ -195,12 +202,7 @@ def test_launch_inside_a_run_time_loop():
     `for q_offset in range(0, S_q, S_q)`, a loop over a run-time trip count. The launcher loops in
     Python and emits the site once per trip; the verifier compares the whole launch sequence."""
     name = "dsa_sparse_attention_backward.bwd.nodeterministic.dim512.bf16.heads64.planes1.relay1.topk512.notopk_length.nowide.sm_100a"
-    host, fn, cubin = load(name)
-    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
-    assert "while True:" in src and "LOOPS = True" in src
-    rep = verify.verify(host, fn, src, cubin, samples=50, seed=2)
-    assert rep["verdict"] == "ok" and rep["launches"] == 5
+    src, check = _control_flow_case(name, 2, 5, "while True:", "LOOPS = True")
     # a launcher that skips the loop's launch is caught
-    bad = src.replace("while True:", "while False:", 1)
     with pytest.raises(VerifyError):
-        verify.verify(host, fn, bad, cubin, samples=50, seed=2)
+        check(src.replace("while True:", "while False:", 1))
