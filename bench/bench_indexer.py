@@ -58,31 +58,45 @@ class _Block:
 sys.meta_path.insert(0, _Block())
 """
 
-AOT_FIRST = BLOCK + SETUP + r"""
+
+def first_call_scripts(setup, aot_call, jit_import, jit_call, jit_compiled):
+    """(AOT, JIT) first-call scripts: one set-up, then an import of the op and one synchronised call,
+    timed; the AOT side cannot import the toolchain. ``jit_compiled``: code that sets ``compiled``, the
+    keys the JIT side compiled."""
+    aot = BLOCK + setup + f"""
 import os, time, json
 t0 = time.perf_counter()
 import aot.dsa
-aot.dsa.indexer_backward(*args, **given)
+{aot_call}
 torch.cuda.synchronize()
 t1 = time.perf_counter()
 from aot.runtime import load_stats
 stats = load_stats()
-print(json.dumps({"first_ms": (t1 - t0) * 1e3, "load_ms": sum(stats.values()), "loads": {k[0]: v for k, v in stats.items()},
-                  "generated": os.path.join(os.path.dirname(aot.__file__), "_generated")}))
+print(json.dumps({{"first_ms": (t1 - t0) * 1e3, "load_ms": sum(stats.values()), "loads": {{k[0]: v for k, v in stats.items()}},
+                  "generated": os.path.join(os.path.dirname(aot.__file__), "_generated")}}))
 """
-
-JIT_FIRST = SETUP + r"""
+    jit = setup + f"""
 import time, json
 t0 = time.perf_counter()
-from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_wrapper
+{jit_import}
 t_imp = time.perf_counter()
-indexer_backward_wrapper(*args, **given)
+{jit_call}
 torch.cuda.synchronize()
 t1 = time.perf_counter()
-from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90
-print(json.dumps({"first_ms": (t1 - t0) * 1e3, "import_ms": (t_imp - t0) * 1e3, "compile_and_launch_ms": (t1 - t_imp) * 1e3,
-                  "compiled": [repr(k) for k in k90._compile_cache] + [repr(k) for k in k90._score_grad_cute_cache]}))
+{jit_compiled}
+print(json.dumps({{"first_ms": (t1 - t0) * 1e3, "import_ms": (t_imp - t0) * 1e3, "compile_and_launch_ms": (t1 - t_imp) * 1e3,
+                  "compiled": compiled}}))
 """
+    return aot, jit
+
+
+AOT_FIRST, JIT_FIRST = first_call_scripts(
+    SETUP, "aot.dsa.indexer_backward(*args, **given)", "from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_wrapper",
+    "indexer_backward_wrapper(*args, **given)",
+    "from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90\n"
+    "compiled = [repr(k) for k in k90._compile_cache] + [repr(k) for k in k90._score_grad_cute_cache]",
+)
+
 
 WARM = SETUP + r"""
 import time, json, statistics

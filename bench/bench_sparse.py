@@ -52,32 +52,13 @@ given = dict(dq=dq, dkv=dkv, workspace=workspace)
 torch.cuda.synchronize()
 """
 
-AOT_FIRST = BLOCK + SETUP + r"""
-import os, time, json
-t0 = time.perf_counter()
-import aot.dsa
-aot.dsa.sparse_attention_backward(*args, **given)
-torch.cuda.synchronize()
-t1 = time.perf_counter()
-from aot.runtime import load_stats
-stats = load_stats()
-print(json.dumps({"first_ms": (t1 - t0) * 1e3, "load_ms": sum(stats.values()), "loads": {k[0]: v for k, v in stats.items()},
-                  "generated": os.path.join(os.path.dirname(aot.__file__), "_generated")}))
-"""
-
-JIT_FIRST = SETUP + r"""
-import time, json
-t0 = time.perf_counter()
-from cudnn.deepseek_sparse_attention.sparse_attention_backward import sparse_attention_backward_wrapper
-t_imp = time.perf_counter()
-sparse_attention_backward_wrapper(*args, **given)
-torch.cuda.synchronize()
-t1 = time.perf_counter()
-from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm90 as i90
-f = i90.flash_attn_bwd_sm90
-print(json.dumps({"first_ms": (t1 - t0) * 1e3, "import_ms": (t_imp - t0) * 1e3, "compile_and_launch_ms": (t1 - t_imp) * 1e3,
-                  "compiled": [repr(k) for c in (f.compile_cache_pre, f.compile_cache, f.compile_cache_post) for k in c]}))
-"""
+AOT_FIRST, JIT_FIRST = _bi.first_call_scripts(
+    SETUP, "aot.dsa.sparse_attention_backward(*args, **given)",
+    "from cudnn.deepseek_sparse_attention.sparse_attention_backward import sparse_attention_backward_wrapper",
+    "sparse_attention_backward_wrapper(*args, **given)",
+    "from cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm90 import flash_attn_bwd_sm90 as f\n"
+    "compiled = [repr(k) for c in (f.compile_cache_pre, f.compile_cache, f.compile_cache_post) for k in c]",
+)
 
 WARM = SETUP + TIMERS
 
