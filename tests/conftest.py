@@ -4,3 +4,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+# the fp64 references (tests/gpu/ref_*.py) are shared by the GPU tests and their own CPU tests
+GPU_TESTS = os.path.join(ROOT, "tests", "gpu")
+if GPU_TESTS not in sys.path:
+    sys.path.insert(0, GPU_TESTS)

@@ -47,13 +47,10 @@ Positions no real row consumes must be exact zeros in grad_kv/grad_score.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -62,18 +59,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-def _load_ref():
-    name = "dsa_aot_tests_ref_csa"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "ref_csa.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ref_csa = _load_ref()
+import ref_csa  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
 
 
 # ------------------------------------------------------------------------------------------------

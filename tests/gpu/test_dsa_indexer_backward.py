@@ -12,9 +12,6 @@ arithmetic only). NaN never passes: every output, and the workspace, is poisoned
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,17 +19,9 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-def _load(name, file):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / file)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
-ref = _load("dsa_aot_tests_ref_indexer", "ref_indexer.py")
+import ref_indexer as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
 
 TOPKS = (512, 1024, 1536, 2048)
 # two shapes per bucket: the cubins are shape-independent, so vary B, S_q and S_k (not multiples of anything)

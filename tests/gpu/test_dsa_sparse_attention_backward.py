@@ -11,9 +11,6 @@ the workspace are poisoned (NaN / 0xFF) before each call.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,17 +18,9 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-def _load(name, file):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / file)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
-ref = _load("dsa_aot_tests_ref_sparse_attention", "ref_sparse_attention.py")
+import ref_sparse_attention as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
 
 # two shapes per bucket (the cubins are S_q/S_kv independent): not multiples of the 64-row tiles
 SHAPES = ((77, 2100), (130, 3000))

@@ -10,28 +10,16 @@ differences of the loop, and the GPU tolerance table against an fp32-intermediat
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-_GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
 
 
-def _load(name, filename):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _GPU_DIR / filename)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
-
-ref = _load("dsa_aot_tests_ref_csa", "ref_csa.py")
+import ref_csa as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -281,7 +269,7 @@ def ops_tests(pytestconfig):
     # The GPU module marks itself `gpu`; register the marker (tests/gpu/conftest.py is not loaded
     # when only tests/unit is collected) so --strict-markers accepts the import.
     pytestconfig.addinivalue_line("markers", "gpu: needs a CUDA GPU")
-    return _load("dsa_aot_tests_gpu_test_csa_ops", "test_csa_ops.py")
+    return importlib.import_module("test_csa_ops")
 
 
 @pytest.mark.parametrize("ratio,coff,d,n_blocks", [(4, 2, 32, 400), (2, 1, 16, 300), (128, 2, 16, 48), (128, 1, 32, 40)])

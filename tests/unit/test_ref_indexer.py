@@ -17,29 +17,16 @@ fp32/bf16 emulation calibrates ``REL_ERR_BOUNDS``.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-_GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
 
 
-def _load(name, filename):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _GPU_DIR / filename)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
-
-ref = _load("dsa_aot_tests_ref_indexer", "ref_indexer.py")
+import ref_indexer as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
 
 OUTS = ("d_index_q", "d_weights", "d_index_k")
 TIGHT = 1e-11  # fp64 vs fp64, different association orders
