@@ -88,6 +88,18 @@ def install_blocker():
 # ------------------------------------------------------------------------------------------------
 
 
+def load_ref(filename):
+    """tests/gpu/<filename>, the fp64 reference whose ``make_inputs`` both sides share; None when the
+    checkout has no tests (the script then generates equivalent inputs itself)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "gpu", filename)
+    if not os.path.exists(path):
+        return None
+    spec = importlib.util.spec_from_file_location("dsa_aot_parity_" + filename[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod if hasattr(mod, "make_inputs") else None
+
+
 def first_call(fn):
     """Wall seconds of one synchronised call."""
     import torch

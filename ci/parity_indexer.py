@@ -57,7 +57,6 @@ score_grad_sm90, arch of the JIT device).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -70,6 +69,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    load_ref,
     cli,
     verdict,
     bitwise,
@@ -143,16 +143,6 @@ def build_cases(quick=False):
 # ------------------------------------------------------------------------------------------------
 
 
-def _ref_indexer():
-    path = os.path.join(ROOT, "tests", "gpu", "ref_indexer.py")
-    if not os.path.exists(path):
-        return None
-    spec = importlib.util.spec_from_file_location("dsa_aot_parity_ref_indexer", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod if hasattr(mod, "make_inputs") else None
-
-
 def _own_inputs(b, s_q, s_k, h, d, topk, *, topk_indices_global=False, seed=0, invalid_frac=0.0):
     """Fallback generator (same contract as ref_indexer.make_inputs): bf16 q/k/w with O(1) logits,
     unique ids per row in [0, S_k) (+ b * S_k when global), -1 padding, fp32 softmax rows."""
@@ -191,7 +181,7 @@ def _own_inputs(b, s_q, s_k, h, d, topk, *, topk_indices_global=False, seed=0, i
 
 def make_inputs(spec):
     """CPU inputs of one case; (dict, generator name)."""
-    ref = _ref_indexer()
+    ref = load_ref("ref_indexer.py")
     args = (spec["b"], spec["s_q"], spec["s_k"], spec["h"], spec["d"], spec["topk"])
     kw = dict(topk_indices_global=spec["glob"], seed=spec["seed"], invalid_frac=spec["invalid_frac"])
     if ref is not None:

@@ -59,7 +59,6 @@ dsa_sparse_attention_backward, ops pre_sm90 / main_sm90 / post_sm90, arch of the
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import inspect
 import json
 import math
@@ -74,6 +73,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    load_ref,
     cli,
     verdict,
     bitwise,
@@ -166,16 +166,6 @@ def build_cases(quick=False):
 # ------------------------------------------------------------------------------------------------
 
 
-def _ref_sparse():
-    path = os.path.join(ROOT, "tests", "gpu", "ref_sparse_attention.py")
-    if not os.path.exists(path):
-        return None
-    spec = importlib.util.spec_from_file_location("dsa_aot_parity_ref_sparse_attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod if hasattr(mod, "make_inputs") else None
-
-
 def _own_inputs(s_q, s_kv, h, d, topk, *, with_topk_length=False, device="cpu", seed=0, invalid_frac=0.0, softmax_scale=None):
     """Fallback generator (same contract as ref_sparse_attention.make_inputs): bf16 q (S_q, H, D) with
     O(1) logits, kv (S_kv, D), dout (S_q, H, Dv); topk distinct ids per row in [0, S_kv), -1 padding;
@@ -228,7 +218,7 @@ def make_inputs(spec, device="cpu"):
     """CPU inputs of one case (out / lse computed on ``device``); (dict, generator name)."""
     import torch
 
-    ref = _ref_sparse()
+    ref = load_ref("ref_sparse_attention.py")
     args = (spec["s_q"], spec["s_kv"], spec["h"], spec["d"], spec["topk"])
     kw = dict(with_topk_length=spec["tl"], device=device, seed=spec["seed"], invalid_frac=spec["invalid_frac"])
     if ref is not None:
