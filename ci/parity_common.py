@@ -91,9 +91,12 @@ def install_blocker():
 def load_ref(filename):
     """tests/gpu/<filename>, the fp64 reference whose ``make_inputs`` both sides share; None when the
     checkout has no tests (the script then generates equivalent inputs itself)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "gpu", filename)
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "gpu")
+    path = os.path.join(here, filename)
     if not os.path.exists(path):
         return None
+    if here not in sys.path:  # the references import their shared refutil by name
+        sys.path.insert(0, here)
     spec = importlib.util.spec_from_file_location("dsa_aot_parity_" + filename[:-3], path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

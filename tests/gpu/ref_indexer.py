@@ -97,6 +97,8 @@ import math
 
 import torch
 
+from refutil import distinct_ids, generator, rel_err  # noqa: F401 - rel_err: the tests use ref.rel_err
+
 __all__ = [
     "CLIP_LOG_MIN",
     "CLIP_PROB_MIN",
@@ -248,18 +250,6 @@ def indexer_backward_ref(
     )
 
 
-def rel_err(out, ref) -> float:
-    """``||out - ref|| / ||ref||`` (Frobenius, float64). ``0`` when both are all-zero, ``inf`` when
-    only ``ref`` is."""
-    o = out.detach().to(torch.float64)
-    r = ref.detach().to(device=o.device, dtype=torch.float64)
-    num = torch.linalg.vector_norm(o - r).item()
-    den = torch.linalg.vector_norm(r).item()
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return num / den
-
-
 # ----------------------------------------------------------------------------------------------
 # Input generation shared by the unit and GPU tests.
 # ----------------------------------------------------------------------------------------------
@@ -307,11 +297,7 @@ def make_inputs(
     """
     if topk > S_k:
         raise ValueError(f"make_inputs: topk={topk} distinct ids need S_k >= topk, got S_k={S_k}")
-    gen = torch.Generator()
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(int(seed))
+    gen = generator(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float32)
@@ -321,14 +307,7 @@ def make_inputs(
     weights = randn(B, S_q, H) / math.sqrt(H)
 
     rows = B * S_q
-    ids = torch.empty(rows, topk, dtype=torch.int64)
-    step = max(1, (1 << 24) // max(1, S_k))
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        # topk distinct ids per row; a random permutation of the chosen set as the slot order.
-        chosen = torch.rand(r1 - r0, S_k, generator=gen).topk(topk, dim=-1).indices
-        order = torch.rand(r1 - r0, topk, generator=gen).argsort(dim=-1)
-        ids[r0:r1] = chosen.gather(-1, order)
+    ids = distinct_ids(rows, S_k, topk, gen)
     ids = ids.view(B, S_q, topk)
     valid = torch.rand(B, S_q, topk, generator=gen) >= invalid_frac
     if topk_indices_global:

@@ -101,6 +101,8 @@ import math
 
 import torch
 
+from refutil import distinct_ids, generator, rel_err  # noqa: F401 - rel_err: the tests use ref.rel_err
+
 __all__ = [
     "REL_ERR_BOUNDS",
     "head_dim_v",
@@ -283,18 +285,6 @@ def sparse_attention_backward_ref(
     return dict(dq=dq, dkv=dkv, d_sink=d_sink)
 
 
-def rel_err(out, ref) -> float:
-    """``||out - ref|| / ||ref||`` (Frobenius, float64). ``0`` when both are all-zero, ``inf`` when
-    only ``ref`` is."""
-    o = out.detach().to(torch.float64)
-    r = ref.detach().to(device=o.device, dtype=torch.float64)
-    num = torch.linalg.vector_norm(o - r).item()
-    den = torch.linalg.vector_norm(r).item()
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return num / den
-
-
 # ----------------------------------------------------------------------------------------------
 # Input generation shared by the unit and GPU tests.
 # ----------------------------------------------------------------------------------------------
@@ -340,11 +330,7 @@ def make_inputs(
     if topk > S_kv:
         raise ValueError(f"make_inputs: topk={topk} distinct ids need S_kv >= topk, got S_kv={S_kv}")
     scale = _default_scale(softmax_scale, D)
-    gen = torch.Generator()
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(int(seed))
+    gen = generator(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float32)
@@ -352,14 +338,7 @@ def make_inputs(
     q = (randn(S_q, H, D) / (scale * math.sqrt(D))).to(torch.bfloat16)
     kv = randn(S_kv, D).to(torch.bfloat16)
 
-    ids = torch.empty(S_q, topk, dtype=torch.int64)
-    step = max(1, (1 << 24) // max(1, S_kv))
-    for r0 in range(0, S_q, step):
-        r1 = min(S_q, r0 + step)
-        # topk distinct ids per row; a random permutation of the chosen set as the slot order.
-        chosen = torch.rand(r1 - r0, S_kv, generator=gen).topk(topk, dim=-1).indices
-        order = torch.rand(r1 - r0, topk, generator=gen).argsort(dim=-1)
-        ids[r0:r1] = chosen.gather(-1, order)
+    ids = distinct_ids(S_q, S_kv, topk, gen)
     keep = torch.rand(S_q, topk, generator=gen) >= invalid_frac
     ids = torch.where(keep, ids, torch.full_like(ids, -1)).to(torch.int32)
     topk_length = torch.randint(0, topk + 1, (S_q,), generator=gen, dtype=torch.int64).to(torch.int32) if with_topk_length else None

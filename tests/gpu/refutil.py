@@ -1,0 +1,43 @@
+"""What the fp64 references of the DSA families share: the error measure and the input generators'
+building blocks (kept bit-for-bit: the same seed gives the same inputs as before the split)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rel_err(out, ref) -> float:
+    """``||out - ref|| / ||ref||`` (Frobenius, float64). ``0`` when both are all-zero, ``inf`` when
+    only ``ref`` is."""
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    num = torch.linalg.vector_norm(o - r).item()
+    den = torch.linalg.vector_norm(r).item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def generator(seed) -> torch.Generator:
+    """A CPU generator: seeded, or from fresh entropy when ``seed`` is None."""
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen
+
+
+def distinct_ids(rows: int, n: int, topk: int, gen) -> torch.Tensor:
+    """(rows, topk) int64: per row ``topk`` distinct ids in [0, n), in random slot order (chunked so
+    the (rows, n) draw stays under 16M elements)."""
+    ids = torch.empty(rows, topk, dtype=torch.int64)
+    step = max(1, (1 << 24) // max(1, n))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        chosen = torch.rand(r1 - r0, n, generator=gen).topk(topk, dim=-1).indices
+        order = torch.rand(r1 - r0, topk, generator=gen).argsort(dim=-1)
+        ids[r0:r1] = chosen.gather(-1, order)
+    return ids
