@@ -442,3 +442,50 @@ def cli(doc, cmd_jit, cmd_aot, cmd_compare, argv=None, calls=100, extra=()):
         return cmd_compare(args)
     (cmd_jit if args.mode == "jit" else cmd_aot)(args)
     return 0
+
+
+def cubin_report(jit_cubins, entries):
+    """Every cubin the JIT compiled against the shipped entry of its key: (report rows, failures)."""
+    report, failures = [], []
+    for c in jit_cubins:
+        match = shipped(entries, c["op"], c["key"]) if entries is not None else []
+        shas = sorted({e.get("sha256") for e in match})
+        ok = bool(c["sha256"]) and shas == [c["sha256"]]
+        report.append(dict(c, shipped=shas, ids=[e.get("id") for e in match], ok=ok))
+        if not ok:
+            why = "no cubin from the JIT" if not c["sha256"] else ("no shipped entry" if not shas else f"shipped {shas}")
+            failures.append(f"JIT cubin {c['op']} {c['key']} ({c['jit_key']}): sha256 {c['sha256']} vs {why}")
+    if not jit_cubins:
+        failures.append("the JIT side recorded no cubins")
+    return report, failures
+
+
+def print_summary(jm, am, cubins, jit_rows, aot_rows, into_label=None):
+    """The lines under a parity table: import and yardstick costs, cubin hashes and loads, and the
+    medians over the cases both sides ran (warm host time; first calls that compiled / loaded)."""
+    print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, aot.dsa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
+    print(f"torch.add warm host us: JIT process {jm.get('torch_add_us', float('nan')):.1f}, AOT process {am.get('torch_add_us', float('nan')):.1f}")
+    print(f"JIT cubins: {len(cubins)} compiled, {sum(c['ok'] for c in cubins)} with the shipped sha256")
+    loads = (am.get("runtime_stats") or {}).get("load_stats")
+    if isinstance(loads, dict) and loads and all(isinstance(v, (int, float)) for v in loads.values()):
+        v = sorted(loads.values())
+        print(f"aot cubin loads (aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
+    both = [(jit_rows[n], aot_rows[n]) for n in jit_rows if n in aot_rows and "warm_us" in jit_rows[n] and "warm_us" in aot_rows[n]]
+    if both:
+        jw, aw = statistics.median(j["warm_us"] for j, _ in both), statistics.median(a["warm_us"] for _, a in both)
+        jf = [j["first_s"] for j, _ in both if j.get("new")]
+        af = [a["first_s"] for _, a in both if a.get("new")]
+        ai = [a["warm_into_us"] for _, a in both if "warm_into_us" in a]
+        print(f"warm host us per op call, median over cases: JIT {jw:.1f}, AOT {aw:.1f} (AOT/JIT {aw / jw:.2f})"
+              + (f"; AOT {into_label} {statistics.median(ai):.1f}" if ai and into_label else ""))
+        if jf and af:
+            print(f"first call that compiles/loads, median: JIT {statistics.median(jf):.2f} s, AOT {1e3 * statistics.median(af):.1f} ms "
+                  f"(JIT/AOT {statistics.median(jf) / statistics.median(af):.0f}x)")
+
+
+def write_report(d, failures, arch, rows, cubins, jm, am):
+    """<d>/parity.json: the verdict, every failure, the per-case rows and cubins, both sides' metadata."""
+    with open(os.path.join(d, "parity.json"), "w") as f:
+        json.dump({"ok": not failures, "failures": failures, "arch": arch, "rows": rows, "cubins": cubins, "meta": {"jit": jm, "aot": am}}, f,
+                  indent=1, default=str)
+

@@ -60,7 +60,6 @@ import hashlib
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import zlib
@@ -69,7 +68,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    cubin_report,
     load_ref,
+    print_summary,
+    write_report,
     cli,
     verdict,
     bitwise,
@@ -96,7 +98,6 @@ from parity_common import (  # noqa: E402
 from parity_common import host_copy as _host  # noqa: E402
 from parity_common import key_str as _key_str  # noqa: E402
 from parity_common import same as _same  # noqa: E402
-from parity_common import shipped as _shipped  # noqa: E402
 
 FAMILY = "dsa_indexer_backward"
 B, H, D, S_K = 1, 64, 128, 4096
@@ -533,44 +534,16 @@ def cmd_compare(args):
             failures.append(f"{name}: run on the aot side only")
 
     # every cubin the JIT compiled, against the shipped one
-    cubin_report = []
-    for c in jit.get("cubins", []):
-        match = _shipped(entries, c["op"], c["key"]) if entries is not None else []
-        shipped = sorted({e.get("sha256") for e in match})
-        ok = bool(c["sha256"]) and shipped == [c["sha256"]]
-        cubin_report.append(dict(c, shipped=shipped, ids=[e.get("id") for e in match], ok=ok))
-        if not ok:
-            why = "no cubin from the JIT" if not c["sha256"] else ("no shipped entry" if not shipped else f"shipped {shipped}")
-            failures.append(f"JIT cubin {c['op']} {c['key']} ({c['jit_key']}): sha256 {c['sha256']} vs {why}")
-    if not jit.get("cubins"):
-        failures.append("the JIT side recorded no cubins")
+    cubins, cubin_fails = cubin_report(jit.get("cubins", []), entries)
+    failures += cubin_fails
 
     print(md_table(header, lines))
     print("\n(* = the first call compiled (JIT) / loaded (AOT) nothing new: its key was already used by an earlier case)")
     jm, am = jit["meta"], aot["meta"]
     print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}; inputs {jm.get('inputs')}; "
           f"sm_scale {jm.get('sm_scale')}, loss_coeff {jm.get('loss_coeff')}")
-    print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, aot.dsa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
-    print(f"torch.add warm host us: JIT process {jm.get('torch_add_us', float('nan')):.1f}, AOT process {am.get('torch_add_us', float('nan')):.1f}")
-    n_ok = sum(c["ok"] for c in cubin_report)
-    print(f"JIT cubins: {len(cubin_report)} compiled, {n_ok} with the shipped sha256")
-    loads = (am.get("runtime_stats") or {}).get("load_stats")
-    if isinstance(loads, dict) and loads and all(isinstance(v, (int, float)) for v in loads.values()):
-        v = sorted(loads.values())
-        print(f"aot cubin loads (aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
-    both = [(jit["rows"][n], aot["rows"][n]) for n in jit["rows"] if n in aot["rows"]]
-    if both:
-        jw, aw = statistics.median(j["warm_us"] for j, _ in both), statistics.median(a["warm_us"] for _, a in both)
-        jf = [j["first_s"] for j, _ in both if j.get("new")]
-        af = [a["first_s"] for _, a in both if a.get("new")]
-        print(f"warm host us per op call, median over cases: JIT {jw:.1f}, AOT {aw:.1f} (AOT/JIT {aw / jw:.2f})")
-        if jf and af:
-            print(f"first call that compiles/loads, median: JIT {statistics.median(jf):.2f} s, AOT {1e3 * statistics.median(af):.1f} ms "
-                  f"(JIT/AOT {statistics.median(jf) / statistics.median(af):.0f}x)")
-    ok = not failures
-    with open(os.path.join(args.dir, "parity.json"), "w") as f:
-        json.dump({"ok": ok, "failures": failures, "arch": arch, "rows": report, "cubins": cubin_report, "meta": {"jit": jm, "aot": am}}, f, indent=1,
-                  default=str)
+    print_summary(jm, am, cubins, jit["rows"], aot["rows"])
+    write_report(args.dir, failures, arch, report, cubins, jm, am)
     return verdict(failures, f"{len(lines)} cases: dQ and grad signal bitwise equal, dW and dK within the JIT's own jitter, same kernels, every cubin sha256 equal")
 
 
