@@ -489,3 +489,25 @@ def write_report(d, failures, arch, rows, cubins, jm, am):
         json.dump({"ok": not failures, "failures": failures, "arch": arch, "rows": rows, "cubins": cubins, "meta": {"jit": jm, "aot": am}}, f,
                   indent=1, default=str)
 
+
+def keep_cubins():
+    """JIT side: make the DSL keep each compiled cubin (set before the DSL is imported)."""
+    keep = os.environ.get("CUTE_DSL_KEEP", "")
+    if "cubin" not in keep.split(","):
+        os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "cubin") if p)
+
+
+def jit_cubins(tables, index_key):
+    """The cubins in the JIT's compile caches: ``tables`` (kind, {jit key: compiled fn}),
+    ``index_key(kind, jit key)`` -> the shipped (op, key) it corresponds to."""
+    import hashlib
+
+    result = []
+    for kind, table in tables:
+        for key, fn in table.items():
+            cubin = loaded_cubin(fn)
+            op, k = index_key(kind, key)
+            result.append({"op": op, "key": k, "jit_key": repr(key), "sha256": hashlib.sha256(cubin).hexdigest() if cubin else None,
+                           "bytes": len(cubin) if cubin else 0})
+    return result
+

@@ -29,7 +29,6 @@ against the jitter of two JIT runs (limit: max(4 * jitter, 1e-6 * max|grad_ape|)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
@@ -38,9 +37,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from parity_common import bitwise as _bitwise  # noqa: E402
-from parity_common import first_call, install_blocker, nan_like, poisoned_workspace, torch_add_us, warm_us  # noqa: E402,F401
+from parity_common import first_call, install_blocker, keep_cubins, nan_like, poisoned_workspace, torch_add_us, warm_us  # noqa: E402,F401
 from parity_common import key_match as _key_match  # noqa: E402
-from parity_common import loaded_cubin as _loaded_cubin  # noqa: E402
+from parity_common import jit_cubins  # noqa: E402
 from parity_common import meta as _meta  # noqa: E402
 from parity_common import runtime_stats as _runtime_stats  # noqa: E402
 from parity_common import selected as _selected  # noqa: E402
@@ -256,19 +255,11 @@ class JitApi:
         run(*ins, go, gkv, gs, gape, go.shape[0], spec["ratio"], spec["d"], spec["coff"], deterministic=det, workspace=ws)
 
     def cubins(self):
-        result = []
-        for table in (self.g._COMPILED, self.r._COMPILED):
-            for key, fn in table.items():
-                cubin = _loaded_cubin(fn)
-                op, k = self.index_key(key)
-                result.append({"op": op, "key": k, "jit_key": repr(key), "sha256": hashlib.sha256(cubin).hexdigest() if cubin else None, "bytes": len(cubin) if cubin else 0})
-        return result
+        return jit_cubins(((None, self.g._COMPILED), (None, self.r._COMPILED)), lambda _, key: self.index_key(key))
 
 
 def cmd_jit(args):
-    keep = os.environ.get("CUTE_DSL_KEEP", "")
-    if "cubin" not in keep.split(","):
-        os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "cubin") if p)
+    keep_cubins()
     import torch
 
     t0 = time.perf_counter()

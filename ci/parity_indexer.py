@@ -56,7 +56,6 @@ score_grad_sm90, arch of the JIT device).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -68,6 +67,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    jit_cubins,
+    keep_cubins,
     cubin_report,
     load_ref,
     print_summary,
@@ -81,7 +82,6 @@ from parity_common import (  # noqa: E402
     install_blocker,
     jitter_verdict,
     load_json,
-    loaded_cubin,
     md_table,
     meta,
     nan_like,
@@ -327,19 +327,11 @@ class JitApi:
         self.wrapper(**_op_kwargs(x, attn, outs, ws, spec))
 
     def cubins(self):
-        result = []
-        for kind, table in (("gemm", self.k90._compile_cache), ("score_grad", self.k90._score_grad_cute_cache)):
-            for key, fn in table.items():
-                cubin = loaded_cubin(fn)
-                op, k = self.index_key(kind, key)
-                result.append({"op": op, "key": k, "jit_key": repr(key), "sha256": hashlib.sha256(cubin).hexdigest() if cubin else None, "bytes": len(cubin) if cubin else 0})
-        return result
+        return jit_cubins((("gemm", self.k90._compile_cache), ("score_grad", self.k90._score_grad_cute_cache)), self.index_key)
 
 
 def cmd_jit(args):
-    keep = os.environ.get("CUTE_DSL_KEEP", "")
-    if "cubin" not in keep.split(","):
-        os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "cubin") if p)
+    keep_cubins()
     import torch
 
     t0 = time.perf_counter()

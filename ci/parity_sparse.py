@@ -58,7 +58,6 @@ dsa_sparse_attention_backward, ops pre_sm90 / main_sm90 / post_sm90, arch of the
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import math
@@ -72,6 +71,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    jit_cubins,
+    keep_cubins,
     cubin_report,
     load_ref,
     print_summary,
@@ -87,7 +88,6 @@ from parity_common import (  # noqa: E402
     jitter_verdict,
     key_str,
     load_json,
-    loaded_cubin,
     md_table,
     meta,
     nan_like,
@@ -403,19 +403,11 @@ class JitApi:
         return self.wrapper(**_op_kwargs(x, outs, ws))
 
     def cubins(self):
-        result = []
-        for kind, table in self.caches():
-            for key, fn in table.items():
-                cubin = loaded_cubin(fn)
-                op, k = index_key(kind, key)
-                result.append({"op": op, "key": k, "jit_key": repr(key), "sha256": hashlib.sha256(cubin).hexdigest() if cubin else None, "bytes": len(cubin) if cubin else 0})
-        return result
+        return jit_cubins(self.caches(), index_key)
 
 
 def cmd_jit(args):
-    keep = os.environ.get("CUTE_DSL_KEEP", "")
-    if "cubin" not in keep.split(","):
-        os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "cubin") if p)
+    keep_cubins()
     import torch
 
     t_start = t0 = time.perf_counter()
