@@ -175,6 +175,15 @@ def _sink64(attn_sink, h, device):
     return attn_sink.detach().to(device=device, dtype=torch.float64)
 
 
+def _fp64_operands(q, kv, attn_sink, topk_idxs, topk_length, softmax_scale):
+    """What the forward and the backward both start from, on q's device: the scale, the resolved
+    slots (KV row, valid), q and kv in float64, the sink per head (float64)."""
+    dev, (_, h, d) = q.device, q.shape
+    rows, valid = resolve_slots(topk_idxs.to(dev), kv.shape[0], None if topk_length is None else topk_length.to(dev))
+    qf, kvf = q.detach().to(torch.float64), kv.detach().to(device=dev, dtype=torch.float64)
+    return _default_scale(softmax_scale, d), rows, valid, qf, kvf, _sink64(attn_sink, h, dev)
+
+
 def _chunk_rows(topk, h, d, max_chunk_elems):
     return max(1, max_chunk_elems // max(1, topk * max(h, d)))
 
@@ -196,12 +205,8 @@ def sparse_attention_forward_ref(
     """
     s_q, h, d, dv = _check_common(q, kv, attn_sink, topk_idxs)
     dev = q.device
-    scale = _default_scale(softmax_scale, d)
-    rows, valid = resolve_slots(topk_idxs.to(dev), kv.shape[0], None if topk_length is None else topk_length.to(dev))
+    scale, rows, valid, qf, kvf, sink = _fp64_operands(q, kv, attn_sink, topk_idxs, topk_length, softmax_scale)
     topk = rows.shape[1]
-    qf = q.detach().to(torch.float64)
-    kvf = kv.detach().to(device=dev, dtype=torch.float64)
-    sink = _sink64(attn_sink, h, dev)
 
     out = torch.zeros(s_q, h, dv, dtype=torch.float64, device=dev)
     lse = torch.empty(s_q, h, dtype=torch.float64, device=dev)
@@ -251,13 +256,9 @@ def sparse_attention_backward_ref(
         raise ValueError("sparse attention reference: " + "; ".join(problems))
 
     dev = q.device
-    scale = _default_scale(softmax_scale, d)
-    rows, valid = resolve_slots(topk_idxs.to(dev), kv.shape[0], None if topk_length is None else topk_length.to(dev))
+    scale, rows, valid, qf, kvf, sink = _fp64_operands(q, kv, attn_sink, topk_idxs, topk_length, softmax_scale)
     topk = rows.shape[1]
-    qf = q.detach().to(torch.float64)
-    kvf = kv.detach().to(device=dev, dtype=torch.float64)
     do = dout.detach().to(device=dev, dtype=torch.float64)
-    sink = _sink64(attn_sink, h, dev)
     l_kv = lse.detach().to(device=dev, dtype=torch.float64)
 
     delta = (out.detach().to(device=dev, dtype=torch.float64) * do).sum(dim=-1)  # (S_q, H)
