@@ -487,6 +487,9 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
     setup_calls = None
     agree_traps = 0
     checked = attempts = too_long = most = 0
+    loops = ns.get("LOOPS", False)
+    # loop entries: a bounded budget skips the samples whose random extents loop for long
+    budget = dict(max_steps=300_000, max_launches=256) if loops else {}
     while checked < samples:
         attempts += 1
         if attempts > 20 * samples:
@@ -500,11 +503,9 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
         def dattr(attr):
             return dvals.setdefault(attr, rng.randrange(1, 1 << 20))
 
-        args = _random_args(ns["ARGS"], rng, loops=ns.get("LOOPS", False))
+        args = _random_args(ns["ARGS"], rng, loops=loops)
         try:
             bits = [f32bits(a) if k == "f32" else a for a, (_, k) in zip(args, ns["ARGS"])]
-            # loop entries: a bounded budget skips the samples whose random extents loop for long
-            budget = dict(max_steps=300_000, max_launches=256) if ns.get("LOOPS", False) else {}
             setup_calls, conc = run_concrete(module, entry_function, bits, kparams, dattr, kattr, **budget)
             conc_err = None
         except _Trap as e:
