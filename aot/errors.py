@@ -7,9 +7,11 @@ __all__ = [
     "AotError",
     "ManifestError",
     "CompileError",
+    "PolicyError",
     "CubinError",
     "LiftError",
     "VerifyError",
+    "FidelityError",
     "PackError",
     "KernelNotFoundError",
     "ArchMismatchError",
@@ -34,6 +36,10 @@ class ManifestError(AotError):
 
 class CompileError(AotError):
     """cute.compile failed for a manifest entry."""
+
+
+class PolicyError(CompileError):
+    """A family's policy (aot/policy/<family>.py) disagrees with cudnn's own functions: the build stops."""
 
 
 class CubinError(AotError):

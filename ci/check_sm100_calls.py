@@ -21,7 +21,6 @@ import argparse
 import json
 import struct
 import sys
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +43,13 @@ class Buf:
 
 def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int, s_kv: int) -> list:
     """Run the op's SM100 call of (op, key) at (S_q, S_kv) on launcher namespace ``ns``; return problems."""
-    import aot.dsa as dsa
+    import aot.ops.dsa_sparse_attention_backward as op_mod
+    from aot.policy import dsa_sparse_attention_backward as policy
+    from aot.policy._math import prod, round_up
 
     dim, dtype = (576, "bf16") if op == "bwd_d576" else (key["dim"], key["dtype"])
     h, topk, det, tl = key["heads"], key["topk"], key["deterministic"], key["topk_length"]
-    ks = dsa.sparse_attention_backward_kernels(arch, h, dim, topk, has_topk_length=tl, deterministic=det, s_q=s_q, s_kv=s_kv, sm_count=sm_count)
+    ks = policy.kernels(arch, h, dim, topk, has_topk_length=tl, deterministic=det, s_q=s_q, s_kv=s_kv, sm_count=sm_count)
     if ks["bwd"] != (op, key):
         return [f"at S_q {s_q} S_kv {s_kv} the dispatch picks {ks['bwd']}"]
     runs, memsets, problems = [], [], []
@@ -61,26 +62,26 @@ def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int,
         ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
         runs.append(seq)
 
-    saved = dsa._launcher_family, dsa._memset0, dsa._state
-    dsa._launcher_family = lambda family, op_, key_, dev, hint="": launcher
-    dsa._memset0 = lambda ptr, nbytes, stream: memsets.append((ptr, nbytes))
-    dsa._state = lambda dev: types.SimpleNamespace(arch=arch, sm_count=sm_count)
+    saved = op_mod.launcher, op_mod.memset0, op_mod.sm_count_of
+    op_mod.launcher = lambda family, op_, key_, dev, hint="": launcher
+    op_mod.memset0 = lambda ptr, nbytes, stream: memsets.append((ptr, nbytes))
+    op_mod.sm_count_of = lambda dev: sm_count
     t = {k: Buf(i) for i, k in enumerate(NAMES)}
     try:
-        dsa._sm100_call(ks["bwd"], 0, s_q, s_kv, h, dim, topk, t["q"], t["kv"], t["out"], t["dout"], t["lse"], t["attn_sink"], t["topk_idxs"],
+        op_mod._sm100_call(ks["bwd"], 0, s_q, s_kv, h, dim, topk, t["q"], t["kv"], t["out"], t["dout"], t["lse"], t["attn_sink"], t["topk_idxs"],
                         t["topk_length"] if tl else None, t["dq"], t["dkv"], t["d_sink"], t["workspace"], 0.5, STREAM)
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
     finally:
-        dsa._launcher_family, dsa._memset0, dsa._state = saved
+        op_mod.launcher, op_mod.memset0, op_mod.sm_count_of = saved
     (seq,) = runs
     if len({k for k, _, _ in seq}) < 3 or any(dims[7] != STREAM for _, dims, _ in seq):
         problems.append(f"launch sites {[k for k, _, _ in seq]}, streams {sorted({dims[7] for _, dims, _ in seq})}")
     blob = b"".join(b for _, _, b in seq)
-    backend = dsa.select_backend(h, dim, dtype, topk, det)[0]
-    lse_shape, _ = dsa.sm100_workspace_shapes(s_q, s_kv, dim, h, det, backend)
+    backend = policy.select_backend(h, dim, dtype, topk, det)[0]
+    lse_shape, _ = policy.sm100_workspace_shapes(s_q, s_kv, dim, h, det, backend)
     ptrs = {k: b.p for k, b in t.items() if k != "topk_length" or tl}
-    ptrs["workspace (dKV segment)"] = t["workspace"].p + -(-dsa._prod(lse_shape) // 128) * 128
+    ptrs["workspace (dKV segment)"] = t["workspace"].p + round_up(prod(lse_shape), policy.WS_ALIGN)
     missing = [k for k, p in ptrs.items() if struct.pack("<Q", p) not in blob]
     if missing:
         problems.append(f"{', '.join(missing)} never reach a kernel parameter")
@@ -94,9 +95,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
     a = ap.parse_args()
-    from aot import fidelity, verify
-    from aot.dsa import select_backend
-    from aot.runtime.registry import Index
+    from aot.policy.dsa_sparse_attention_backward import sm100_shape
+    from aot.runtime.index import Index
+    from aot.toolchain import verify
 
     gen = Path(a.gen)
     index, ix = json.loads((gen / "index.json").read_text()), Index(gen)
@@ -105,9 +106,8 @@ def main():
         if e["family"] != "dsa_sparse_attention_backward" or e["op"] not in ("bwd", "bwd_d576"):
             continue
         op, key = e["op"], {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        dim, dtype = (576, "bf16") if op == "bwd_d576" else (key["dim"], key["dtype"])
         sm = ix.target_sm_count(e["arch"])
-        s_q, s_kv = fidelity._sparse_shape(op, key, dim, select_backend(key["heads"], dim, dtype, key["topk"], key["deterministic"])[0], sm)
+        s_q, s_kv = sm100_shape(op, key, sm)
         ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
         bad += [f"{e['id']} (S_q {s_q}, S_kv {s_kv}): {p}" for p in check_call(ns, op, key, e["arch"], sm, s_q, s_kv)]
         n += 1

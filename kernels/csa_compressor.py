@@ -1,45 +1,18 @@
 """Spec of the CSA compressor family (cudnn.csa.compressor, nvidia-cudnn-frontend==1.32.0).
 
-Ops and their compile keys (KERNELS.md):
-  fwd_r128    ratio 128 forward; schedule chosen by cudnn's _fwd_schedule_r128 from the nb_total bucket
-  bwd_r128    ratio 128 backward; schedule from _bwd_schedule_r128's bucket; deterministic dAPE or not
-  fwd, bwd    ratio 2/4 generic kernels, any head_dim (one compile per d)
-  dape_reduce the fixed-order dAPE reduction of deterministic backward (serial, or split in 2 kernels)
-
-``build`` returns cudnn's own ``@cute.jit`` launch function and arguments that mirror the JIT path
-exactly: raw gmem pointers made with ``make_ptr`` at the alignments cudnn uses (16 for bf16/fp32, 4 for
-int32 cu_seqlens), cutlass.Int32 scalars, a CUstream. Pointer and scalar *values* are not part of the
-compile; the build records the upstream schedule that the bucket resolves to, and checks that the
-runtime's bucket policy (aot.csa) picks the same schedule upstream would for every nb_total sampled
-from the bucket.
+The ops and their keys are the policy's (aot/policy/csa_compressor.py). ``build`` returns cudnn's own
+``@cute.jit`` launch function and arguments that mirror the JIT path exactly: raw gmem pointers made
+with ``make_ptr`` at the alignments cudnn uses (16 for bf16/fp32, 4 for int32 cu_seqlens),
+cutlass.Int32 scalars, a CUstream. Pointer and scalar *values* are not part of the compile; the entry
+records the upstream schedule its bucket resolves to. ``check_policy`` proves, on every build, that
+upstream picks one schedule per bucket, and that the policy's rows-per-CTA and constants are upstream's.
 """
 
-from aot.specs import Choice, IntRange, Op
+from aot.policy import csa_compressor as policy
 
-FAMILY = "csa_compressor"
-
-_BOOL = Choice(False, True)
-
-
-def _needs_reduce(key):
-    """Deterministic backward reuses cudnn's fixed-order dAPE reduction: split at ratio 4 only."""
-    if not key.get("deterministic"):
-        return []
-    return [("dape_reduce", {"split": key["ratio"] == 4})]
-
-
-OPS = {
-    "fwd_r128": Op(
-        fields={"ratio": Choice(128), "coff": Choice(1, 2), "d": Choice(128, 512), "bucket": Choice("small", "default", "large")},
-    ),
-    "bwd_r128": Op(
-        fields={"ratio": Choice(128), "coff": Choice(1, 2), "d": Choice(128, 512), "bucket": Choice("small", "default"), "deterministic": _BOOL},
-        requires=_needs_reduce,
-    ),
-    "fwd": Op(fields={"ratio": Choice(2, 4), "coff": Choice(1, 2), "d": IntRange(1, 65536)}),
-    "bwd": Op(fields={"ratio": Choice(2, 4), "coff": Choice(1, 2), "d": IntRange(1, 65536), "deterministic": _BOOL}, requires=_needs_reduce),
-    "dape_reduce": Op(fields={"split": _BOOL}),
-}
+FAMILY = policy.FAMILY
+OPS = policy.OPS
+_SCHEDULED = {"fwd_r128": "_fwd_schedule_r128", "bwd_r128": "_bwd_schedule_r128"}
 
 
 def build(op, key, target):
@@ -68,66 +41,69 @@ def build(op, key, target):
     bwd_ptrs = (bf16(), bf16(), f32(), i32(), i32(), bf16(), bf16(), bf16(), f32())
 
     if op == "fwd_r128":
-        sched = _resolved_schedule(r._fwd_schedule_r128, key, "fwd_r128")
+        sched = _bucket_schedule(r, op, key)
         args = (*fwd_ptrs, *ints(2), stream, key["ratio"], key["d"], key["coff"], *sched)
         return r._compressor_fwd_r128_launch, args, None, {"schedule": list(sched)}
     if op == "bwd_r128":
-        sched = _resolved_schedule(r._bwd_schedule_r128, key, "bwd_r128")
-        _check_rows_policy(r, key, sched)
+        sched = _bucket_schedule(r, op, key)
         args = (*bwd_ptrs, *ints(4), stream, key["ratio"], key["d"], key["coff"], *sched, key["deterministic"])
         return r._compressor_bwd_r128_launch, args, None, {"schedule": list(sched)}
     if op == "fwd":
         args = (*fwd_ptrs, *ints(2), stream, key["ratio"], key["d"], key["coff"], *g._fwd_schedule(key["d"]))
         return g._compressor_fwd_launch, args, None, {}
     if op == "bwd":
-        _check_constants(g)
         args = (*bwd_ptrs, *ints(3), stream, key["ratio"], key["d"], key["coff"], g._BWD_ROWS, g._BWD_THREADS, key["deterministic"])
         return g._compressor_bwd_launch, args, None, {}
     if op == "dape_reduce":
-        _check_constants(g)
         args = (f32(), f32(), f32(), *ints(2), stream, key["split"])
         return g._dape_reduce_launch, args, None, {}
     raise KeyError(op)
 
 
-def _resolved_schedule(upstream, key, op):
-    """The upstream schedule of this bucket, after proving the runtime policy agrees with upstream.
-
-    Every nb_total sampled from the bucket's range (its bounds and points inside) must map to the
-    same upstream schedule; otherwise the runtime would launch a cubin upstream would not.
-    """
-    from aot.csa import bucket_range
-
-    lo, hi = bucket_range(op, key["bucket"])
+def _bucket_schedule(r, op, key):
+    """The upstream schedule of a ratio-128 bucket: the one upstream picks for every nb_total sampled
+    from the bucket's range (its bounds and points inside); a bucket upstream splits is an error,
+    since the runtime would then launch a cubin upstream would not."""
+    lo, hi = policy.bucket_range(op, key["bucket"])
     samples = sorted({lo, hi, (lo + hi) // 2, lo + 1, max(lo, hi - 1)})
+    upstream = getattr(r, _SCHEDULED[op])
     scheds = {nb: upstream(key["ratio"], key["d"], key["coff"], nb) for nb in samples}
     if len(set(scheds.values())) != 1:
-        raise ValueError(f"{op} {key}: upstream picks several schedules inside bucket {key['bucket']!r}: {scheds}; the runtime bucket policy in aot/csa.py no longer matches cudnn")
+        raise ValueError(f"{op} {key}: upstream picks several schedules inside bucket {key['bucket']!r}: {scheds}; "
+                         f"the bucket policy in aot/policy/csa_compressor.py no longer matches cudnn")
     return next(iter(scheds.values()))
 
 
-def _check_constants(g):
-    """Constants upstream bakes into its launch code, which the runtime (aot.csa) must match."""
-    from aot import csa
+def check_policy(targets):
+    """The policy against cudnn: one schedule per bucket, rows_per_cta for several SM counts, constants."""
+    from cudnn.csa.compressor import compressor_sm100 as g
+    from cudnn.csa.compressor import compressor_sm100_r128 as r
 
-    for mine, theirs, name in ((csa.BWD_ROWS, g._BWD_ROWS, "_BWD_ROWS"), (csa.DAPE_GROUP_PARTIALS, g._DAPE_REDUCTION_GROUP_PARTIALS, "_DAPE_REDUCTION_GROUP_PARTIALS")):
-        if mine != theirs:
-            raise ValueError(f"cudnn's compressor_sm100.{name} is {theirs} but aot/csa.py assumes {mine}; update aot/csa.py")
+    for name, theirs in (("BWD_ROWS", g._BWD_ROWS), ("DAPE_GROUP_PARTIALS", g._DAPE_REDUCTION_GROUP_PARTIALS)):
+        if getattr(policy, name) != theirs:
+            raise ValueError(f"cudnn's compressor_sm100 has {name} = {theirs}; aot/policy/csa_compressor.py assumes {getattr(policy, name)}")
+    sm_counts = sorted({78, 132, 148, *(t.sm_count for t in targets)})
+    for op, fields in ((op, OPS[op].fields) for op in _SCHEDULED):
+        for bucket in fields["bucket"].values:
+            for d in fields["d"].values:
+                for coff in fields["coff"].values:
+                    key = {"ratio": 128, "d": d, "coff": coff, "bucket": bucket}
+                    sched = _bucket_schedule(r, op, key)
+                    if op == "bwd_r128":
+                        _check_rows(r, key, sched, sm_counts)
 
 
-def _check_rows_policy(r, key, sched):
-    """aot.csa's run-time rows_per_cta must equal upstream's _bwd_rows_per_cta (which reads the SM count)."""
-    from aot import csa
-
-    lo, hi = csa.bucket_range("bwd_r128", key["bucket"])
+def _check_rows(r, key, sched, sm_counts):
+    """policy.rows_r128 (the run-time rows_per_cta) must equal upstream's _bwd_rows_per_cta, which reads the SM count."""
+    lo, hi = policy.bucket_range("bwd_r128", key["bucket"])
     hi = min(hi, 1 << 16)
-    for sms in (78, 132, 148):
+    for sms in sm_counts:
         r._SM_COUNT_CACHE["aot-check"] = sms  # upstream caches the device's SM count under its index
         try:
             for nb in sorted({lo, hi, (lo + hi) // 2, lo + 7}):
                 theirs = r._bwd_rows_per_cta(nb, key["ratio"], key["d"], key["coff"], "aot-check")
-                mine = csa._rows_r128(nb, key["d"], key["coff"], sched, sms)
+                mine = policy.rows_r128(nb, key["d"], key["coff"], sched, sms)
                 if mine != theirs:
-                    raise ValueError(f"rows_per_cta for nb_total={nb}, sm_count={sms}, {key}: aot.csa gives {mine}, cudnn {theirs}")
+                    raise ValueError(f"rows_per_cta for nb_total={nb}, sm_count={sms}, {key}: aot/policy/csa_compressor.py gives {mine}, cudnn {theirs}")
         finally:
             r._SM_COUNT_CACHE.pop("aot-check", None)

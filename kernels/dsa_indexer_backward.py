@@ -1,123 +1,18 @@
 """Spec of the DSA indexer backward family (cudnn.deepseek_sparse_attention.indexer_backward, 1.32.0).
 
-Ops and their compile keys (KERNELS.md). Batch and sequence lengths are run-time values everywhere
-upstream keeps them dynamic; what upstream derives from the device (SM count, capability) or from the
-row count (persistence, v2 ticket slots) is a key field here, checked against upstream's own policy:
-
-  score_grad       ScoreGradSm100: topk, zero_dk (the fp32 dK clear folded into the launch)
-  gemm             IndexerBackwardSm100.kernel_gemm: heads, topk, topk_global, persistent (upstream's
-                   choice from B*S_q vs the grid), pdl (score-grad -> GEMM overlap), deterministic +
-                   planes; the persistent grid is the target's SM count (or the plane count)
-  reduce_dk        DeterministicDkReduceSm100: out dtype, planes
-  gemm_v2          IndexerBackwardV2Sm100 (backend "sm100_v2"): topk, rows_per_cta = ceil(B*S_q /
-                   num_ctas) (upstream keys ticket_slots and ring depth, both derived from it), dw dtype,
-                   idx_local, deterministic + planes
-  score_grad_sm90  ScoreGradSm90: topk (probability-domain scores, as upstream's sm90 factory)
-  gemm_sm90        IndexerBackwardSm90.kernel: heads, topk, topk_global
-
-Tensors mirror cudnn's ``to_cute_tensor`` on contiguous CUDA tensors: gmem, 16-byte aligned, every
-extent dynamic Int32, every stride dynamic Int64 except the unit innermost one (v2 adds divisibility
-128 on the innermost extent and the strides). The fidelity check (aot.fidelity) builds the same keys
-through upstream's factories and proves the cubins byte-identical.
+The ops and their keys are the policy's (aot/policy/dsa_indexer_backward.py). Tensors mirror cudnn's
+``to_cute_tensor`` on contiguous CUDA tensors: gmem, 16-byte aligned, every extent dynamic Int32,
+every stride dynamic Int64 except the unit innermost one (v2 adds divisibility 128 on the innermost
+extent and the strides). The fidelity stage builds the same keys through upstream's factories and
+proves the cubins byte-identical; ``check_policy`` holds the policy's plane set and persistence rule
+against upstream's on every build.
 """
 
-from aot.specs import Choice, IntRange, Op
+from aot.policy import dsa_indexer_backward as policy
 
-FAMILY = "dsa_indexer_backward"
-
-_BOOL = Choice(False, True)
-PLANES = Choice(96, 128, 148)
-TOPK = IntRange(128, 2048, 128)
-SM100 = frozenset({"sm_100a", "sm_103a"})
-SM90 = frozenset({"sm_90a"})
-DIM = 128
-BLOCK_I = 128
-# Upstream's short-row persistent set: topk 512 is always persistent, 128..384 only when the rows
-# outnumber the grid, longer rows never (H64/H32, D128, block_I 128).
-SHORT_TOPK = (128, 256, 384, 512)
-
-
-def _gemm_check(key):
-    if key["deterministic"]:
-        if not key["persistent"]:
-            return "deterministic GEMMs are persistent (fixed-owner rows)"
-        if not key["pdl"]:
-            return "the op launches the deterministic GEMM right after score-grad, with PDL"
-    else:
-        if key["planes"] != 96:
-            return "planes is a deterministic specialisation; keep it at 96 otherwise"
-        if key["topk"] == 512 and not key["persistent"]:
-            return "upstream always runs topk 512 persistent"
-        if key["topk"] not in SHORT_TOPK and key["persistent"]:
-            return f"upstream runs topk {key['topk']} non-persistent"
-    return None
-
-
-def _gemm_requires(key):
-    need = [("score_grad", {"topk": key["topk"], "zero_dk": not key["deterministic"]})]
-    if key["deterministic"]:
-        need += [("reduce_dk", {"out": o, "planes": key["planes"]}) for o in ("bf16", "f32")]
-    return need
-
-
-def _v2_check(key):
-    if not key["deterministic"] and key["planes"] != 96:
-        return "planes is a deterministic specialisation; keep it at 96 otherwise"
-    return None
-
-
-def _v2_requires(key):
-    need = [("score_grad", {"topk": key["topk"], "zero_dk": False})]
-    if key["deterministic"]:
-        need += [("reduce_dk", {"out": o, "planes": key["planes"]}) for o in ("bf16", "f32")]
-    return need
-
-
-OPS = {
-    "score_grad": Op(fields={"topk": TOPK, "zero_dk": _BOOL}, arches=SM100),
-    "gemm": Op(
-        fields={
-            "heads": Choice(32, 64),
-            "topk": TOPK,
-            "topk_global": _BOOL,
-            "persistent": _BOOL,
-            "pdl": _BOOL,
-            "deterministic": _BOOL,
-            "planes": PLANES,
-        },
-        check=_gemm_check,
-        requires=_gemm_requires,
-        arches=SM100,
-    ),
-    "reduce_dk": Op(fields={"out": Choice("bf16", "f32"), "planes": PLANES}, arches=SM100),
-    "gemm_v2": Op(
-        fields={
-            "topk": TOPK,
-            "rows_per_cta": IntRange(1, 1 << 20),
-            "dw": Choice("bf16", "f32"),
-            "idx_local": _BOOL,
-            "deterministic": _BOOL,
-            "planes": PLANES,
-        },
-        check=_v2_check,
-        requires=_v2_requires,
-        arches=SM100,
-    ),
-    "score_grad_sm90": Op(fields={"topk": TOPK}, arches=SM90),
-    "gemm_sm90": Op(
-        fields={"heads": Choice(64, 128), "topk": TOPK, "topk_global": _BOOL},
-        requires=lambda key: [("score_grad_sm90", {"topk": key["topk"]})],
-        arches=SM90,
-    ),
-}
-
-
-def v2_schedule(rows_per_cta: int, deterministic: bool) -> tuple[int, int]:
-    """(ticket_slots, ring_depth) of the v2 kernel, as upstream's factory derives them."""
-    if deterministic:
-        slots = max(2, rows_per_cta)
-        return slots, min(4, slots)
-    return rows_per_cta + 8, 4
+FAMILY = policy.FAMILY
+OPS = policy.OPS
+DIM, BLOCK_I = policy.DIM, policy.BLOCK_I
 
 
 def build(op, key, target):
@@ -125,7 +20,6 @@ def build(op, key, target):
     import cuda.bindings.driver as cuda_driver
     import cutlass
     import cutlass.cute as cute
-    import torch
     from cutlass.cute.runtime import make_fake_tensor
 
     from cudnn.deepseek_sparse_attention.indexer_backward import deterministic_dk_sm100 as det
@@ -170,7 +64,6 @@ def build(op, key, target):
             enable_score_pdl=key["pdl"],
             deterministic=key["deterministic"],
         )
-        _check_upstream(det, k100)
         if obj.use_persistent != key["persistent"]:
             raise ValueError(f"gemm {key}: upstream decides persistent={obj.use_persistent} for {rows} rows on a {grid} grid")
         dk_rank = 3  # (B, S_k, D) accumulator, or (planes, B*S_k, D) deterministic planes
@@ -184,7 +77,7 @@ def build(op, key, target):
         return obj, (T(f32, 3), T(out, 3), stream), "--opt-level 2", {}
 
     if op == "gemm_v2":
-        slots, ring = v2_schedule(key["rows_per_cta"], key["deterministic"])
+        slots, ring = policy.v2_schedule(key["rows_per_cta"], key["deterministic"])
         num_ctas = key["planes"] if key["deterministic"] else target.sm_count
         obj = kv2.IndexerBackwardV2Sm100(
             num_heads=64,
@@ -218,16 +111,20 @@ def build(op, key, target):
     raise KeyError(op)
 
 
-def _check_upstream(det, k100):
-    """Upstream policy that the runtime (aot.dsa) re-implements: the plane set and persistence."""
-    from aot import dsa
+def check_policy(targets):
+    """The policy against upstream: the deterministic plane set and the non-deterministic GEMM's persistence rule."""
+    from cudnn.deepseek_sparse_attention.indexer_backward import deterministic_dk_sm100 as det
+    from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm100 as k100
 
-    if tuple(det.SUPPORTED_DK_PLANES) != dsa.PLANES or det.DEFAULT_DK_PLANES != dsa.DEFAULT_PLANES:
-        raise ValueError(f"cudnn's deterministic dK planes are {det.SUPPORTED_DK_PLANES} (default {det.DEFAULT_DK_PLANES}); aot/dsa.py assumes {dsa.PLANES}")
+    if tuple(det.SUPPORTED_DK_PLANES) != policy.PLANES or det.DEFAULT_DK_PLANES != policy.DEFAULT_PLANES:
+        raise ValueError(f"cudnn's deterministic dK planes are {det.SUPPORTED_DK_PLANES} (default {det.DEFAULT_DK_PLANES}); "
+                         f"aot/policy/dsa_indexer_backward.py assumes {policy.PLANES}")
+    grids = sorted({96, 132, 148, *(t.sm_count for t in targets)})
     for heads in (32, 64):
         for topk in (128, 256, 384, 512, 640, 1024, 2048):
-            for grid in (96, 132, 148):
+            for grid in grids:
                 for rows in (1, grid - 1, grid, grid + 1, 4 * grid):
                     theirs = k100.IndexerBackwardSm100(DIM, heads, BLOCK_I, topk, 1, rows, grid).use_persistent
-                    if dsa.gemm_persistent(topk, rows, grid) != theirs:
-                        raise ValueError(f"upstream runs heads {heads} topk {topk} with {rows} rows on {grid} SMs persistent={theirs}; aot.dsa.gemm_persistent disagrees")
+                    if policy.gemm_persistent(topk, rows, grid) != theirs:
+                        raise ValueError(f"upstream runs heads {heads} topk {topk} with {rows} rows on {grid} SMs persistent={theirs}; "
+                                         f"aot/policy/dsa_indexer_backward.py gemm_persistent disagrees")

@@ -1,33 +1,7 @@
 """Spec of the DSA sparse attention backward family (cudnn.deepseek_sparse_attention.sparse_attention_backward, 1.32.0).
 
-The route is the one cudnn's public ``sparse_attention_backward_wrapper`` takes: a prepared
-``SparseAttentionBackward`` plan whose ``compile()`` builds ONE cute.compile artifact per call on SM100
-(4-9 kernel launches inside one host function) and whose SM90 ``execute()`` compiles three separate
-artifacts (preprocess, main, postprocess). Ops and their compile keys:
-
-  bwd        SM100, ``_interface_sm100._compile_sm100_artifact`` (reached through
-             ``_compile_nondeterministic_sm100`` / ``_compile_deterministic_sm100``): every backend except
-             the D576 two-CTA one. Key: dtype, heads, dim (D_v = 512), topk (= max_topk, the index row
-             width), topk_length (presence), deterministic, planes + relay (upstream's
-             (deterministic_shards, relay_cluster_size): (1, 1) ordinary; generic deterministic
-             (32|64|128, 1) or relay (32, 4) / (16, 8) / (8, 16), chosen by upstream from S_q and S_kv;
-             (128, 1) for the tuned H96 / H128 deterministic classes), wide (Int64 addressing: upstream
-             switches to fully dynamic strided tensor types when a tensor or workspace passes 2**31
-             elements; the relay layouts only exist past a 16 GiB workspace, so they are always wide).
-             The backend (generic_m64 | h16_m128 | h32_m64 | h96_h64_h32 | h128_2cta_m64) and its row
-             tile are derived (``select_backend``) and checked against ``_select_sm100_backend``.
-  bwd_d576   SM100, ``_interface_sm100_d576._compile_d576_2cta``: H96/H128 D576 BF16 two-CTA kernel
-             (+ deterministic). Key: heads, topk (upstream's five tuned widths), topk_length,
-             single_query (S_q == 1), split (the split regime: ``_split_count(S_q, topk, SMs) > 1``,
-             S_q <= SMs // 4 on a B200), deterministic, wide. The deterministic compact-slot count is the
-             target's ``min(SMs // 2, 76)``.
-  pre_sm90   SM90 ``_FlashAttentionDSABackwardPreprocessSm90`` (sum OdO, LSE*log2e, d_sink): dtype.
-  main_sm90  SM90 ``FlashAttentionDSABackwardSm90``: dtype, heads, dim, topk, topk_length.
-  post_sm90  SM90 ``_FlashAttentionDSABackwardPostprocessSm90`` (f32 dKV accumulator -> dkv): dtype, dim.
-
-The pure-Python policy functions below (select_backend, deterministic_dkv, d576_split_count,
-d576_compact_slots, sm100_workspace_shapes/_bytes, needs_wide) are what the op needs at run time; build()
-checks each against upstream's own function (``_check_upstream``).
+The ops, their keys and the run-time policy are aot/policy/dsa_sparse_attention_backward.py;
+``check_policy`` holds each policy function against upstream's own on every build.
 
 Arguments mirror upstream exactly. SM100 plans compile from storage-free fake tensors
 (``make_fake_compact_tensor`` row-major with static H / D / topk extents and one symbolic S_q and S_kv
@@ -40,112 +14,28 @@ upstream passes ``--enable-tvm-ffi --gpu-arch <arch>`` (SM90: ``--enable-tvm-ffi
 from CUTE_DSL_ARCH and the TVM-FFI wrapper is left out (it does not change the cubin).
 """
 
-from aot.specs import Choice, IntRange, Op
-
-FAMILY = "dsa_sparse_attention_backward"
-
-_BOOL = Choice(False, True)
-SM100 = frozenset({"sm_100a", "sm_103a"})
-SM90 = frozenset({"sm_90a"})
-CAPABILITY = {"sm_100a": (10, 0), "sm_103a": (10, 3), "sm_90a": (9, 0)}
-DTYPES = Choice("bf16", "f16")
-TOPK = IntRange(64, 2048, 64)
-# deterministic generic-M64 dKV layouts: (planes, relay cluster size)
-GENERIC_DKV = ((32, 1), (64, 1), (128, 1), (32, 4), (16, 8), (8, 16))
-
-
-# --- upstream policy the op re-implements (aot.dsa), checked against upstream in build -------------
-from aot.dsa import (  # noqa: E402
+from aot.policy import dsa_sparse_attention_backward as policy
+from aot.policy.arch import CAPABILITY
+from aot.policy.dsa_sparse_attention_backward import (
     D576_BACKENDS,
-    DETERMINISTIC_HEADS,
     HEAD_DIM_V,
+    SM90_PRE_THREADS,
+    SM90_THREADS,
+    SM90_TILE_M,
+    SM90_TILE_N,
     TWO_CTA_TOPK,
     d576_compact_slots,
     d576_split_count,
     deterministic_dkv,
     needs_wide,
     select_backend,
+    sm90_post_chunk,
     sm100_workspace_bytes,
     sm100_workspace_shapes,
 )
 
-
-# --- key rules -------------------------------------------------------------------------------------
-
-
-def _bwd_check(key):
-    backend, _ = select_backend(key["heads"], key["dim"], key["dtype"], key["topk"], key["deterministic"])
-    if backend in D576_BACKENDS:
-        return f"H{key['heads']} D576 bf16 topk {key['topk']} runs upstream's two-CTA D576 kernel: use op bwd_d576"
-    if key["deterministic"] and key["heads"] not in DETERMINISTIC_HEADS:
-        return f"upstream's deterministic backward supports heads {DETERMINISTIC_HEADS}"
-    dkv = (key["planes"], key["relay"])
-    if not key["deterministic"]:
-        if dkv != (1, 1):
-            return "planes/relay are deterministic specialisations: (1, 1) otherwise"
-    elif backend == "generic_m64":
-        if dkv not in GENERIC_DKV:
-            return f"the generic deterministic kernel has (planes, relay) in {GENERIC_DKV}"
-        if key["relay"] > 1 and not key["wide"]:
-            return "relay layouts are chosen only past a 16 GiB dKV workspace, which upstream always compiles with wide (Int64) addressing"
-    elif dkv != (128, 1):
-        return f"the deterministic {backend} kernel has a fixed (planes, relay) = (128, 1)"
-    return None
-
-
-def _d576_check(key):
-    if key["deterministic"] and key["split"]:
-        return "upstream never splits queries in deterministic mode (split_count = 1)"
-    if key["single_query"] and not key["deterministic"] and not key["split"]:
-        return "upstream always splits a single query (split_count > 1 for S_q = 1 on >= 4 SMs)"
-    return None
-
-
-OPS = {
-    "bwd": Op(
-        fields={
-            "dtype": DTYPES,
-            "heads": Choice(16, 32, 64, 96, 128),
-            "dim": Choice(512, 576),
-            "topk": TOPK,
-            "topk_length": _BOOL,
-            "deterministic": _BOOL,
-            "planes": Choice(1, 8, 16, 32, 64, 128),
-            "relay": Choice(1, 4, 8, 16),
-            "wide": _BOOL,
-        },
-        check=_bwd_check,
-        arches=SM100,
-    ),
-    "bwd_d576": Op(
-        fields={
-            "heads": Choice(96, 128),
-            "topk": Choice(*TWO_CTA_TOPK),
-            "topk_length": _BOOL,
-            "single_query": _BOOL,
-            "split": _BOOL,
-            "deterministic": _BOOL,
-            "wide": _BOOL,
-        },
-        check=_d576_check,
-        arches=SM100,
-    ),
-    "pre_sm90": Op(fields={"dtype": DTYPES}, arches=SM90),
-    "main_sm90": Op(
-        fields={"dtype": DTYPES, "heads": Choice(16, 32, 64, 96, 128), "dim": Choice(512, 576), "topk": TOPK, "topk_length": _BOOL},
-        requires=lambda key: [("pre_sm90", {"dtype": key["dtype"]}), ("post_sm90", {"dtype": key["dtype"], "dim": key["dim"]})],
-        arches=SM90,
-    ),
-    "post_sm90": Op(fields={"dtype": DTYPES, "dim": Choice(512, 576)}, arches=SM90),
-}
-
-# SM90 launch constants of flash_attn_bwd_sm90 (tiles, stages, swaps, threads)
-SM90_TILE_M, SM90_TILE_N, SM90_THREADS, SM90_PRE_THREADS = 64, 64, 256, 256
-
-
-def sm90_post_chunk(dim: int) -> int:
-    """hdim_chunk of the SM90 postprocess (also its thread count)."""
-    return 64 if dim == 576 else min(128, dim)
+FAMILY = policy.FAMILY
+OPS = policy.OPS
 
 
 def build(op, key, target):
@@ -179,7 +69,6 @@ def build(op, key, target):
     if op in ("bwd", "bwd_d576"):
         if target.arch not in CAPABILITY or CAPABILITY[target.arch][0] != 10:
             raise ValueError(f"{op} is an SM100-family kernel, not {target.arch}")
-        _check_upstream(target)
 
     if op == "bwd":
         from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100 as iface
@@ -287,8 +176,15 @@ def build(op, key, target):
     raise KeyError(op)
 
 
-def _check_upstream(target):
-    """The policy above (and the op's run-time selection built on it) against upstream's own functions."""
+def check_policy(targets):
+    """The policy (and the op's run-time selection built on it) against upstream's own functions, for
+    every SM100 target."""
+    for target in targets:
+        if target.arch in CAPABILITY and CAPABILITY[target.arch][0] == 10:
+            _check_target(target)
+
+
+def _check_target(target):
     import torch
 
     from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100 as iface

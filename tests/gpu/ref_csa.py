@@ -38,7 +38,6 @@ nothing, l.625-636); ``compressor_sm100_r128.py`` l.199-234 and l.826-851 (same 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 

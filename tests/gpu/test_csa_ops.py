@@ -204,9 +204,9 @@ def csa():
 def _check_bucket(csa, op, table, bucket, nb_total):
     lo, hi = table[bucket]
     assert lo <= nb_total <= hi, f"test design: nb_total={nb_total} is not in the {op} {bucket} bucket {table[bucket]}"
-    bucket_of = getattr(csa, "bucket_of", None)
-    if bucket_of is not None:
-        assert bucket_of(op, nb_total) == bucket, f"aot.csa.bucket_of({op!r}, {nb_total}) = {bucket_of(op, nb_total)!r} (expected {bucket!r})"
+    from aot.policy.csa_compressor import bucket_of
+
+    assert bucket_of(op, nb_total) == bucket, f"bucket_of({op!r}, {nb_total}) = {bucket_of(op, nb_total)!r} (expected {bucket!r})"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,289 @@
+"""DSA indexer backward op: cudnn's ``indexer_backward_wrapper``, launched from shipped cubins.
+
+The same arguments, outputs and side effects as upstream (``attn_score`` is overwritten with the
+score-grad signal, ``index_score`` is read-only), the same kernels in the same order on one stream
+(:mod:`aot.policy.dsa_indexer_backward` lists them and holds the dispatch, checked against cudnn on
+every build). Every input is validated before anything is launched or written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..policy import dsa_indexer_backward as policy
+from ..policy.arch import is_sm100
+from ._support import (alloc_on, arch_of, check, flat_args, input_error, launcher, memset0, misaligned, overlapping, overlaps_rest, signature,
+                       stream_handle, target_sm_count, tensor_args)
+from .outputs import Outputs
+
+__all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes"]
+
+FAMILY = policy.FAMILY
+DEFAULT_PLANES = policy.DEFAULT_PLANES
+_I32 = 2**31
+
+
+def indexer_backward_workspace_bytes(batch, seqlen_k, head_dim=policy.DIM, *, d_index_k_dtype=None, backend="default", deterministic=False,
+                                     deterministic_dk_planes=DEFAULT_PLANES) -> int:
+    """cudnn's ``IndexerBackward.scratch_workspace_bytes()``: uint8 bytes ``workspace=`` must hold
+    (``d_index_k_dtype``: torch.bfloat16, the default, or torch.float32)."""
+    import torch
+
+    f32 = d_index_k_dtype == torch.float32
+    return policy.workspace_bytes(batch, seqlen_k, head_dim, d_index_k_f32=f32, backend=backend, deterministic=deterministic,
+                                  deterministic_dk_planes=deterministic_dk_planes)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What validating one call proved: the device, arch and extents it runs with, the workspace bytes it needs."""
+
+    dev: int
+    arch: str
+    b: int
+    s_q: int
+    s_k: int
+    h: int
+    d: int
+    topk: int
+    need: int
+
+
+def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
+                     topk_indices_global=False, d_index_q=None, d_weights=None, d_index_k=None, stream=None, *, backend="default", workspace=None,
+                     deterministic=False, deterministic_dk_planes=DEFAULT_PLANES):
+    """cudnn's ``indexer_backward_wrapper``: returns ``{'d_index_q', 'd_weights', 'd_index_k'}``.
+
+    Outputs not given are allocated like the inputs (bf16). ``attn_score`` (fp32, B x S_q x topk) is
+    overwritten with the score-grad signal; ``index_score`` is only read. ``workspace`` (uint8, at
+    least ``indexer_backward_workspace_bytes(...)``) is allocated per call when omitted; pass it, and
+    the outputs, to capture the op in a CUDA graph.
+    """
+    import torch
+
+    if workspace is None or d_index_q is None or d_weights is None or d_index_k is None:
+        # allocate what is missing like upstream (empty_like the inputs, per-call workspace); the full
+        # validation of everything happens in indexer_backward_into, before any launch
+        problems = []
+        for t, name, nd, what in ((index_q, "index_q", 4, "(B, S_q, H, D)"), (weights, "weights", 3, "(B, S_q, H)"), (index_k, "index_k", 3, "(B, S_k, D)")):
+            if not isinstance(t, torch.Tensor) or t.ndim != nd:
+                problems.append(f"{name}: must be a {nd}-D tensor {what}, got {getattr(t, 'shape', type(t).__name__)}")
+        if problems:
+            raise input_error(problems)
+        n = 0
+        if workspace is None and backend in policy.BACKENDS and deterministic_dk_planes in policy.PLANES:
+            b, s_k, d = index_k.shape
+            dt = d_index_k.dtype if isinstance(d_index_k, torch.Tensor) else index_k.dtype
+            n = indexer_backward_workspace_bytes(b, s_k, d, d_index_k_dtype=dt, backend=backend, deterministic=deterministic,
+                                                 deterministic_dk_planes=deterministic_dk_planes)
+        with alloc_on(stream):  # empty_like keeps the inputs' device; the stream orders the allocator
+            d_index_q = torch.empty_like(index_q) if d_index_q is None else d_index_q
+            d_weights = torch.empty_like(weights) if d_weights is None else d_weights
+            d_index_k = torch.empty_like(index_k) if d_index_k is None else d_index_k
+            if n:
+                workspace = torch.empty(n, dtype=torch.uint8, device=index_q.device)
+    indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
+                          sm_scale, loss_coeff, block_I, topk_indices_global, stream, backend=backend, workspace=workspace,
+                          deterministic=deterministic, deterministic_dk_planes=deterministic_dk_planes)
+    return Outputs(d_index_q=d_index_q, d_weights=d_weights, d_index_k=d_index_k)
+
+
+def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
+                          sm_scale=1.0, loss_coeff=1.0, block_I=128, topk_indices_global=False, stream=None, *, backend="default",
+                          workspace=None, deterministic=False, deterministic_dk_planes=DEFAULT_PLANES):
+    """``indexer_backward`` into caller-provided outputs and workspace (capture-safe; allocates nothing)."""
+    import torch
+
+    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
+    sig = signature(ts, (block_I, backend, bool(deterministic), deterministic_dk_planes, backend == "sm100_v2" and float(sm_scale) > 0.0))
+    call = _VALIDATED.get(sig) if sig is not None else None
+    if call is None or misaligned(ts) or (deterministic and overlaps_rest(workspace, call.need, ts)):
+        call = _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
+                         sm_scale, block_I, backend, workspace, deterministic, deterministic_dk_planes)
+        if sig is not None and len(_VALIDATED) < 4096:
+            _VALIDATED[sig] = call
+    dev, arch, b, s_q, s_k, h, d, topk = call.dev, call.arch, call.b, call.s_q, call.s_k, call.h, call.d, call.topk
+    rows = b * s_q
+    s = stream_handle(stream, dev)
+    grad_scale = float(loss_coeff) / rows if rows else 0.0
+    sm_scale = float(sm_scale)
+    dk_dtype_f32 = d_index_k.dtype == torch.float32
+    glob = bool(topk_indices_global)
+    if rows == 0 or topk == 0:
+        # nothing reads or writes a slot: dK is all zero, dQ/dW are empty or zero
+        with alloc_on(stream):
+            d_index_k.zero_()
+            d_index_q.zero_()
+            d_weights.zero_()
+        return d_index_q, d_weights, d_index_k
+    gl = grad_loss.detach().reshape(1)
+    q4, w3, k3, dq4, dw3 = tensor_args(index_q), tensor_args(weights), tensor_args(index_k), tensor_args(d_index_q), tensor_args(d_weights)
+    a3, i3, t3, gl1 = tensor_args(attn_score), tensor_args(index_score), tensor_args(topk_indices), tensor_args(gl)
+    ws = workspace.data_ptr() if workspace is not None else 0
+    kbytes = b * s_k * d * 4
+
+    planes = int(deterministic_dk_planes)
+    sm100 = is_sm100(arch)
+    ks = policy.kernels(arch, b, s_q, h, topk, topk_indices_global=glob, backend=backend, deterministic=deterministic, deterministic_dk_planes=planes,
+                        d_index_k_f32=dk_dtype_f32, d_weights_f32=d_weights.dtype == torch.float32,
+                        target_sm_count=target_sm_count(arch) if sm100 else None)
+    hint = ""
+    if backend == "sm100_v2":
+        rpc = ks["gemm"][1]["rows_per_cta"]
+        hint = f" (the v2 kernel is compiled per ceil(B*S_q / CTAs) = {rpc}; add rows_per_cta = {rpc})"
+    sg = launcher(FAMILY, *ks["score_grad"], dev)
+    gemm = launcher(FAMILY, *ks["gemm"], dev, hint)
+    red = launcher(FAMILY, *ks["reduce"], dev) if "reduce" in ks else None
+
+    if not sm100:  # SM90 twins: zero fp32 dK, score-grad, GEMM, cast
+        dk = d_index_k.data_ptr() if dk_dtype_f32 else ws
+        memset0(dk, kbytes, s)
+        sg(*a3, *i3, *gl1, grad_scale, s)
+        gemm(*q4, *w3, *k3, *dq4, *dw3, *flat_args(dk, (b, s_k, d)), *a3, *t3, sm_scale, s, s_q, s_k)
+        if not dk_dtype_f32:
+            _cast_into(d_index_k, workspace, (b, s_k, d), stream)
+        return d_index_q, d_weights, d_index_k
+
+    if backend == "sm100_v2":
+        if deterministic:
+            dk_rows, dk_ptr, cnt = planes * b * s_k, ws, (ws, 1)
+            memset0(ws, planes * kbytes, s)
+        else:
+            cnt = (ws, 2)
+            memset0(ws, 8, s)
+            dk_ptr = d_index_k.data_ptr() if dk_dtype_f32 else ws + policy.V2_COUNTER_CHUNK
+            dk_rows = b * s_k
+            memset0(dk_ptr, kbytes, s)
+        sg(*a3, *i3, *gl1, *gl1, grad_scale, s)
+        gemm(*flat_args(index_q, (rows, h, d)), *flat_args(index_k, (b * s_k, d)), *flat_args(weights, (rows, h)), *flat_args(topk_indices, (rows, topk)),
+             *flat_args(attn_score, (rows, topk)), *flat_args(d_index_q, (rows, h, d)), *flat_args(d_weights, (rows, h)), *flat_args(dk_ptr, (dk_rows, d)),
+             sm_scale, s_q, s_k, s, *cnt)
+        if deterministic:
+            red(*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s)
+        elif not dk_dtype_f32:
+            _cast_into(d_index_k, workspace, (b, s_k, d), stream, offset=policy.V2_COUNTER_CHUNK)
+        return d_index_q, d_weights, d_index_k
+
+    if deterministic:  # zero planes, score-grad, GEMM on fixed-owner planes, fixed-order reduction
+        memset0(ws, planes * kbytes, s)
+        sg(*a3, *i3, *gl1, *gl1, grad_scale, s)
+        gemm(*q4, *w3, *k3, *dq4, *dw3, *flat_args(ws, (planes, b * s_k, d)), *a3, *t3, sm_scale, s)
+        red(*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s)
+        return d_index_q, d_weights, d_index_k
+
+    # default: score-grad clears the fp32 dK in the same launch, GEMM (PDL), cast
+    dk = flat_args(d_index_k.data_ptr() if dk_dtype_f32 else ws, (b, s_k, d))
+    sg(*a3, *i3, *gl1, *dk, grad_scale, s)
+    gemm(*q4, *w3, *k3, *dq4, *dw3, *dk, *a3, *t3, sm_scale, s)
+    if not dk_dtype_f32:
+        _cast_into(d_index_k, workspace, (b, s_k, d), stream)
+    return d_index_q, d_weights, d_index_k
+
+
+def _cast_into(d_index_k, workspace, shape, stream, offset=0):
+    """The trailing fp32 -> bf16 cast upstream does with torch, on the launch stream (``stream`` is
+    the caller's argument: None means torch's current stream, which is where the kernels went)."""
+    import torch
+
+    n = shape[0] * shape[1] * shape[2]
+    acc = workspace[offset : offset + 4 * n].view(torch.float32).view(shape)
+    if stream is None:
+        d_index_k.copy_(acc)
+        return
+    with alloc_on(stream):
+        d_index_k.copy_(acc)
+
+
+# signature (shapes, dtypes, devices, contiguity, options) -> validated plan: a repeated call skips the
+# full validation; pointer alignment and, for deterministic planes, workspace overlap are per call.
+_VALIDATED: dict = {}
+
+
+def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
+              sm_scale, block_I, backend, workspace, deterministic, planes):
+    """Every problem with the inputs, raised together before anything is touched; returns the plan."""
+    import torch
+
+    problems = []
+    if backend not in policy.BACKENDS:
+        problems.append(f"backend={backend!r} (expected one of {policy.BACKENDS})")
+    if isinstance(planes, bool) or planes not in policy.PLANES:
+        problems.append(f"deterministic_dk_planes={planes!r} (expected one of {policy.PLANES})")
+    elif not deterministic and planes != DEFAULT_PLANES:
+        problems.append("deterministic_dk_planes is only configurable when deterministic=True")
+    shapes_ok = True
+    for t, name, nd in ((index_q, "index_q", 4), (index_k, "index_k", 3), (topk_indices, "topk_indices", 3)):
+        if not isinstance(t, torch.Tensor) or t.ndim != nd:
+            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+            shapes_ok = False
+    if not shapes_ok:
+        raise input_error(problems)
+    dev = index_q.device.index if index_q.device.type == "cuda" else None
+    b, s_q, h, d = index_q.shape
+    s_k, topk = index_k.shape[1], topk_indices.shape[2]
+    bf16, f32 = torch.bfloat16, torch.float32
+    check(problems, index_q, "index_q", (b, s_q, h, d), bf16, dev, 16)
+    check(problems, weights, "weights", (b, s_q, h), bf16, dev, 16)
+    check(problems, index_k, "index_k", (b, s_k, d), bf16, dev, 16)
+    check(problems, attn_score, "attn_score", (b, s_q, topk), f32, dev, 16)
+    check(problems, index_score, "index_score", (b, s_q, topk), f32, dev, 16)
+    check(problems, topk_indices, "topk_indices", (b, s_q, topk), torch.int32, dev, 16)
+    check(problems, d_index_q, "d_index_q", (b, s_q, h, d), bf16, dev, 16)
+    v2 = backend == "sm100_v2"
+    dw_dt = d_weights.dtype if v2 and isinstance(d_weights, torch.Tensor) and d_weights.dtype in (bf16, f32) else bf16
+    check(problems, d_weights, "d_weights", (b, s_q, h), dw_dt, dev, 16)
+    dk_dt = d_index_k.dtype if isinstance(d_index_k, torch.Tensor) and d_index_k.dtype in (bf16, f32) else bf16
+    check(problems, d_index_k, "d_index_k", (b, s_k, d), dk_dt, dev, 16)
+    if not isinstance(grad_loss, torch.Tensor) or grad_loss.numel() != 1 or grad_loss.dtype != f32 or grad_loss.device != index_q.device:
+        problems.append(f"grad_loss: must be a single-element float32 tensor on {index_q.device}")
+    elif grad_loss.data_ptr() % 16:
+        problems.append(f"grad_loss: data pointer 0x{grad_loss.data_ptr():x} is not 16-byte aligned (clone() it)")
+    if block_I != 128:
+        problems.append(f"block_I={block_I!r} (expected 128, the only block size shipped)")
+    if topk % 128:
+        problems.append(f"topk={topk} (expected a multiple of block_I = 128)")
+    if d != 128:
+        problems.append(f"D={d} (expected 128)")
+    for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
+        if n >= _I32:
+            problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+    arch = None
+    if dev is not None and not problems:
+        arch = arch_of(dev)
+        sm100 = is_sm100(arch)
+        if not sm100 and (v2 or deterministic):
+            problems.append(f"{'backend=sm100_v2' if v2 else 'deterministic=True'} needs an SM100 GPU (this one runs {arch}); upstream refuses it too")
+        if sm100 and not v2 and h not in (32, 64):
+            problems.append(f"H={h} (the SM100 kernels ship H=32 and H=64)")
+        if not sm100 and h < 64:
+            problems.append(f"H={h} (the SM90 kernel needs H >= 64)")
+        if v2 and h != 64:
+            problems.append(f"H={h} (backend='sm100_v2' requires H=64)")
+        if v2 and not float(sm_scale) > 0.0:
+            problems.append(f"sm_scale={sm_scale} (backend='sm100_v2' requires sm_scale > 0: its relu gate reads unscaled scores)")
+        if deterministic and b * s_q and b * s_q < planes:
+            problems.append(f"B*S_q = {b * s_q} < deterministic_dk_planes = {planes}: upstream compiles a smaller grid for such a call, "
+                            f"which this build does not ship (use deterministic_dk_planes <= B*S_q or deterministic=False)")
+    need = 0
+    if not problems:
+        need = policy.workspace_bytes(b, s_k, d, d_index_k_f32=d_index_k.dtype == f32, backend=backend, deterministic=deterministic,
+                                      deterministic_dk_planes=planes)
+        if need:
+            wp = []
+            if workspace is None:
+                wp.append(f"workspace: missing ({need} uint8 bytes needed; see aot.dsa.indexer_backward_workspace_bytes)")
+            else:
+                n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
+                check(wp, workspace, "workspace", (n,), torch.uint8, dev, 16)
+                if not wp and n < need:
+                    wp.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.indexer_backward_workspace_bytes)")
+                if not wp:
+                    named = (("index_q", index_q), ("weights", weights), ("index_k", index_k), ("attn_score", attn_score), ("index_score", index_score),
+                             ("topk_indices", topk_indices), ("grad_loss", grad_loss), ("d_index_q", d_index_q), ("d_weights", d_weights),
+                             ("d_index_k", d_index_k))
+                    for i in overlapping(workspace, need, [t for _, t in named]):
+                        wp.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
+            problems += wp
+    if problems:
+        raise input_error(problems)
+    return _Call(dev, arch, b, s_q, s_k, h, d, topk, need)

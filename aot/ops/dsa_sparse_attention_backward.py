@@ -1,0 +1,237 @@
+"""DSA sparse attention backward op: cudnn's ``sparse_attention_backward_wrapper``, launched from shipped cubins.
+
+SM100: one artifact per call whose host function launches every kernel (the generic M64, H16/H32/H96,
+H128 two-CTA, D576 two-CTA and deterministic / row-relay classes, picked from the shapes as upstream's
+plan does). SM90: the preprocess -> main -> postprocess pipeline. The dispatch and the workspace
+layouts are :mod:`aot.policy.dsa_sparse_attention_backward`, checked against cudnn on every build.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..policy import dsa_sparse_attention_backward as policy
+from ..policy._math import prod, round_up
+from ..policy.arch import is_sm100
+from ._support import (alloc_on, arch_of, check, cute_args, flat_args, input_error, launcher, memset0, misaligned, overlapping, overlaps_rest,
+                       signature, sm_count_of, stream_handle, target_sm_count, tensor_args)
+from .outputs import Outputs
+
+__all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes"]
+
+FAMILY = policy.FAMILY
+HEAD_DIM_V = policy.HEAD_DIM_V
+
+
+def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, *, arch="sm_90a", topk=None, deterministic=False) -> int:
+    """cudnn's ``SparseAttentionBackward.scratch_workspace_bytes()``: uint8 bytes ``workspace=`` must hold.
+
+    SM90: dPsum and log2-scaled LSE (each S_q rounded to 64 x H fp32) and the fp32 dKV accumulator
+    (S_kv rounded to 64 x D rounded to 32), each chunk 128-byte aligned. SM100 (pass ``topk=``, the
+    index row width: it selects the backend): the LSE/OdO and dKV workspaces of that backend.
+    """
+    if is_sm100(arch) and topk is None:
+        raise InputError("sparse_attention_backward_workspace_bytes: pass topk= (the index row width) for an SM100 arch: it selects the backend")
+    return policy.workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, arch=arch, topk=topk, deterministic=deterministic)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What validating one call proved: device, arch, extents, the workspace bytes it needs, the entries
+    that serve it, and the pointer-alignment masks the fast path re-checks (lse; workspace)."""
+
+    dev: int
+    arch: str
+    s_q: int
+    s_kv: int
+    h: int
+    d: int
+    topk: int
+    need: int
+    kernels: dict
+    lse_mask: int
+    ws_mask: int
+
+
+def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None,
+                              block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode="off"):
+    """cudnn's ``sparse_attention_backward_wrapper``: returns ``{'dq', 'dkv', 'd_sink'}``.
+
+    ``q`` (S_q, H, D) bf16, ``kv`` (S_kv, D) (K = V, one KV head; D 576 = QK dim, the first 512
+    columns are V), ``out``/``dout`` (S_q, H, 512), ``lse`` (S_q, H) fp32 (KV-only LSE), ``attn_sink``
+    (H,) fp32, ``topk_idxs`` (S_q, topk) int32 global KV ids (ids outside [0, S_kv) are ignored),
+    ``topk_length`` (S_q,) int32 optional valid prefix. ``dq``/``dkv`` and ``workspace`` are
+    allocated on the launch stream when omitted; ``d_sink`` is always a new (H,) fp32 tensor, as
+    upstream. Pass the outputs and workspace to ``sparse_attention_backward_into`` to capture it.
+    """
+    import torch
+
+    problems = []
+    for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (attn_sink, "attn_sink", 1), (topk_idxs, "topk_idxs", 2)):
+        if not isinstance(t, torch.Tensor) or t.ndim != nd:
+            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if problems:
+        raise input_error(problems)
+    with alloc_on(stream):
+        dq = torch.empty_like(q) if dq is None else dq
+        dkv = torch.empty_like(kv) if dkv is None else dkv
+        d_sink = torch.empty_like(attn_sink)
+        if workspace is None and q.device.type == "cuda":
+            n = sparse_attention_backward_workspace_bytes(q.shape[0], kv.shape[0], q.shape[2], q.shape[1], arch=arch_of(q.device.index),
+                                                          topk=topk_idxs.shape[1], deterministic=deterministic)
+            workspace = torch.empty(n, dtype=torch.uint8, device=q.device)
+    sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile,
+                                   deterministic, stream, workspace, q_cluster_mode)
+    return Outputs(dq=dq, dkv=dkv, d_sink=d_sink)
+
+
+def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None,
+                                   block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode="off"):
+    """``sparse_attention_backward`` into caller-provided ``dq``, ``dkv``, ``d_sink`` and ``workspace``
+    (capture-safe; allocates nothing). Returns (dq, dkv, d_sink)."""
+    ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
+    sig = signature(ts, (block_tile, bool(deterministic), q_cluster_mode))
+    call = _VALIDATED.get(sig) if sig is not None else None
+    # a repeated signature skips the full validation; pointer alignment (lse: 4 on SM90, 8 on SM100;
+    # workspace: 32 for the deterministic D576 layout) and workspace overlap are per call
+    if call is None or misaligned(ts[:7] + ts[8:]) or lse.data_ptr() & call.lse_mask or workspace.data_ptr() & call.ws_mask or overlaps_rest(workspace, call.need, ts):
+        call = _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, block_tile, deterministic, workspace,
+                                q_cluster_mode)
+        if sig is not None and len(_VALIDATED) < 4096:
+            _VALIDATED[sig] = call
+    dev, s_q, s_kv, h, d, topk, ks = call.dev, call.s_q, call.s_kv, call.h, call.d, call.topk, call.kernels
+    s = stream_handle(stream, dev)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
+    if s_q == 0:  # no query: nothing flows back
+        with alloc_on(stream):
+            dkv.zero_()
+            d_sink.zero_()
+        return dq, dkv, d_sink
+    if "bwd" in ks:
+        _sm100_call(ks["bwd"], dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, dq, dkv, d_sink,
+                    workspace, scale, s)
+        return dq, dkv, d_sink
+    pre, main, post = (launcher(FAMILY, *ks[r], dev) for r in ("pre", "main", "post"))
+    sqr, skr, dr = round_up(s_q, policy.SM90_TILE_M), round_up(s_kv, policy.SM90_TILE_N), round_up(d, policy.SM90_DIM_MULTIPLE)
+    stats = round_up(sqr * h * 4, policy.WS_ALIGN)
+    ws = workspace.data_ptr()
+    dpsum, lse_log2, acc = (ws, 1, sqr, h), (ws + stats, 1, sqr, h), ws + 2 * stats
+    dpsum, lse_log2 = flat_args(dpsum[0], dpsum[1:]), flat_args(lse_log2[0], lse_log2[1:])
+    acc3 = flat_args(acc, (1, 1, skr * dr))
+    # upstream's order: clear the dKV accumulator and d_sink (both are atomically accumulated)
+    memset0(acc, skr * dr * 4, s)
+    memset0(d_sink.data_ptr(), h * 4, s)
+    o4, do4 = tensor_args(out.unsqueeze(0)), tensor_args(dout.unsqueeze(0))
+    pre(*o4, *do4, *dpsum, *tensor_args(lse.unsqueeze(0)), *lse_log2, *tensor_args(attn_sink), *tensor_args(d_sink), s)
+    tl = tensor_args(topk_length.unsqueeze(0)) if topk_length is not None else ()
+    main(*tensor_args(q.unsqueeze(0)), *tensor_args(kv.unsqueeze(0).unsqueeze(2)), *do4, *lse_log2, *dpsum, *tensor_args(dq.unsqueeze(0)), *acc3,
+         *tensor_args(topk_idxs.unsqueeze(0)), *tl, scale, s)
+    post(*acc3, *tensor_args(dkv.unsqueeze(0).unsqueeze(2)), s_kv, s)
+    return dq, dkv, d_sink
+
+
+def _sm100_call(op_key, dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, dq, dkv, d_sink, workspace,
+                scale, s):
+    """One SM100 call: upstream's d_sink clear where its kernels accumulate into it, then the one
+    artifact whose host function launches every kernel (zero-init, sum_OdO, backward, convert,
+    sum_dSink, shard fold) on stream ``s``."""
+    op, key = op_key
+    fn = launcher(FAMILY, op, key, dev)
+    det, wide = key["deterministic"], key["wide"]
+    dv = HEAD_DIM_V
+    c = lambda t, shape, dyn: cute_args(t if isinstance(t, int) else t.data_ptr(), shape, tuple(range(len(shape))) if wide else dyn, wide)  # noqa: E731
+    tensors = [
+        c(q, (s_q, h, d), (0,)), c(kv, (s_kv, d), (0,)), c(out, (s_q, h, dv), (0,)), c(dout, (s_q, h, dv), (0,)), c(lse, (s_q, h), (0,)),
+        c(attn_sink, (h,), ()), cute_args(topk_idxs.data_ptr(), (s_q, topk), (0,), wide),  # topk is a static extent even when wide
+    ]  # fmt: skip
+    if topk_length is not None:
+        tensors.append(c(topk_length, (s_q,), (0,)))
+    tensors += [c(dq, (s_q, h, d), (0,)), c(dkv, (s_kv, d), (0,)), c(d_sink, (h,), ())]
+    backend = policy.select_backend(h, d, "bf16", topk, det)[0]
+    lse_shape, dkv_shape = policy.sm100_workspace_shapes(s_q, s_kv, d, h, det, backend)
+    ws = workspace.data_ptr()
+    ws_dkv = ws + round_up(prod(lse_shape), policy.WS_ALIGN)
+    problem = (s_q, s_kv, d, h, 1)
+    if op == "bwd_d576":
+        # flat byte workspaces; split_count is a run-time argument (1 when deterministic)
+        split = 1 if det else policy.d576_split_count(s_q, topk, sm_count_of(dev))
+        flat = ((ws, prod(lse_shape)), (ws_dkv, prod(dkv_shape)))
+        fn(*problem, *(a for t in tensors for a in t), *(a for t in flat for a in t), scale, split, s)
+        return
+    if backend != "h128_2cta_m64" and not det:
+        memset0(d_sink.data_ptr(), h * 4, s)  # ordinary sum_dSink accumulates atomically
+    fn(*problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
+
+
+# signature (shapes, dtypes, devices, contiguity, options) -> the validated _Call
+_VALIDATED: dict = {}
+
+
+def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, block_tile, deterministic, workspace,
+                     q_cluster_mode):
+    """Every problem with the inputs, raised together before anything is launched or written."""
+    import torch
+
+    problems = []
+    for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (topk_idxs, "topk_idxs", 2)):
+        if not isinstance(t, torch.Tensor) or t.ndim != nd:
+            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if problems:
+        raise input_error(problems)
+    dev = q.device.index if q.device.type == "cuda" else None
+    arch = arch_of(dev) if dev is not None else None
+    sm100 = arch is not None and is_sm100(arch)
+    s_q, h, d = q.shape
+    s_kv, topk = kv.shape[0], topk_idxs.shape[1]
+    bf16, f32 = torch.bfloat16, torch.float32
+    if d not in (512, 576):
+        problems.append(f"head dim D={d} (expected 512 or 576)")
+    check(problems, q, "q", (s_q, h, d), bf16, dev, 16)
+    check(problems, kv, "kv", (s_kv, d), bf16, dev, 16)
+    check(problems, out, "out", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
+    check(problems, dout, "dout", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
+    check(problems, lse, "lse", (s_q, h), f32, dev, 8 if sm100 else 4)  # SM100 copies LSE in fp32 pairs
+    check(problems, attn_sink, "attn_sink", (h,), f32, dev, 16)
+    check(problems, topk_idxs, "topk_idxs", (s_q, topk), torch.int32, dev, 16)
+    if topk_length is not None:
+        check(problems, topk_length, "topk_length", (s_q,), torch.int32, dev, 4 if sm100 else 16)
+    check(problems, dq, "dq", (s_q, h, d), bf16, dev, 16)
+    check(problems, dkv, "dkv", (s_kv, d), bf16, dev, 16)
+    check(problems, d_sink, "d_sink", (h,), f32, dev, 16)
+    if s_kv < 1:
+        problems.append("kv: S_kv = 0 (expected at least one key row: the sink alone has no gradient path upstream supports)")
+    if block_tile != 64:
+        problems.append(f"block_tile={block_tile!r} (expected 64)")
+    if q_cluster_mode != "off":
+        problems.append(f"q_cluster_mode={q_cluster_mode!r}: 'adaptive_pair' is an SM100 H16/H32 D576 path this build does not ship")
+    if deterministic and arch is not None and not sm100:
+        problems.append("deterministic=True needs an SM100 GPU; upstream refuses it on SM90 too")
+    if deterministic and sm100 and h not in policy.DETERMINISTIC_HEADS:
+        problems.append(f"deterministic=True: upstream's deterministic kernels exist for heads {policy.DETERMINISTIC_HEADS}, not H{h}")
+    need, ks, ws_align = 0, None, 16
+    if not problems and dev is not None:
+        sms = sm_count_of(dev)
+        ks = policy.kernels(arch, h, d, topk, has_topk_length=topk_length is not None, deterministic=deterministic, s_q=s_q, s_kv=s_kv, sm_count=sms)
+        op, key = ks.get("bwd", (None, None))
+        if op == "bwd_d576" and deterministic:
+            ws_align = 32  # the compact 96-plane dKV layout
+            built = policy.d576_compact_slots(target_sm_count(arch))
+            if policy.d576_compact_slots(sms) != built:
+                problems.append(f"deterministic D576: this GPU has {sms} SMs, so upstream would compile {policy.d576_compact_slots(sms)} "
+                                f"compact slots; the build's {arch} target has {built}. Add a target with sm_count = {sms} and rebuild")
+    if not problems:
+        need = policy.workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=deterministic)
+        n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
+        check(problems, workspace, "workspace", (n,), torch.uint8, dev, ws_align)
+        if not problems and n < need:
+            problems.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.sparse_attention_backward_workspace_bytes)")
+        if not problems:
+            named = (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", attn_sink), ("topk_idxs", topk_idxs),
+                     ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink))
+            for i in overlapping(workspace, need, [t for _, t in named]):
+                problems.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
+    if problems:
+        raise input_error(problems)
+    return _Call(dev, arch, s_q, s_kv, h, d, topk, need, ks, 7 if sm100 else 3, ws_align - 1)

@@ -1,0 +1,95 @@
+"""The shipped build's index: which entry serves (family, op, key, arch), and its loaded form per device.
+
+Nothing here runs at import. ``index.json`` is read on first use; an entry is loaded on a device the
+first time it is used there (or by :func:`aot.runtime.preload`), see :mod:`aot.runtime.loaded`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from ..errors import ArchMismatchError, KernelNotFoundError
+from .device import arch_of, device
+
+__all__ = ["Index", "index", "GENERATED"]
+
+GENERATED = Path(__file__).resolve().parent.parent / "_generated"
+
+
+def _key(d: dict, derived=()) -> tuple:
+    return tuple(sorted((k, v) for k, v in d.items() if k not in derived))
+
+
+class Index:
+    """index.json of a build directory: entries by (family, op, key, arch)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        path = self.root / "index.json"
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise KernelNotFoundError(
+                f"no build found: {path} is missing. Build the kernels first: `python -m aot build` (from a source checkout) or install the dsa-aot wheel"
+            ) from None
+        if doc.get("format") != 1:
+            raise KernelNotFoundError(f"{path}: index format {doc.get('format')!r} is not 1; rebuild with this version of dsa-aot")
+        self.doc = doc
+        self.entries = doc["entries"]
+        # looked up by the op's own key fields; what the spec derived from them is not part of the lookup
+        self.by_key = {(e["family"], e["op"], _key(e["key"], e.get("derived", ("schedule",))), e["arch"]): e for e in self.entries}
+        self.arches = sorted({e["arch"] for e in self.entries})
+        self._sms = {e["arch"]: e["target"]["sm_count"] for e in self.entries if "target" in e}
+        self._loaded: dict = {}
+        self._lock = threading.Lock()
+
+    def target_sm_count(self, arch) -> int:
+        """The SM count the build's target for ``arch`` declared: persistent grids are baked with it."""
+        if arch not in self._sms:
+            raise ArchMismatchError(f"this build has no target for {arch} (it has: {', '.join(self.arches)})")
+        return self._sms[arch]
+
+    def find(self, family, op, key: dict, arch, hint=""):
+        e = self.by_key.get((family, op, _key(key), arch))
+        if e is None:
+            if arch not in self.arches:
+                raise ArchMismatchError(f"this build has no cubins for {arch} (it has: {', '.join(self.arches)}). Add a [[target]] with arch = {arch!r} to the manifest and rebuild")
+            fields = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in sorted(key.items()))
+            raise KernelNotFoundError(
+                f"no shipped {family}/{op} entry for {key} on {arch}{hint}. Add to the manifest:\n"
+                f"  [[bucket]]\n  family = {family!r}\n  op = {op!r}\n  {fields}\nand rebuild the wheel"
+            )
+        return e
+
+    def arch_for(self, dev: int) -> str:
+        """The arch of this build's cubins that GPU ``dev`` runs (ArchMismatchError when there is none)."""
+        return arch_of(device(dev), self.arches)
+
+    def loaded(self, entry, dev: int):
+        """``entry`` loaded on GPU ``dev`` (loaded on first use, once per process)."""
+        k = (entry["id"], dev)
+        le = self._loaded.get(k)
+        if le is None:
+            from .loaded import LoadedEntry
+
+            with self._lock:
+                le = self._loaded.get(k)
+                if le is None:
+                    le = LoadedEntry(self.root, entry, dev)
+                    self._loaded[k] = le
+        return le
+
+
+_INDEX = None
+_INDEX_LOCK = threading.Lock()
+
+
+def index() -> Index:
+    global _INDEX
+    if _INDEX is None:
+        with _INDEX_LOCK:
+            if _INDEX is None:
+                _INDEX = Index(GENERATED)
+    return _INDEX

@@ -1,0 +1,136 @@
+"""The whole build: manifest -> policy check -> compile -> lift -> verify -> fidelity -> pack.
+
+Each stage is its own module; this file sequences them and can re-run lift/verify from saved
+artifacts. The policy check (each family's ``check_policy`` against cudnn) runs on every build, cache
+or not: it is cheap, and the run-time ops depend on it.
+
+Public functions: :func:`build`, :func:`lift_and_verify`, :func:`check_policies`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from ..errors import AotError, PolicyError, VerifyError
+from . import compile as compile_stage
+from . import fidelity as fidelity_stage
+from . import lift, manifest, pack, verify
+from .sources import REPO, closure, digest
+
+__all__ = ["build", "lift_and_verify", "check_policies"]
+
+
+def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
+    """Re-runnable from the artifacts of the compile stage: writes launcher.py and verify.json.
+
+    ``cache_dir`` (optional) remembers passing results by the host code, the cubin, the sample count
+    and the lifter's and verifier's own sources, so a rebuild after a manifest edit re-checks only
+    the new entries."""
+    d = Path(entry_dir)
+    meta = json.loads((d / "meta.json").read_text())
+    host = (d / "host.mlir").read_text()
+    cubin = (d / "kernel.cubin").read_bytes()
+    hit = None
+    if cache_dir:
+        h = hashlib.sha256(json.dumps([meta["id"], meta["host_function"], samples, _STAGE_SHA]).encode())
+        h.update(host.encode())
+        h.update(cubin)
+        hit = Path(cache_dir) / "verify" / f"{h.hexdigest()}.json"
+        if hit.is_file():
+            saved = json.loads(hit.read_text())
+            (d / "launcher.py").write_text(saved["launcher"])
+            (d / "verify.json").write_text(json.dumps(saved["report"], indent=1, sort_keys=True))
+            return saved["report"]
+    src = lift.lift(host, meta["host_function"], meta["id"], lift.cubin_param_layout(cubin))
+    (d / "launcher.py").write_text(src)
+    try:
+        rep = verify.verify(host, meta["host_function"], src, cubin, samples=samples)
+    except VerifyError as e:
+        (d / "verify.json").write_text(json.dumps({"verdict": "failed", "error": str(e)}, indent=1))
+        raise VerifyError(f"{meta['id']}: {e}") from None
+    (d / "verify.json").write_text(json.dumps(rep, indent=1, sort_keys=True))
+    if hit is not None:
+        hit.parent.mkdir(parents=True, exist_ok=True)
+        hit.write_text(json.dumps({"launcher": src, "report": rep}))
+    return rep
+
+
+# what a lift+verify result depends on besides the entry's own artifacts: the lifter, the verifier (and
+# what they import), and the run-time helpers the launchers call
+_STAGE_SHA = digest(sorted({*closure(REPO / "aot/toolchain/lift/__init__.py"), *closure(REPO / "aot/toolchain/verify.py"),
+                            *REPO.joinpath("aot/toolchain/lift").glob("*.py"), REPO / "aot/runtime/lifted.py"}))
+
+
+def _lv(args):
+    try:
+        return args[0], lift_and_verify(*args), None
+    except AotError as e:
+        return args[0], None, f"{type(e).__name__}: {e}"
+
+
+def check_policies(m, isolated=True) -> None:
+    """Run every family's ``check_policy(targets)`` of manifest ``m`` (in a fresh process unless
+    ``isolated`` is false: it imports cudnn); raise PolicyError listing every disagreement."""
+    families = sorted({e.family for e in m.entries})
+    if not isolated:
+        failures = _check_policies(families, list(m.targets), list(sys.path))
+    else:
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            failures = pool.submit(_check_policies, families, list(m.targets), list(sys.path)).result()
+    if failures:
+        raise PolicyError(f"{len(failures)} family policies disagree with cudnn's own functions (fix aot/policy/<family>.py):\n"
+                          + "\n".join(f"  - {f}" for f in failures))
+
+
+def _check_policies(families, targets, path) -> list:
+    sys.path[:] = path
+    from .specs import SPECS
+
+    failures = []
+    for f in families:
+        try:
+            SPECS[f].check_policy(targets)
+        except Exception as e:  # noqa: BLE001  (collected: every family is checked, then the build stops)
+            failures.append(f"{f}: {type(e).__name__}: {e}")
+    return failures
+
+
+def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True, fidelity=True) -> dict:
+    """Build every entry of the manifest into ``out_dir`` (what the wheel ships as aot/_generated); return the index."""
+    t0 = time.perf_counter()
+    m = manifest.load(manifest_path)
+    check_policies(m)
+    compiled = compile_stage.compile_entries(m.entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress)
+    t1 = time.perf_counter()
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    failures = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        for i, (d, rep, err) in enumerate(pool.map(_lv, [(str(c.dir), samples, cache_dir) for c in compiled]), 1):
+            if err:
+                failures.append(err)
+            if progress:
+                print(f"lift+verify {i}/{len(compiled)} {Path(d).name} {'FAILED' if err else 'ok'}", file=sys.stderr, flush=True)
+    if failures:
+        raise VerifyError(f"{len(failures)} entries failed the lifter checks:\n" + "\n".join(f"  - {f}" for f in failures))
+    t2 = time.perf_counter()
+    # --- fidelity (aot.toolchain.fidelity): each cubin == what cudnn's own JIT path builds for its key; fails closed ---
+    verdicts = None
+    if fidelity:
+        dirs = [c.dir for c in compiled]
+        verdicts = fidelity_stage.check(dirs, jobs=jobs, cache_dir=cache_dir, progress=progress)
+        fidelity_stage.write_verdicts(verdicts, dirs)
+        fidelity_stage.require_identical(verdicts)
+    t3 = time.perf_counter()
+    # ---
+    index = pack.pack([c.dir for c in compiled], out_dir, manifest_path, fidelity=verdicts)
+    if progress:
+        print(f"build: {len(compiled)} entries ({sum(c.cached for c in compiled)} from cache); compile {t1 - t0:.1f}s, "
+              f"lift+verify {t2 - t1:.1f}s, fidelity {t3 - t2:.1f}s, pack {time.perf_counter() - t3:.1f}s -> {out_dir}", file=sys.stderr)
+    return index

@@ -1,0 +1,71 @@
+"""Command line of the toolchain: ``python -m aot`` (or ``python -m aot.toolchain``) with
+``manifest check FILE``, ``build``, ``lift-verify DIR``, ``fidelity DIR...``."""
+
+import argparse
+import sys
+
+from ..errors import AotError
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m aot", description="dsa-aot: ahead-of-time CuTe DSL kernels")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    mc = sub.add_parser("manifest", help="manifest tools")
+    mc.add_argument("action", choices=["check"])
+    mc.add_argument("path")
+    b = sub.add_parser("build", help="compile, lift, verify and pack every entry of a manifest")
+    b.add_argument("--manifest", default="manifests/default.toml")
+    b.add_argument("--out", default="aot/_generated", help="where the packed build goes (the wheel ships it as aot/_generated)")
+    b.add_argument("--work", default="_build", help="per-entry artifacts: cubin, host.mlir, launcher.py, meta.json, verify.json")
+    b.add_argument("--cache", default=".cache/aot", help="content-addressed compile cache ('' to disable)")
+    b.add_argument("-j", "--jobs", type=int, default=None)
+    b.add_argument("--samples", type=int, default=50, help="random argument sets per entry for the lifter check (>= 50)")
+    b.add_argument("--no-fidelity", action="store_true", help="skip the check against cudnn's own JIT path (aot.toolchain.fidelity); the report says 'not checked'")
+    lv = sub.add_parser("lift-verify", help="re-run lift and verify on one entry directory of a previous build")
+    lv.add_argument("entry_dir")
+    fc = sub.add_parser("fidelity", help="prove shipped cubins byte-identical to what cudnn's own JIT path builds")
+    fc.add_argument("dirs", nargs="+", help="entry directories, or work directories holding entries/")
+    fc.add_argument("-j", "--jobs", type=int, default=None)
+    fc.add_argument("--no-write", action="store_true", help="do not write <entry>/fidelity.json")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "manifest":
+            from .manifest import load
+
+            m = load(a.path)
+            print(f"{a.path}: ok, {len(m.entries)} entries for {len(m.targets)} target(s)")
+            for e in m.entries:
+                print(f"  {e.id}")
+        elif a.cmd == "build":
+            from .build import build
+
+            if a.samples < 50:
+                p.error("--samples must be at least 50")
+            idx = build(a.manifest, a.out, a.work, a.cache or None, a.jobs, a.samples, fidelity=not a.no_fidelity)
+            print(f"built {len(idx['entries'])} entries into {a.out}")
+        elif a.cmd == "lift-verify":
+            from .build import lift_and_verify
+
+            print(lift_and_verify(a.entry_dir))
+        elif a.cmd == "fidelity":
+            from pathlib import Path
+
+            from . import fidelity
+
+            dirs = []
+            for d in map(Path, a.dirs):
+                dirs += [d] if (d / "meta.json").is_file() else sorted(e for e in (d / "entries").iterdir() if (e / "meta.json").is_file())
+            res = fidelity.check(dirs, jobs=a.jobs, progress=True)
+            if not a.no_write:
+                fidelity.write_verdicts(res, dirs)
+            for i, r in res.items():
+                print(f"{r['verdict']:15} {r['seconds']:6.2f}s  {i}" + (f"  ({r['note']})" if r.get("note") else ""))
+            fidelity.require_identical(res)
+    except AotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

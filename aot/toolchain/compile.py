@@ -1,0 +1,233 @@
+"""Stage 2, compile: every manifest entry through cute.compile on the CPU, for its target arch.
+
+Per entry it writes, under ``<out>/entries/<entry id>/``:
+  kernel.cubin   the cubin (fn.__cubin__), byte-identical to what the JIT path builds for this key
+  host.mlir      the lowered host module in MLIR generic form (input of the lift and verify stages)
+  meta.json      family, op, key, arch, tool versions, cache key, compile seconds; written last
+
+Workers import the DSL once each (about 2 s) and are grouped per arch, because CuTe DSL reads
+CUTE_DSL_ARCH once per process. A content-addressed cache (key: the entry's key and target, the tool
+versions, the spec and every aot module it imports, this stage's sources) makes a rebuild after adding
+one bucket compile exactly one new entry, and an edit of a family's policy recompile that family.
+
+Public function: :func:`compile_entries`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from importlib import metadata
+from multiprocessing import get_context
+from pathlib import Path
+
+from ..errors import CompileError
+from .manifest import Entry
+from .sources import REPO, digest
+from .specs import SPECS, spec_digest
+
+__all__ = ["compile_entries", "CompiledEntry", "tool_versions", "cache_key"]
+
+# libs-cu13 carries the ptxas that cudnn's JIT uses on a CUDA 13 machine (the H200 test machine): with the
+# cu12 libs the same key gives a different (older-ptxas) cubin, so it is part of the toolchain pin.
+TOOL_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu13", "nvidia-cudnn-frontend")
+ARTIFACTS = ("kernel.cubin", "host.mlir", "meta.json")
+
+
+@dataclass(frozen=True)
+class CompiledEntry:
+    entry: Entry
+    dir: Path
+    cached: bool
+    seconds: float
+
+
+def tool_versions() -> dict:
+    out = {}
+    for d in TOOL_DISTS:
+        try:
+            out[d] = metadata.version(d)
+        except metadata.PackageNotFoundError:
+            raise CompileError(f"{d} is not installed: the build needs it (pip install {d}=={_PINS[d]})") from None
+    return out
+
+
+_PINS = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": "4.8.1", "nvidia-cudnn-frontend": "1.32.0"}
+
+
+# the stage's own sources: what turns a spec's compile into the artifacts' bytes
+STAGE_SOURCES = ("aot/toolchain/compile.py", "aot/toolchain/ir.py", "aot/toolchain/cubin.py")
+
+
+def cache_key(entry: Entry, versions: dict, root: Path = REPO) -> str:
+    """sha256 over everything that can change the compiled artifacts of ``entry``."""
+    parts = {
+        "family": entry.family,
+        "op": entry.op,
+        "key": [[k, v] for k, v in entry.key],
+        "arch": entry.target.arch,
+        "sm_count": entry.target.sm_count,
+        "spec": spec_digest(entry.family, root),
+        "tools": versions,
+        "stage": digest([root / f for f in STAGE_SOURCES], root),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def compile_entries(entries, out_dir, cache_dir=None, jobs=None, progress=True) -> list:
+    """Compile ``entries`` into ``out_dir/entries``; return a :class:`CompiledEntry` per entry."""
+    out_dir = Path(out_dir)
+    cache_dir = Path(cache_dir) if cache_dir else None
+    versions = tool_versions()
+    results, todo = [], []
+    for e in entries:
+        edir = out_dir / "entries" / e.id
+        key = cache_key(e, versions)
+        hit = cache_dir / key if cache_dir else None
+        if hit is not None and all((hit / a).is_file() for a in ARTIFACTS):
+            _copy_artifacts(hit, edir)
+            results.append(CompiledEntry(e, edir, True, 0.0))
+        else:
+            todo.append((e, edir, key))
+    bar = _Progress(len(entries), len(results), enabled=progress)
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    by_arch: dict = {}
+    for item in todo:
+        by_arch.setdefault(item[0].target.arch, []).append(item)
+    failures = []
+    for arch, items in sorted(by_arch.items()):
+        with tempfile.TemporaryDirectory(prefix="aot-dump-") as dump, ProcessPoolExecutor(
+            max_workers=min(jobs, len(items)), mp_context=get_context("spawn"), initializer=_worker_init, initargs=(arch, dump, list(sys.path))
+        ) as pool:
+            futs = {pool.submit(_compile_one, e.family, e.op, e.key, e.target.arch, e.target.sm_count): (e, edir, key) for e, edir, key in items}
+            for fut in as_completed(futs):
+                e, edir, key = futs[fut]
+                try:
+                    art = fut.result()
+                except Exception as exc:  # collect, report all failures at once
+                    failures.append(f"{e.id}: {type(exc).__name__}: {exc}")
+                    bar.step(e.id, "FAILED")
+                    continue
+                _write_entry(edir, e, art, versions, key)
+                if cache_dir:
+                    _copy_artifacts(edir, cache_dir / key)
+                results.append(CompiledEntry(e, edir, False, art["seconds"]))
+                bar.step(e.id, f"{art['seconds']:.2f}s")
+    bar.done()
+    if failures:
+        raise CompileError(f"{len(failures)} of {len(entries)} entries failed to compile:\n" + "\n".join(f"  - {f}" for f in failures))
+    order = {e.id: i for i, e in enumerate(entries)}
+    return sorted(results, key=lambda r: order[r.entry.id])
+
+
+def _write_entry(edir: Path, e: Entry, art: dict, versions: dict, key: str) -> None:
+    edir.mkdir(parents=True, exist_ok=True)
+    (edir / "kernel.cubin").write_bytes(art["cubin"])
+    (edir / "host.mlir").write_text(art["host"])
+    meta = {
+        "id": e.id,
+        "family": e.family,
+        "op": e.op,
+        "key": dict(e.key) | art["extra_key"],
+        "arch": e.target.arch,
+        "target": {"name": e.target.name, "sm_count": e.target.sm_count},
+        "kernel_symbols": art["symbols"],
+        "host_function": art["host_function"],
+        "compile_seconds": round(art["seconds"], 4),
+        "tools": versions,
+        "cache_key": key,
+    }
+    _atomic_write(edir / "meta.json", json.dumps(meta, indent=2, sort_keys=True))  # commit marker: last
+
+
+def _copy_artifacts(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for a in ARTIFACTS:  # meta.json last, so a half-copied entry never looks complete
+        tmp = dst / f".{a}.tmp"
+        shutil.copyfile(src / a, tmp)
+        os.replace(tmp, dst / a)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# --- worker side -------------------------------------------------------------------------------
+
+
+def _worker_init(arch: str, dump_dir: str, path: list) -> None:
+    sys.path[:] = path
+    os.environ["CUTE_DSL_ARCH"] = arch  # read once per process by the DSL: set before importing it
+    os.environ["CUTE_DSL_KEEP"] = "cubin"  # makes fn.__cubin__ available
+    # KEEP also drops files, named by kernel symbol (shared across keys): one dir per worker, so a
+    # concurrent compile of another key cannot overwrite what fn.__cubin__ reads back
+    os.environ["CUTE_DSL_DUMP_DIR"] = os.path.join(dump_dir, str(os.getpid()))
+    import cutlass  # noqa: F401  (pay the import once per worker)
+
+
+def _compile_one(family, op, key, arch, sm_count) -> dict:
+    import cutlass.cute as cute
+
+    from .manifest import Target
+
+    if os.environ.get("CUTE_DSL_ARCH") != arch:
+        raise CompileError(f"worker arch {os.environ.get('CUTE_DSL_ARCH')} != entry arch {arch}")
+    fn_, args, options, extra_key = SPECS[family].build(op, dict(key), Target("", arch, sm_count))
+    t0 = time.perf_counter()
+    fn = cute.compile(fn_, *args, options=options) if options else cute.compile(fn_, *args)
+    seconds = time.perf_counter() - t0
+    host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
+    # The cubin the JIT loads is the one embedded in the host module's fatbin (global kernels_binary);
+    # fn.__cubin__ is bytes with some DSL library builds and a dump path with others.
+    cubin = _embedded_cubin(host)
+    kept = fn.__cubin__
+    if isinstance(kept, (bytes, bytearray)) and bytes(kept) != cubin:
+        raise CompileError("fn.__cubin__ differs from the cubin embedded in the host module")
+    return {
+        "cubin": bytes(cubin),
+        "host": host,
+        "symbols": list(fn.kernel_info.keys()),
+        "host_function": fn.function_name,
+        "seconds": seconds,
+        "extra_key": extra_key,
+    }
+
+
+def _embedded_cubin(host: str) -> bytes:
+    from . import ir
+    from .cubin import extract_cubins_from_fatbin
+
+    g = ir.parse_module(host).globals.get("kernels_binary")
+    if g is None:
+        raise CompileError("the host module has no kernels_binary global")
+    cubins = extract_cubins_from_fatbin(ir.attr_bytes(g.props["value"]))
+    if len(cubins) != 1:
+        raise CompileError(f"expected one cubin in the host module's fatbin, found {len(cubins)}")
+    return cubins[0]
+
+
+class _Progress:
+    def __init__(self, total, done, enabled):
+        self.total, self.n, self.enabled, self.t0 = total, done, enabled, time.perf_counter()
+        if enabled and done:
+            print(f"compile: {done}/{total} entries from cache", file=sys.stderr)
+
+    def step(self, name, note):
+        self.n += 1
+        if self.enabled:
+            w = 30
+            fill = w * self.n // max(1, self.total)
+            print(f"compile [{'#' * fill}{'.' * (w - fill)}] {self.n}/{self.total} {name} {note}", file=sys.stderr, flush=True)
+
+    def done(self):
+        if self.enabled:
+            print(f"compile: {self.total} entries in {time.perf_counter() - self.t0:.1f}s", file=sys.stderr)

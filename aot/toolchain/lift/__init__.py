@@ -1,0 +1,73 @@
+"""Stage 3 — lift: turn the lowered host launcher of one entry into a pure-Python launcher module.
+
+The host function of a ``@cute.jit`` entry is straight-line integer code over its arguments plus calls
+to a few CUDA shims. The lifter interprets it abstractly: a value is a constant, a residual
+expression over the arguments, a pointer into a modelled memory region, or an aggregate. Constant
+control flow is followed (the attribute-array loops unroll), error checks on shim results follow the
+success side, and a branch on a run-time value is accepted only when one side is an error path (it
+becomes a check that raises) or when the launcher can reproduce it as Python: pure integer arithmetic
+that rejoins, a loop around launches, an if/else whose arms rejoin. Every launch is captured: kernel, grid, block, shared memory, stream,
+launch attributes and the bytes of every kernel parameter. What is constant goes into the module as
+data; only the residual arithmetic is emitted as code.
+
+The per-device setup function (``cuda_load_to_device``) is lifted the same way into ``setup(dattr,
+kattr, set_attr)``: which kernel attributes the JIT sets, from which device/kernel attributes.
+
+Fails closed: an op, call, type or branch it does not understand raises :class:`LiftError` naming
+it and its line in host.mlir.
+
+Public functions: :func:`lift` (host.mlir text -> launcher source; artifact: ``launcher.py``) and
+:func:`cubin_param_layout` (the cubin's parameter layout, which ``lift`` checks launches against).
+
+Modules: ``values`` (the abstract values and host memory), ``arith`` (op spelling and constant
+folding), ``interp`` (the abstract interpreter and the CUDA shim models), ``control`` (branches,
+loops and run-time regions), ``emit`` (the launcher module).
+"""
+
+from __future__ import annotations
+
+from .. import ir
+from ...errors import LiftError
+from .emit import emit_module, entry_args
+from .interp import Interpreter
+from .values import P, Region, S
+
+__all__ = ["lift", "cubin_param_layout"]
+
+
+def cubin_param_layout(cubin: bytes) -> dict:
+    """kernel symbol -> [(offset, size)] of its parameters, from the cubin's EIATTR_KPARAM_INFO."""
+    from ..cubin import read_cubin
+
+    return {k.name: [(p.offset, p.size) for p in k.params] for k in read_cubin(cubin).kernels}
+
+
+def lift(host_mlir: str, entry_function: str, title: str = "", param_layout: dict | None = None) -> str:
+    """Lift ``entry_function`` of ``host_mlir`` (generic form) into launcher module source.
+
+    ``param_layout`` maps kernel symbol -> [(offset, size)] of its parameters, from the cubin.
+    """
+    m = ir.parse_module(host_mlir)
+    if entry_function not in m.funcs:
+        raise LiftError(f"host module has no function {entry_function!r} (has: {sorted(m.funcs)})")
+    setup = _setup(m)
+    main = Interpreter(m)
+    main.kernels = dict(setup.kernels)
+    f = m.funcs[entry_function]
+    args, arg_spec = entry_args(f)
+    main.run(f, args)
+    if not main.launches:
+        raise LiftError(f"{entry_function} launches no kernel")
+    return emit_module(title, arg_spec, setup, main, main.kernels, param_layout)
+
+
+def _setup(m):
+    """Interpret the per-device setup, cuda_load_to_device(library**, device): it loads the kernels
+    (kernel global -> symbol) and sets their attributes."""
+    setup = Interpreter(m)
+    if "cuda_load_to_device" not in m.funcs:
+        raise LiftError("host module has no cuda_load_to_device; cannot learn the kernel set-up the JIT performs")
+    lib = Region("library handle", 8)
+    lib.fields[0] = (8, S("library", 64))
+    setup.run(m.funcs["cuda_load_to_device"], [P(lib, 0), S("device", 32)])
+    return setup

@@ -1,0 +1,513 @@
+"""What the JIT-vs-AOT parity scripts share (ci/parity/<family>.py, one per kernel family).
+
+* the import blocker of the AOT side (cutlass and cudnn must not be importable there);
+* timing: first call (synchronised) and warm host microseconds per call, ``torch.add`` yardstick;
+* NaN / 0xFF poisoning of outputs and workspaces; host copies, device-side bitwise equality;
+* the cubin a JIT-compiled function really loads (``loaded_cubin``);
+* bitwise comparison, index.json key matching and sha256 status, run metadata;
+* the verdict of an order-dependent output against the JIT's own run-to-run jitter
+  (``jitter_verdict``), markdown tables.
+
+torch is imported lazily (the compare step and ``--help`` need no GPU).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+__all__ = [
+    "Blocker",
+    "install_blocker",
+    "first_call",
+    "warm_us",
+    "device_us",
+    "torch_add_us",
+    "nan_like",
+    "poisoned_workspace",
+    "loaded_cubin",
+    "runtime_stats",
+    "meta",
+    "bitwise",
+    "key_match",
+    "selected",
+    "to_cuda",
+    "host_copy",
+    "same",
+    "key_str",
+    "shipped_index",
+    "family_entries",
+    "shipped",
+    "sha_status",
+    "torch_ulp",
+    "torch_isnan",
+    "jitter_verdict",
+    "md_table",
+    "load_json",
+]
+
+# ------------------------------------------------------------------------------------------------
+# AOT side: the JIT toolchain must not be importable
+# ------------------------------------------------------------------------------------------------
+
+
+class Blocker(importlib.abc.MetaPathFinder):
+    """Makes the JIT toolchain unimportable in this process: the AOT runtime must not need it."""
+
+    BLOCKED = ("cutlass", "cudnn")
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.BLOCKED:
+            raise ImportError(f"{fullname} is blocked in the aot parity process (the runtime must not import it)")
+        return None
+
+
+def install_blocker():
+    """Put a :class:`Blocker` first on sys.meta_path; refuse if the toolchain is already imported."""
+    if not any(isinstance(f, Blocker) for f in sys.meta_path):
+        sys.meta_path.insert(0, Blocker())
+    for mod in list(sys.modules):
+        if mod.split(".")[0] in Blocker.BLOCKED:
+            raise SystemExit(f"{mod} was imported before the blocker was installed")
+    try:
+        spec = importlib.util.find_spec("cutlass")
+    except ImportError:
+        spec = None
+    assert spec is None, "cutlass is importable in the aot process"
+
+
+# ------------------------------------------------------------------------------------------------
+# Timing (torch only)
+# ------------------------------------------------------------------------------------------------
+
+
+def load_ref(filename):
+    """tests/gpu/<filename>, the fp64 reference whose ``make_inputs`` both sides share; None when the
+    checkout has no tests (the script then generates equivalent inputs itself)."""
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "gpu")
+    path = os.path.join(here, filename)
+    if not os.path.exists(path):
+        return None
+    if here not in sys.path:  # the references import their shared refutil by name
+        sys.path.insert(0, here)
+    spec = importlib.util.spec_from_file_location("dsa_aot_parity_" + filename[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod if hasattr(mod, "make_inputs") else None
+
+
+def first_call(fn):
+    """Wall seconds of one synchronised call."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def warm_us(fn, calls, sync_every=None):
+    """Median host microseconds per call; the device is synchronised only outside the timed calls.
+
+    ``sync_every``: synchronise (untimed) after every that many calls, so that ops whose device time
+    exceeds their host time cannot fill the launch queue and make the host wait inside a call.
+    None: only before and after the loop.
+    """
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for i in range(calls):
+        if sync_every and i and i % sync_every == 0:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(samples) / 1e3
+
+
+def device_us(fn, calls=20):
+    """Device microseconds per call, back to back: CUDA events around ``calls`` calls, synchronised.
+
+    When the device is the bottleneck this is the kernels' time per call; when the host is, it is
+    the host's (the device idles between launches)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / calls
+
+
+def torch_add_us(calls):
+    import torch
+
+    a = torch.ones(16, device="cuda")
+    b = torch.ones(16, device="cuda")
+    return warm_us(lambda: torch.add(a, b), calls)
+
+
+# ------------------------------------------------------------------------------------------------
+# Poisoning
+# ------------------------------------------------------------------------------------------------
+
+
+def nan_like(t):
+    import torch
+
+    return torch.full_like(t, float("nan"))
+
+
+def poisoned_workspace(nbytes):
+    import torch
+
+    return torch.full((max(int(nbytes), 1),), 0xFF, dtype=torch.uint8, device="cuda")
+
+
+# ------------------------------------------------------------------------------------------------
+# JIT side: the cubin a compiled function loads
+# ------------------------------------------------------------------------------------------------
+
+
+def loaded_cubin(fn):
+    """The cubin the JIT loads: the one embedded in the host module's fatbin (kernels_binary).
+
+    ``fn.__cubin__`` is bytes with some DSL library builds and a dump-file path with others.
+    """
+    from aot.toolchain import ir
+    from aot.toolchain.cubin import extract_cubins_from_fatbin
+
+    host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
+    cubins = extract_cubins_from_fatbin(ir.attr_bytes(ir.parse_module(host).globals["kernels_binary"].props["value"]))
+    return cubins[0] if len(cubins) == 1 else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Metadata
+# ------------------------------------------------------------------------------------------------
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {(k if isinstance(k, str) else repr(k)): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+
+
+def runtime_stats(aot_pkg=None):
+    """Whatever cubin-load statistics aot.runtime exposes (optional; probed defensively)."""
+    try:
+        runtime = importlib.import_module("aot.runtime")
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        return {"error": repr(exc)}
+    found = {}
+    for name in ("load_stats", "cubin_load_ms", "stats", "load_times"):
+        obj = getattr(runtime, name, None)
+        if obj is None:
+            continue
+        try:
+            found[name] = _jsonable(obj() if callable(obj) else obj)
+        except Exception as exc:  # noqa: BLE001
+            found[name] = repr(exc)
+    return found
+
+
+def meta(torch):
+    props = torch.cuda.get_device_properties(0)
+    return {"python": platform.python_version(), "torch": torch.__version__, "device": props.name, "sm_count": props.multi_processor_count}
+
+
+# ------------------------------------------------------------------------------------------------
+# Compare helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def bitwise(a, b):
+    """(equal, differing element count) for same-shape tensors, NaN-safe."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, -1
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    n = int((a.view(view) != b.view(view)).sum())
+    return n == 0, n
+
+
+def key_match(entry, want):
+    """Every field of the JIT key equals the entry's (looked up in entry["key"], then the entry)."""
+    key = entry.get("key", {})
+    return all(key.get(k, entry.get(k)) == v for k, v in want.items())
+
+
+def selected(args, name):
+    """--only: comma-separated substrings of case names (empty: every case)."""
+    return not args.only or any(part and part in name for part in args.only.split(","))
+
+
+# ------------------------------------------------------------------------------------------------
+# Tensors moved around by both sides (torch only)
+# ------------------------------------------------------------------------------------------------
+
+
+def to_cuda(x):
+    """A dict of CPU inputs on the GPU (non-tensors, None included, as they are)."""
+    import torch
+
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+
+
+def host_copy(t):
+    """A host copy (a copy even of a host tensor: later calls overwrite the device buffers)."""
+    return t.to("cpu", copy=True)
+
+
+def same(a, b):
+    """Bitwise equality on the device (NaN-safe)."""
+    import torch
+
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.view(view), b.view(view)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Shipped index: entries, key matching, sha256 status
+# ------------------------------------------------------------------------------------------------
+
+
+def key_str(op_key):
+    """A canonical string of an (op, key dict) pair (kernel lists compare as sorted lists of these)."""
+    op, key = op_key
+    return json.dumps([op, key], sort_keys=True)
+
+
+def shipped_index(aot_module, family):
+    """(path, {"tools", "entries" of ``family``}) of the aot package's index.json; index None if absent."""
+    index_path = os.path.join(os.path.dirname(aot_module.__file__), "_generated", "index.json")
+    index = None
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            full = json.load(f)
+        index = {"tools": full.get("tools"), "entries": [e for e in full.get("entries", []) if e.get("family") == family]}
+    return index_path, index
+
+
+def family_entries(index, family, arch):
+    if index is None:
+        return None
+    return [e for e in index.get("entries", []) if e.get("family") == family and e.get("arch") == arch]
+
+
+def shipped(entries, op, key):
+    """The index entries of (op, key): every field of the JIT key equal."""
+    return [e for e in entries if e.get("op") == op and key_match(e, key)]
+
+
+def sha_status(keys, cubins, entries):
+    """'yes' / 'NO' / 'missing:...' / 'no-jit-cubin:...' for the kernels a row used."""
+    if entries is None:
+        return "no-index"
+    status = "yes"
+    for op, key in keys:
+        jit = [c for c in cubins if c["op"] == op and c["key"] == key]
+        if not jit or not jit[0]["sha256"]:
+            return f"no-jit-cubin:{op}"
+        match = shipped(entries, op, key)
+        if not match:
+            return f"missing:{op}"
+        if any(e.get("sha256") != jit[0]["sha256"] for e in match):
+            status = "NO"
+    return status
+
+
+# ------------------------------------------------------------------------------------------------
+# Order-dependent outputs against the JIT's own jitter
+# ------------------------------------------------------------------------------------------------
+
+
+def torch_ulp(a, b):
+    """bf16 ulp at max(|a|, |b|) (float64 tensors)."""
+    import torch
+
+    m = torch.maximum(a.abs(), b.abs())
+    _, e = torch.frexp(m)
+    return torch.where(m == 0, torch.zeros_like(m), torch.pow(2.0, (e - 8).to(torch.float64)))
+
+
+def torch_isnan(t):
+    import torch
+
+    return torch.isnan(t.float()).sum()
+
+
+def jitter_verdict(jo, ao, n):
+    """(ok, text, numbers) for an order-dependent output: AOT vs JIT against the JIT's own jitter.
+
+    ``jo`` / ``ao``: the saved outputs of each side, ``n`` and its reruns ``n.run2``, ``n.run3``, ...
+    bf16 outputs, elementwise: |aot - jit| <= 1 bf16 ulp (a sum in another order rounds to a
+    neighbour) + 2 * the JIT's own max |jitter| (fp32 order noise, large where a sum cancels); fp32
+    outputs: max |diff| <= max(4 * jitter, 1e-6 * max|ref|). Bitwise when the JIT reruns were all
+    bitwise equal to its first run.
+    """
+    j1, a1 = jo[n].double(), ao[n].double()
+    runs = sorted(k for k in jo if k.startswith(n + ".run"))
+    aot_runs = sorted(k for k in ao if k.startswith(n + ".run"))
+    bf16 = str(jo[n].dtype) == "torch.bfloat16"
+    nans = int(torch_isnan(ao[n]))
+    eq, cnt = bitwise(jo[n], ao[n])
+    jitter = max((float((jo[k].double() - j1).abs().max()) for k in runs), default=float("nan"))
+    aot_jitter = max((float((ao[k].double() - a1).abs().max()) for k in aot_runs), default=float("nan"))
+    diff = float((a1 - j1).abs().max()) if j1.numel() else 0.0
+    unit = ""
+    if bf16 and runs and j1.numel():
+        # each element may round to a neighbour (1 bf16 ulp at its size) and carry the fp32
+        # order noise the JIT shows against itself (large where the sum cancels)
+        bound = torch_ulp(a1, j1) + 2 * jitter
+        over = float(((a1 - j1).abs() / bound.clamp_min(1e-300)).max())
+        diff, unit = over, "x bound"
+    scale = float(j1.abs().max()) if j1.numel() else 0.0
+    nums = dict(diff=diff, unit=unit, jitter=jitter, aot_jitter=aot_jitter, max_abs=scale, differing=cnt, nan=nans, jit_reruns=len(runs))
+    if nans or diff != diff:
+        return False, f"NO ({nans} NaN)", nums
+    if not runs:
+        return False, "NO (no JIT rerun to measure jitter)", nums
+    if jitter == 0.0:  # the JIT reproduced itself bitwise: require bitwise
+        nums["limit"] = 0.0
+        return eq, ("bitwise" if eq else f"NO ({cnt} differ, JIT reproducible)"), nums
+    limit = 1.0 if bf16 else max(4 * jitter, 1e-6 * scale)
+    nums["limit"] = limit
+    ok = diff <= limit
+    return ok, f"{'ok' if ok else 'NO'} {diff:.3g}{unit} (JIT jitter {jitter:.2e}, AOT jitter {aot_jitter:.2e}, {cnt} differ)", nums
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+
+def md_table(header, lines):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(v) for v in r) + " |" for r in lines]
+    return "\n".join(out)
+
+
+def load_json(path, script, step, d):
+    """The json a step wrote, or None (with the command to run) when it is missing."""
+    if not os.path.exists(path):
+        print(f"FAIL: {path} missing: run `python {script} {step} --dir {d}` (it may have failed)")
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def verdict(failures, ok_text):
+    """Print the failures (exit status 1) or the one-line OK summary (0)."""
+    if failures:
+        print(f"\nFAIL: {len(failures)} mismatch(es)")
+        for f in failures:
+            print(f"  - {f}")
+        return 1
+    print(f"\nOK: {ok_text}")
+    return 0
+
+
+def cli(doc, cmd_jit, cmd_aot, cmd_compare, argv=None, calls=100, extra=()):
+    """The jit / aot / compare command line the parity scripts share; ``extra`` = (flag, kwargs) pairs."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=("jit", "aot", "compare"))
+    p.add_argument("--dir", required=True, help="folder shared by the three steps")
+    p.add_argument("--calls", type=int, default=calls, help="warm calls timed per case (median)")
+    p.add_argument("--only", default="", help="run only cases whose name contains one of these comma-separated strings")
+    for flag, kw in extra:
+        p.add_argument(flag, **kw)
+    args = p.parse_args(argv)
+    if args.mode == "compare":
+        return cmd_compare(args)
+    (cmd_jit if args.mode == "jit" else cmd_aot)(args)
+    return 0
+
+
+def cubin_report(jit_cubins, entries):
+    """Every cubin the JIT compiled against the shipped entry of its key: (report rows, failures)."""
+    report, failures = [], []
+    for c in jit_cubins:
+        match = shipped(entries, c["op"], c["key"]) if entries is not None else []
+        shas = sorted({e.get("sha256") for e in match})
+        ok = bool(c["sha256"]) and shas == [c["sha256"]]
+        report.append(dict(c, shipped=shas, ids=[e.get("id") for e in match], ok=ok))
+        if not ok:
+            why = "no cubin from the JIT" if not c["sha256"] else ("no shipped entry" if not shas else f"shipped {shas}")
+            failures.append(f"JIT cubin {c['op']} {c['key']} ({c['jit_key']}): sha256 {c['sha256']} vs {why}")
+    if not jit_cubins:
+        failures.append("the JIT side recorded no cubins")
+    return report, failures
+
+
+def print_summary(jm, am, cubins, jit_rows, aot_rows, into_label=None):
+    """The lines under a parity table: import and yardstick costs, cubin hashes and loads, and the
+    medians over the cases both sides ran (warm host time; first calls that compiled / loaded)."""
+    print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, aot.dsa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
+    print(f"torch.add warm host us: JIT process {jm.get('torch_add_us', float('nan')):.1f}, AOT process {am.get('torch_add_us', float('nan')):.1f}")
+    print(f"JIT cubins: {len(cubins)} compiled, {sum(c['ok'] for c in cubins)} with the shipped sha256")
+    loads = (am.get("runtime_stats") or {}).get("load_stats")
+    if isinstance(loads, dict) and loads and all(isinstance(v, (int, float)) for v in loads.values()):
+        v = sorted(loads.values())
+        print(f"aot cubin loads (aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
+    both = [(jit_rows[n], aot_rows[n]) for n in jit_rows if n in aot_rows and "warm_us" in jit_rows[n] and "warm_us" in aot_rows[n]]
+    if both:
+        jw, aw = statistics.median(j["warm_us"] for j, _ in both), statistics.median(a["warm_us"] for _, a in both)
+        jf = [j["first_s"] for j, _ in both if j.get("new")]
+        af = [a["first_s"] for _, a in both if a.get("new")]
+        ai = [a["warm_into_us"] for _, a in both if "warm_into_us" in a]
+        print(f"warm host us per op call, median over cases: JIT {jw:.1f}, AOT {aw:.1f} (AOT/JIT {aw / jw:.2f})"
+              + (f"; AOT {into_label} {statistics.median(ai):.1f}" if ai and into_label else ""))
+        if jf and af:
+            print(f"first call that compiles/loads, median: JIT {statistics.median(jf):.2f} s, AOT {1e3 * statistics.median(af):.1f} ms "
+                  f"(JIT/AOT {statistics.median(jf) / statistics.median(af):.0f}x)")
+
+
+def write_report(d, failures, arch, rows, cubins, jm, am):
+    """<d>/parity.json: the verdict, every failure, the per-case rows and cubins, both sides' metadata."""
+    with open(os.path.join(d, "parity.json"), "w") as f:
+        json.dump({"ok": not failures, "failures": failures, "arch": arch, "rows": rows, "cubins": cubins, "meta": {"jit": jm, "aot": am}}, f,
+                  indent=1, default=str)
+
+
+def keep_cubins():
+    """JIT side: make the DSL keep each compiled cubin (set before the DSL is imported)."""
+    keep = os.environ.get("CUTE_DSL_KEEP", "")
+    if "cubin" not in keep.split(","):
+        os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "cubin") if p)
+
+
+def jit_cubins(tables, index_key):
+    """The cubins in the JIT's compile caches: ``tables`` (kind, {jit key: compiled fn}),
+    ``index_key(kind, jit key)`` -> the shipped (op, key) it corresponds to."""
+    import hashlib
+
+    result = []
+    for kind, table in tables:
+        for key, fn in table.items():
+            cubin = loaded_cubin(fn)
+            op, k = index_key(kind, key)
+            result.append({"op": op, "key": k, "jit_key": repr(key), "sha256": hashlib.sha256(cubin).hexdigest() if cubin else None,
+                           "bytes": len(cubin) if cubin else 0})
+    return result
+

@@ -1,0 +1,33 @@
+"""aot.runtime.index: lookups by the op's key fields, the bucket a miss names, a missing build."""
+
+import pytest
+
+from aot.errors import ArchMismatchError, KernelNotFoundError
+from aot.runtime.index import Index
+
+
+def test_find_names_the_manifest_bucket_that_would_cover_a_missing_key(one_entry_build):
+    ix, entry = one_entry_build
+    assert ix.find("csa_compressor", "dape_reduce", {"split": True}, "sm_90a") == entry
+    with pytest.raises(KernelNotFoundError) as ei:
+        ix.find("csa_compressor", "fwd", {"ratio": 4, "d": 64, "coff": 2}, "sm_90a")
+    msg = str(ei.value)
+    assert "[[bucket]]" in msg and "op = 'fwd'" in msg and "d = 64" in msg and "rebuild" in msg
+    with pytest.raises(ArchMismatchError, match=r"no cubins for sm_100a \(it has: sm_90a\)"):
+        ix.find("csa_compressor", "dape_reduce", {"split": True}, "sm_100a")
+
+
+def test_missing_build_says_how_to_make_one(tmp_path):
+    with pytest.raises(KernelNotFoundError, match="python -m aot build"):
+        Index(tmp_path / "nothing")
+
+
+def test_lookup_ignores_what_the_spec_derived(packed):
+    """index.json keeps the spec's derived fields (grid, persistence, ...) next to the key; the runtime
+    looks entries up by the op's own fields."""
+    name = "dsa_indexer_backward.gemm.nodeterministic.heads64.pdl.persistent.planes96.topk512.notopk_global.sm_100a"
+    ix = packed(name)
+    e = ix.find("dsa_indexer_backward", "gemm", {"heads": 64, "topk": 512, "topk_global": False, "persistent": True, "pdl": True,
+                                                 "deterministic": False, "planes": 96}, "sm_100a")
+    assert e["id"] == name and e["key"]["grid"] == 148 and "grid" in e["derived"]
+    assert ix.target_sm_count("sm_100a") == 148

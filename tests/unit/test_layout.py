@@ -1,0 +1,132 @@
+"""The package is split by when code runs, and the split is enforced here.
+
+  aot.policy     pure rules: standard library only
+  aot.runtime    run time: standard library, cuda-python and the policy; never the toolchain or the ops
+  aot.ops        run time: torch, the runtime and the policy
+  aot.toolchain  build time: the policy (and itself); never the run-time ops or runtime
+  kernels/*.py   build time: the policy only
+
+``aot.errors`` (the root exception, stdlib only) may be imported by every layer.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ALLOWED = {
+    "aot.policy": {"aot.policy"},
+    "aot.runtime": {"aot.runtime", "aot.policy"},
+    "aot.ops": {"aot.ops", "aot.runtime", "aot.policy"},
+    "aot.toolchain": {"aot.toolchain", "aot.policy"},
+    "kernels": {"aot.policy"},
+}
+THIRD_PARTY = {  # what a layer may import outside aot (the standard library aside)
+    "aot.policy": set(),
+    "aot.runtime": {"cuda"},
+    "aot.ops": {"torch", "cuda"},
+}
+EVERYWHERE = {"aot", "aot.errors"}
+
+
+def _layer(rel: str) -> str:
+    parts = Path(rel).with_suffix("").parts
+    if parts[0] == "kernels":
+        return "kernels"
+    return ".".join(parts[:2]) if len(parts) > 2 else ".".join(parts)
+
+
+def _imports(path: Path, root: Path = ROOT):
+    """(line, absolute module name) for every import in ``path``, relative ones resolved."""
+    rel = path.relative_to(root)
+    pkg = list(rel.with_suffix("").parts)
+    pkg = pkg[:-1] if pkg[-1] != "__init__" else pkg[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            for a in node.names:
+                yield node.lineno, f"{base}.{a.name}" if node.level and not node.module else base
+
+
+def _files(root):
+    for p in sorted((root / "aot").rglob("*.py")):
+        if "_generated" not in p.parts:
+            yield p
+    yield from sorted((root / "kernels").glob("*.py"))
+
+
+def _violations(root: Path) -> list:
+    bad = []
+    for path in _files(root):
+        rel = str(path.relative_to(root))
+        layer = _layer(rel)
+        if layer not in ALLOWED:
+            continue  # aot/__init__.py, aot/__main__.py, the namespaces aot/csa.py, aot/dsa.py, aot/errors.py: checked below
+        for line, mod in _imports(path, root):
+            top = mod.split(".")[0]
+            if top == "aot":
+                if mod in EVERYWHERE or any(mod == a or mod.startswith(a + ".") for a in ALLOWED[layer]):
+                    continue
+                bad.append(f"{rel}:{line} imports {mod} ({layer} may import {sorted(ALLOWED[layer])})")
+            elif layer in THIRD_PARTY and top not in THIRD_PARTY[layer] and top not in sys.stdlib_module_names and top != "__future__":
+                bad.append(f"{rel}:{line} imports {mod} ({layer} may import the standard library and {sorted(THIRD_PARTY[layer])})")
+    return bad
+
+
+def test_imports_point_from_run_time_to_policy_and_never_into_the_toolchain():
+    bad = _violations(ROOT)
+    assert not bad, "\n".join(bad)
+
+
+def test_public_namespaces_import_only_the_ops_and_the_policy():
+    for name in ("csa.py", "dsa.py", "errors.py", "__init__.py"):
+        for line, mod in _imports(ROOT / "aot" / name):
+            assert not mod.startswith(("aot.toolchain", "aot.runtime")), f"aot/{name}:{line} imports {mod}"
+
+
+def test_the_check_catches_wrong_imports(tmp_path):
+    """The walk can fail: a policy module importing the runtime, a spec importing an op module and the
+    runtime importing torch are each reported."""
+    import shutil
+
+    shutil.copytree(ROOT / "aot", tmp_path / "aot", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    assert _violations(tmp_path) == []
+    (tmp_path / "aot" / "policy" / "probe.py").write_text("from ..runtime import index\n")
+    (tmp_path / "kernels" / "probe.py").write_text("import aot.ops.csa_compressor\n")
+    (tmp_path / "aot" / "runtime" / "probe.py").write_text("import torch\n")
+    assert sorted(_violations(tmp_path)) == [
+        "aot/policy/probe.py:1 imports aot.runtime (aot.policy may import ['aot.policy'])",
+        "aot/runtime/probe.py:1 imports torch (aot.runtime may import the standard library and ['cuda'])",
+        "kernels/probe.py:1 imports aot.ops.csa_compressor (kernels may import ['aot.policy'])",
+    ]
+
+
+BLOCK = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch'):
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_run_time_imports_no_toolchain_and_does_nothing_at_import():
+    code = BLOCK + """
+import aot, aot.runtime, aot.runtime.index, aot.runtime.loaded, aot.runtime.driver, aot.csa, aot.dsa, aot.policy.families
+assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch', 'cuda') for m in sys.modules), sorted(sys.modules)
+assert not any(m.startswith('aot.toolchain') for m in sys.modules), sorted(m for m in sys.modules if m.startswith('aot'))
+assert aot.runtime.index._INDEX is None
+print('ok')
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr

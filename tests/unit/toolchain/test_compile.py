@@ -1,0 +1,105 @@
+"""aot.toolchain.compile on the CPU: both arches from one manifest, artifacts, and the content-addressed cache."""
+
+import json
+
+import pytest
+
+pytest.importorskip("cutlass")  # the build toolchain: installed by ci/setup.sh
+
+from aot.toolchain import compile as compile_stage  # noqa: E402
+from aot.toolchain import manifest  # noqa: E402
+from aot.toolchain.cubin import read_cubin  # noqa: E402
+
+SMALL = """
+[[target]]
+name = "b200"
+arch = "sm_100a"
+sm_count = 148
+[[target]]
+name = "h200"
+arch = "sm_90a"
+sm_count = 132
+[[bucket]]
+family = "csa_compressor"
+op = "dape_reduce"
+split = false
+"""
+EXTRA = """
+[[bucket]]
+family = "csa_compressor"
+op = "fwd"
+ratio = 4
+coff = 1
+d = 64
+targets = ["h200"]
+"""
+
+
+def test_compile_both_arches_then_exactly_one_new_entry(tmp_path):
+    m = manifest.loads(SMALL)
+    res = compile_stage.compile_entries(m.entries, tmp_path / "w", cache_dir=tmp_path / "c", jobs=2, progress=False)
+    assert [r.cached for r in res] == [False, False]
+    for r in res:
+        cubin = (r.dir / "kernel.cubin").read_bytes()
+        assert read_cubin(cubin).arch == r.entry.target.arch
+        meta = json.loads((r.dir / "meta.json").read_text())
+        assert meta["arch"] == r.entry.target.arch and meta["tools"]["nvidia-cutlass-dsl"] == "4.8.1"
+        assert '"llvm.func"' in (r.dir / "host.mlir").read_text()  # generic op form, for the lifter
+    a, b = ((r.dir / "kernel.cubin").read_bytes() for r in res)
+    assert a != b  # one cubin per arch
+    # same inputs -> cache hits, byte-identical artifacts; one new bucket -> one compile
+    m2 = manifest.loads(SMALL + EXTRA)
+    res2 = compile_stage.compile_entries(m2.entries, tmp_path / "w2", cache_dir=tmp_path / "c", jobs=2, progress=False)
+    assert sorted((r.entry.op, r.cached) for r in res2) == [("dape_reduce", True), ("dape_reduce", True), ("fwd", False)]
+    for r in res2[:2]:
+        assert (r.dir / "kernel.cubin").read_bytes() in (a, b)
+
+
+def test_cache_key_changes_with_every_part():
+    m = manifest.loads(SMALL + EXTRA)
+    e = m.entries[-1]
+    v = compile_stage.tool_versions()
+    base = compile_stage.cache_key(e, v)
+    from dataclasses import replace
+
+    assert compile_stage.cache_key(replace(e, key=tuple((k, 128 if k == "d" else x) for k, x in e.key)), v) != base
+    assert compile_stage.cache_key(replace(e, target=replace(e.target, arch="sm_100a")), v) != base
+    assert compile_stage.cache_key(replace(e, target=replace(e.target, sm_count=148)), v) != base
+    assert compile_stage.cache_key(e, dict(v, **{"nvidia-cutlass-dsl": "4.8.2"})) != base
+    assert compile_stage.cache_key(e, v) == base
+
+
+def test_editing_a_policy_module_invalidates_the_entries_that_depend_on_it(tmp_path):
+    """The compile key hashes each family's spec and every aot module it imports: an edit of one
+    family's policy recompiles that family only; an edit of the arch table recompiles the families
+    whose policy reads it; an edit of the registry recompiles nothing."""
+    import shutil
+
+    from aot.toolchain.sources import REPO
+
+    shutil.copytree(REPO / "aot", tmp_path / "aot", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
+    shutil.copytree(REPO / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    m = manifest.loads(SMALL + EXTRA + '[[bucket]]\nfamily = "dsa_indexer_backward"\nop = "score_grad_sm90"\ntopk = 512\ntargets = ["h200"]\n')
+    v = compile_stage.tool_versions()
+
+    def keys():
+        return {e.id: compile_stage.cache_key(e, v, tmp_path) for e in m.entries}
+
+    base = keys()
+    assert base == {e.id: compile_stage.cache_key(e, v) for e in m.entries}  # the copy hashes like the checkout
+
+    def changed_after(rel):
+        p = tmp_path / rel
+        p.write_text(p.read_text() + "\n# edited\n")
+        now = keys()
+        return {i.split(".")[0] for i in now if now[i] != base[i]}
+
+    assert changed_after("aot/policy/csa_compressor.py") == {"csa_compressor"}
+    base = keys()
+    assert changed_after("aot/policy/arch.py") == {"dsa_indexer_backward"}  # the CSA policy does not read the arch table
+    base = keys()
+    assert changed_after("aot/policy/families.py") == set()
+    base = keys()
+    assert changed_after("kernels/dsa_indexer_backward.py") == {"dsa_indexer_backward"}
+    base = keys()
+    assert changed_after("aot/toolchain/cubin.py") == {"csa_compressor", "dsa_indexer_backward"}  # a stage source: everything

@@ -1,0 +1,170 @@
+"""aot.toolchain.fidelity on the CPU: a spec-built cubin equals the one cudnn's own JIT path builds, and a tampered one is caught."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass")  # the build toolchain: installed by ci/setup.sh
+pytest.importorskip("cudnn")
+
+from aot.toolchain import compile as compile_stage  # noqa: E402
+from aot.toolchain import fidelity, manifest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# cheap entries (~0.3-0.5 s per compile): the deterministic dK reduction, the SM90 sparse-backward
+# postprocess (through flash_attn_bwd_sm90), and one entry without an upstream route
+SMALL = """
+[[target]]
+name = "b200"
+arch = "sm_100a"
+sm_count = 148
+[[target]]
+name = "h200"
+arch = "sm_90a"
+sm_count = 132
+[[bucket]]
+family = "dsa_indexer_backward"
+op = "reduce_dk"
+out = "f32"
+planes = 96
+targets = ["b200"]
+[[bucket]]
+family = "dsa_sparse_attention_backward"
+op = "post_sm90"
+dtype = "bf16"
+dim = 576
+targets = ["h200"]
+[[bucket]]
+family = "csa_compressor"
+op = "dape_reduce"
+split = false
+targets = ["b200"]
+"""
+
+
+def _id(d):
+    return json.loads((d / "meta.json").read_text())["id"]
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    work = tmp_path_factory.mktemp("fidelity")
+    res = compile_stage.compile_entries(manifest.loads(SMALL).entries, work / "w", jobs=2, progress=False)
+    dsa = next(r.dir for r in res if r.entry.family == "dsa_indexer_backward")
+    sab = next(r.dir for r in res if r.entry.family == "dsa_sparse_attention_backward")
+    csa = next(r.dir for r in res if r.entry.family == "csa_compressor")
+    # a copy of the DSA entry whose shipped cubin has one byte flipped (inside the ELF, past the header)
+    bad = work / "w" / "entries" / "tampered"
+    shutil.copytree(dsa, bad)
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["id"] += ".tampered"
+    (bad / "meta.json").write_text(json.dumps(meta))
+    cubin = bytearray((bad / "kernel.cubin").read_bytes())
+    cubin[len(cubin) // 2] ^= 0xFF
+    (bad / "kernel.cubin").write_bytes(bytes(cubin))
+    # both DSA checks in one worker: one DSL + cudnn import (the SM90 entry gets a worker of its own arch)
+    return dsa, bad, csa, sab, fidelity.check([dsa, bad, csa, sab], jobs=1)
+
+
+def test_spec_cubin_is_identical_to_cudnns_jit_path(entries):
+    dsa, _, _, _, res = entries
+    r = res[_id(dsa)]
+    assert r["verdict"] == "identical", r
+    assert r["upstream_sha256"] == r["shipped_sha256"]
+    # upstream's own options and cache key were used (not our spec's)
+    assert r["options"] == "--enable-tvm-ffi --gpu-arch sm_100a --opt-level 2"
+    assert "96" in r["upstream_key"] and "float32" in r["upstream_key"]
+    assert not (dsa / fidelity.UPSTREAM_CUBIN).exists()
+
+
+def test_sm90_sparse_backward_postprocess_is_identical(entries):
+    _, _, _, sab, res = entries
+    r = res[_id(sab)]
+    assert r["verdict"] == "identical", r
+    assert r["upstream_sha256"] == r["shipped_sha256"]
+    # flash_attn_bwd_sm90's own options and compile_cache_post key: (dtype, hdim_chunk, tile_n, D, threads, chunks)
+    assert r["options"] == "--enable-tvm-ffi"
+    assert r["upstream_key"].endswith("BFloat16'>, 64, 64, 576, 64, 9)"), r["upstream_key"]
+
+
+def test_tampered_cubin_differs_and_fails_closed(entries):
+    dsa, bad, _, _, res = entries
+    r = res[_id(bad)]
+    assert r["verdict"] == "differs", r
+    assert r["upstream_sha256"] == res[_id(dsa)]["upstream_sha256"]
+    assert (bad / fidelity.UPSTREAM_CUBIN).read_bytes() == (dsa / "kernel.cubin").read_bytes()
+    with pytest.raises(fidelity.FidelityError, match="tampered: differs"):
+        fidelity.require_identical(res)
+    fidelity.require_identical({k: v for k, v in res.items() if not k.endswith(".tampered")})
+
+
+def test_family_without_upstream_route_is_not_applicable(entries):
+    _, _, csa, _, res = entries
+    r = res[_id(csa)]
+    assert r["verdict"] == "not applicable" and "cute.jit" in r["note"]
+
+
+def test_verdicts_round_trip_through_entry_dirs(entries):
+    dsa, bad, csa, sab, res = entries
+    fidelity.write_verdicts(res, [dsa, bad, csa, sab])
+    assert fidelity.load_verdicts([dsa, bad, csa, sab]) == res
+
+
+def _code_and_data_offsets(cubin):
+    from aot.toolchain.cubin import _parse_elf
+
+    secs = _parse_elf(cubin)[2]
+    code = next(s for s in secs if s.name.startswith(".text.") and s.size)
+    data = next(s for s in secs if s.name.startswith(".nv.info.") and s.size)
+    return code.offset + code.size // 2, data.offset + data.size // 2
+
+
+def test_ptx_verdict_without_compiling(entries, tmp_path):
+    """The two-CTA verdict logic on synthetic check results: PTX decides; the shipped cubin must be a plausible ptxas result."""
+    _, _, _, sab, _ = entries
+    shipped = (sab / "kernel.cubin").read_bytes()
+    in_code, in_data = _code_and_data_offsets(shipped)
+
+    def verdict(upstream_cubin, spec_ptx="// PTX\n.version 9.4\n.target sm_100a\n"):
+        d = tmp_path / "e"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+        (d / "kernel.cubin").write_bytes(shipped)
+        art = {"cubin": upstream_cubin, "ptx": "// PTX\n.version 9.4\n.target sm_100a\n", "spec_ptx": spec_ptx, "spec_cubin": upstream_cubin}
+        res = {"shipped_sha256": hashlib.sha256(shipped).hexdigest(), "upstream_sha256": hashlib.sha256(upstream_cubin).hexdigest()}
+        return fidelity._ptx_verdict(art, d, res, []), d
+
+    def flip(at):
+        c = bytearray(shipped)
+        c[at] ^= 0x02
+        return bytes(c)
+
+    r, _ = verdict(shipped)
+    assert r["verdict"] == "ptx identical" and "byte-identical" in r["note"], r
+    r, d = verdict(flip(in_code))  # another ptxas result: a register number changed in a kernel's code
+    assert r["verdict"] == "ptx identical" and "1 bytes differ, all in the code of" in r["note"], r
+    assert not (d / fidelity.UPSTREAM_CUBIN).exists()
+    r, d = verdict(flip(in_data))  # not explained by ptxas's register assignment
+    assert r["verdict"] == "differs" and "not a ptxas result" in r["note"], r
+    r, d = verdict(shipped, spec_ptx="// PTX\n.version 9.4\n.target sm_90a\n")
+    assert r["verdict"] == "differs" and "line 3" in r["note"], r
+    assert (d / fidelity.SPEC_PTX).is_file() and (d / fidelity.UPSTREAM_PTX).is_file()
+    fidelity.require_identical({"a": {"verdict": "ptx identical", "note": ""}})
+
+
+def test_every_sm100_sparse_entry_has_a_shape_that_makes_upstream_select_it():
+    """The fidelity route prepares upstream's plan at one (S_q, S_kv) per key: one must exist for every
+    shipped SM100 sparse-backward key (else its verdict would be an error after a long build)."""
+    from aot.policy.dsa_sparse_attention_backward import sm100_shape
+
+    m = manifest.load(ROOT / "manifests" / "default.toml")
+    n = 0
+    for e in m.entries:
+        if e.family == "dsa_sparse_attention_backward" and e.op in ("bwd", "bwd_d576"):
+            sm100_shape(e.op, dict(e.key), e.target.sm_count)
+            n += 1
+    assert n > 200

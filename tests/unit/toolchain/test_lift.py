@@ -1,0 +1,208 @@
+"""aot.toolchain.lift against aot.toolchain.verify's independent concrete interpreter, on real host modules and cubins.
+
+tests/data/<entry>/ holds what the compile stage wrote for two real entries: a two-kernel dAPE split
+reduction (sm_90a) and a ratio-128 deterministic backward (sm_100a).
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from aot.toolchain import lift, verify
+from aot.errors import LiftError, VerifyError
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+ENTRIES = sorted(p.name for p in DATA.iterdir() if (p / "host.mlir").is_file())
+
+
+def load(name):
+    d = DATA / name
+    meta = json.loads((d / "meta.json").read_text())
+    return (d / "host.mlir").read_text(), meta["host_function"], (d / "kernel.cubin").read_bytes()
+
+
+@pytest.mark.parametrize("name", ENTRIES)
+def test_lifted_launcher_matches_concrete_host_code_and_cubin(name):
+    host, fn, cubin = load(name)
+    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
+    rep = verify.verify(host, fn, src, cubin, samples=60, seed=1)
+    assert rep["verdict"] == "ok" and rep["samples"] == 60
+
+
+def test_two_kernel_entry_lifts_residual_grid_arithmetic():
+    host, fn, cubin = load("csa_compressor.dape_reduce.split.sm_90a")
+    ns = verify.load_launcher(lift.lift(host, fn))
+    assert len(ns["LAUNCHES"]) == 2
+    bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+    # stage 1 grid = ceil(nelems/32) * ceil(npartials/32); stage 2 grid = ceil(nelems/32) (cudnn's launch code)
+    seq = []
+    ns["launch"](lambda k, d: seq.append((k, d)), *bufs, 0x1000, 0x2000, 0x3000, 100, 1000, 7)
+    assert [k for k, _ in seq] == [0, 1]
+    dims = [d for _, d in seq]
+    assert dims[0][:3] == (32 * 4, 1, 1) and dims[1][:3] == (32, 1, 1)
+    assert dims[0][7] == 7 and dims[0][3:6] == (32, 8, 1)
+
+
+def _mutated(src, pattern, repl):
+    out, n = re.subn(pattern, repl, src, count=1)
+    assert n == 1, pattern
+    return out
+
+
+@pytest.mark.parametrize("pattern,repl", [
+    (r"pack_into\(p0, 0, a0, a1", "pack_into(p0, 0, a1, a0"),           # swapped parameters
+    (r"\(\(v1 - 1\) & 0xffffffff\)", "((v1 - 2) & 0xffffffff)"),         # wrong grid arithmetic
+    (r"set_attr\('([^']+)', 8, ", r"set_attr('\1', 9, "),                # wrong kernel attribute
+])
+def test_verifier_catches_a_wrong_launcher(pattern, repl):
+    name = "csa_compressor.bwd_r128.default.coff2.d512.deterministic.ratio128.sm_100a"
+    host, fn, cubin = load(name)
+    src = _mutated(lift.lift(host, fn), pattern, repl)
+    with pytest.raises(VerifyError):
+        verify.verify(host, fn, src, cubin, samples=50)
+
+
+def test_verifier_checks_param_layout_against_the_cubin():
+    host, fn, cubin = load("csa_compressor.dape_reduce.split.sm_90a")
+    src = lift.lift(host, fn)
+    bad = src.replace("(16, 4), (20, 4)", "(16, 4), (24, 4)", 1)
+    assert bad != src
+    with pytest.raises(VerifyError, match="EIATTR_KPARAM_INFO"):
+        verify.verify(host, fn, bad, cubin)
+
+
+def test_verifier_checks_the_embedded_fatbin_holds_the_shipped_cubin():
+    host, fn, _ = load("csa_compressor.dape_reduce.split.sm_90a")
+    _, _, other = load("csa_compressor.bwd_r128.default.coff2.d512.deterministic.ratio128.sm_100a")
+    with pytest.raises(VerifyError, match="kernels_binary"):
+        verify.verify(host, fn, lift.lift(host, fn), other)
+
+
+def _inject_before_launch(host, line):
+    i = host.index('callee = @_cudaLaunchKernelEx')
+    j = host.rindex("\n", 0, i)
+    return host[: j + 1] + line + "\n" + host[j + 1 :]
+
+
+def test_lifter_refuses_unknown_op_and_names_it():
+    host, fn, _ = load("csa_compressor.dape_reduce.split.sm_90a")
+    bad = _inject_before_launch(host, '    %zz = "llvm.fdiv"(%arg9, %arg9) : (i32, i32) -> i32')
+    with pytest.raises(LiftError, match=r"line \d+ \(llvm\.fdiv\).*not understood"):
+        lift.lift(bad, fn)
+
+
+def test_lifter_refuses_unknown_call():
+    host, fn, _ = load("csa_compressor.dape_reduce.split.sm_90a")
+    bad = _inject_before_launch(host, '    %zz = "llvm.call"(%arg9) <{CConv = #llvm.cconv<ccc>, TailCallKind = #llvm.tailcallkind<none>, callee = @mystery, fastmathFlags = #llvm.fastmath<none>, op_bundle_sizes = array<i32>, operandSegmentSizes = array<i32: 1, 0>}> : (i32) -> i32')
+    with pytest.raises(LiftError, match="@mystery"):
+        lift.lift(bad, fn)
+
+
+def test_lifter_refuses_a_runtime_branch_that_is_not_an_error_path():
+    host, fn, _ = load("csa_compressor.dape_reduce.split.sm_90a")
+    # make the attribute-array loop's exit test depend on a run-time argument
+    bad = host.replace('"llvm.icmp"(%71, %54)', '"llvm.icmp"(%arg9, %54)', 1)
+    assert bad != host
+    with pytest.raises(LiftError, match="branch on a run-time value"):
+        lift.lift(bad, fn)
+
+
+def test_runtime_branch_to_an_error_path_becomes_a_check():
+    host, fn, cubin = load("csa_compressor.dape_reduce.split.sm_90a")
+    # "too many launch attributes -> trap" now depends on npartials (%arg9)
+    bad = host.replace('"llvm.icmp"(%54, %2)', '"llvm.icmp"(%arg9, %2)', 1)
+    assert bad != host
+    ns = verify.load_launcher(lift.lift(bad, fn))
+    bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+    ns["launch"](lambda k, d: None, *bufs, 16, 32, 48, 16, 64, 0)  # 16 < 17: fine
+    with pytest.raises(verify.LaunchError, match="error path"):
+        ns["launch"](lambda k, d: None, *bufs, 16, 32, 48, 17, 64, 0)
+    verify.verify(bad, fn, lift.lift(bad, fn), cubin, samples=80)  # and it agrees with the host code
+
+
+def test_tma_descriptor_params_take_the_cubins_offsets():
+    """SM90 puts kernel params at c[0x0][0x210]: a 64-byte-aligned CUtensorMap lands at param offset
+    368, not at its natural 320. Lifted without the cubin's layout, the verifier refuses it."""
+    name = "dsa_indexer_backward.gemm_sm90.heads64.topk512.notopk_global.sm_90a"
+    host, fn, cubin = load(name)
+    ns = verify.load_launcher(lift.lift(host, fn, name, lift.cubin_param_layout(cubin)))
+    offs = [o for o, s in ns["LAUNCHES"][0]["params"] if s == 128]
+    assert offs == [368, 496]
+    # the JIT leaves the upper 64 bytes of each descriptor unwritten
+    assert ns["LAUNCHES"][0]["never_written"][13] == list(range(64, 128))
+    with pytest.raises(VerifyError, match="EIATTR_KPARAM_INFO"):
+        verify.verify(host, fn, lift.lift(host, fn, name), cubin, samples=5)
+
+
+def test_pdl_consumer_and_float_scale():
+    name = "dsa_indexer_backward.gemm.nodeterministic.heads64.pdl.persistent.planes96.topk512.notopk_global.sm_100a"
+    host, fn, cubin = load(name)
+    ns = verify.load_launcher(lift.lift(host, fn, name, lift.cubin_param_layout(cubin)))
+    attrs = dict((aid, v) for aid, v in ns["LAUNCHES"][0]["attrs"])
+    assert attrs[6] == [[0, 4, 1]]  # programmatic stream serialization: the GEMM may start under score-grad
+    assert ("a8", "f32") in ns["ARGS"]  # sm_scale, passed as a Python float
+
+
+def test_runtime_arithmetic_region_becomes_a_function():
+    """SM90 sparse-attention main: the fast-divmod set-up branches and loops on a run-time divisor and
+    rejoins with only arithmetic done; it is emitted as a helper the verifier checks on 60 samples."""
+    name = "dsa_sparse_attention_backward.main_sm90.dim512.bf16.heads64.topk512.notopk_length.sm_90a"
+    host, fn, cubin = load(name)
+    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
+    assert "def _region1(c, x0):" in src
+    ns = verify.load_launcher(src)
+    # divisor 1 takes the early exit, 2**31 or more the shift-32 arm, others the doubling loop
+    assert ns["_region1"](1, 1) == (0,) and ns["_region1"](0, 2**31) == (32,) and ns["_region1"](0, 5) == (3,)
+
+
+def test_fp32_multiply_matches_c_float_arithmetic():
+    import random
+    import struct
+
+    from aot.runtime.lifted import f32mul
+
+    rng = random.Random(3)
+    specials = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0x00000001, 0x3F800000, 0x3FB8AA3B]
+    pairs = [(a, b) for a in specials for b in specials] + [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(3000)]
+    for a, b in pairs:
+        x, y = f32mul(a, b), verify._fmul32(a, b, 32)
+        if x != y:  # only NaN payloads may differ
+            assert struct.unpack("<f", x.to_bytes(4, "little"))[0] != struct.unpack("<f", x.to_bytes(4, "little"))[0], (hex(a), hex(b))
+
+
+def _control_flow_case(name, seed, launches, *markers):
+    """Lift one SM100 sparse-backward entry whose launches depend on run-time control flow, check it,
+    and return (its source, a verify of a mutated source)."""
+    host, fn, cubin = load(name)
+    src = lift.lift(host, fn, name, lift.cubin_param_layout(cubin))
+    assert all(m in src for m in markers)
+    rep = verify.verify(host, fn, src, cubin, samples=50, seed=seed)
+    assert rep["verdict"] == "ok" and rep["launches"] == launches
+    return src, lambda mutated: verify.verify(host, fn, mutated, cubin, samples=50, seed=seed)
+
+
+def test_launches_inside_a_run_time_branch():
+    """SM100 H128 two-CTA deterministic sparse-attention backward: which reduction kernels run is an
+    if/else on run-time extents (nested, inside and after a wave loop). The launcher branches in
+    Python; each arm's sites fire only when the JIT's would."""
+    name = "dsa_sparse_attention_backward.bwd.deterministic.dim512.bf16.heads128.planes128.relay1.topk512.notopk_length.nowide.sm_100a"
+    src, check = _control_flow_case(name, 3, 14, "else:", "while True:")
+    # a launcher that always takes the first arm is caught
+    lines = src.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("if v") and lines[k + 1].strip() and "raise" not in lines[k + 1])
+    lines[i] = lines[i][: len(lines[i]) - len(lines[i].lstrip())] + "if True:"
+    with pytest.raises(VerifyError):
+        check("\n".join(lines) + "\n")
+
+
+def test_launch_inside_a_run_time_loop():
+    """SM100 generic sparse-attention backward: the main kernel is launched inside
+    `for q_offset in range(0, S_q, S_q)`, a loop over a run-time trip count. The launcher loops in
+    Python and emits the site once per trip; the verifier compares the whole launch sequence."""
+    name = "dsa_sparse_attention_backward.bwd.nodeterministic.dim512.bf16.heads64.planes1.relay1.topk512.notopk_length.nowide.sm_100a"
+    src, check = _control_flow_case(name, 2, 5, "while True:", "LOOPS = True")
+    # a launcher that skips the loop's launch is caught
+    with pytest.raises(VerifyError):
+        check(src.replace("while True:", "while False:", 1))

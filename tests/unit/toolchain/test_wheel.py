@@ -1,0 +1,69 @@
+"""The wheel: a standard PEP 517 build (pip's build isolation) of a one-entry manifest, with no GPU;
+pure (py3-none-any); it ships the run-time layers and the build, no toolchain module; installed into
+a clean venv without cutlass, cudnn or torch, `import aot` there loads no toolchain and every op imports."""
+
+import ast
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass")  # the test machine has the toolchain; the isolated build installs its own
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_toolchain(tmp_path):
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        '[[target]]\nname = "h200"\narch = "sm_90a"\nsm_count = 132\n'
+        '[[target]]\nname = "b200"\narch = "sm_100a"\nsm_count = 148\n'
+        '[[bucket]]\nfamily = "csa_compressor"\nop = "fwd"\nratio = 4\ncoff = 2\nd = 128\n'
+    )
+    env = dict(os.environ, AOT_MANIFEST=str(manifest))
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(ROOT)], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    (whl,) = (tmp_path / "dist").glob("*.whl")
+    assert whl.name.endswith("-py3-none-any.whl"), whl.name
+    zf = zipfile.ZipFile(whl)
+    names = zf.namelist()
+    tops = {n.split("/")[0] for n in names if not n.startswith("dsa_aot-")}
+    assert tops == {"aot"}, tops
+    assert "aot/_generated/index.json" in names
+    assert sum(n.startswith("aot/_generated/cubins/") for n in names) == 2
+    assert not any(n.endswith((".so", ".pyd", ".dylib")) for n in names)
+    assert not any(n.startswith("aot/toolchain/") or n == "aot/__main__.py" for n in names), [n for n in names if "toolchain" in n]
+    for layer in ("aot/policy/", "aot/ops/", "aot/runtime/"):
+        assert any(n.startswith(layer) for n in names), layer
+    # no shipped file imports the toolchain, cutlass or cudnn (the generated launchers included)
+    for n in names:
+        if n.endswith(".py"):
+            for node in ast.walk(ast.parse(zf.read(n).decode(), n)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                for m in mods:
+                    assert not m.startswith(("cutlass", "cudnn", "tvm_ffi", "aot.toolchain", "toolchain")), (n, m)
+
+    vdir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(vdir)
+    py = vdir / "bin" / "python"
+    p = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(whl)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    code = (
+        "import importlib.util, sys, json, os\n"
+        "assert all(importlib.util.find_spec(m) is None for m in ('cutlass', 'cudnn', 'torch'))\n"
+        "import aot, aot.runtime, aot.csa, aot.dsa, aot.errors, aot.policy.families\n"
+        "ops = {ns: getattr(aot, ns).__all__ for ns in ('csa', 'dsa')}\n"
+        "assert all(callable(getattr(getattr(aot, ns), n)) for ns, names in ops.items() for n in names)\n"
+        "assert importlib.util.find_spec('aot.toolchain') is None\n"
+        "assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch') or m.startswith('aot.toolchain') for m in sys.modules)\n"
+        "ix = json.load(open(os.path.join(os.path.dirname(aot.__file__), '_generated', 'index.json')))\n"
+        "print(sorted(e['arch'] for e in ix['entries']), sum(map(len, ops.values())))\n"
+    )
+    p = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "['sm_100a', 'sm_90a'] 11"
