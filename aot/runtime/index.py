@@ -7,10 +7,11 @@ first time it is used there (or by :func:`aot.runtime.preload`), see :mod:`aot.r
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
-from ..errors import ArchMismatchError, KernelNotFoundError
+from ..errors import ArchMismatchError, KernelNotFoundError, LaunchError
 from .device import arch_of, device
 
 __all__ = ["Index", "index", "GENERATED"]
@@ -36,6 +37,9 @@ class Index:
             ) from None
         if doc.get("format") != 1:
             raise KernelNotFoundError(f"{path}: index format {doc.get('format')!r} is not 1; rebuild with this version of dsa-aot")
+        if doc.get("for_shipping") is False and os.environ.get("AOT_ALLOW_DEBUG_BUILD") != "1":
+            raise LaunchError(f"{path} is a debug build (compiled with --debug-dump), not for shipping; rebuild without it, "
+                              f"or set AOT_ALLOW_DEBUG_BUILD=1 to use it anyway")
         self.doc = doc
         self.entries = doc["entries"]
         # looked up by the op's own key fields; what the spec derived from them is not part of the lookup

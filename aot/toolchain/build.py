@@ -102,12 +102,16 @@ def _check_policies(families, targets, path) -> list:
     return failures
 
 
-def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True, fidelity=True) -> dict:
-    """Build every entry of the manifest into ``out_dir`` (what the wheel ships as aot/_generated); return the index."""
+def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True, fidelity=True,
+          debug_dump=None) -> dict:
+    """Build every entry of the manifest into ``out_dir`` (what the wheel ships as aot/_generated); return the index.
+
+    ``debug_dump``: keep the DSL's PTX and cubin files in that directory; the build is marked not for
+    shipping (index.json ``for_shipping: false``; the runtime refuses it unless AOT_ALLOW_DEBUG_BUILD=1)."""
     t0 = time.perf_counter()
     m = manifest.load(manifest_path)
     check_policies(m)
-    compiled = compile_stage.compile_entries(m.entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress)
+    compiled = compile_stage.compile_entries(m.entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress, debug_dump=debug_dump)
     t1 = time.perf_counter()
     jobs = max(1, jobs or os.cpu_count() or 1)
     failures = []

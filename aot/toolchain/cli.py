@@ -20,6 +20,8 @@ def main(argv=None) -> int:
     b.add_argument("--cache", default=".cache/aot", help="content-addressed compile cache ('' to disable)")
     b.add_argument("-j", "--jobs", type=int, default=None)
     b.add_argument("--samples", type=int, default=50, help="random argument sets per entry for the lifter check (>= 50)")
+    b.add_argument("--debug-dump", metavar="DIR", default=None,
+                   help="keep the DSL's PTX and cubin files of every compile in DIR (for reading them); the build is marked not for shipping")
     b.add_argument("--no-fidelity", action="store_true", help="skip the check against cudnn's own JIT path (aot.toolchain.fidelity); the report says 'not checked'")
     lv = sub.add_parser("lift-verify", help="re-run lift and verify on one entry directory of a previous build")
     lv.add_argument("entry_dir")
@@ -41,7 +43,7 @@ def main(argv=None) -> int:
 
             if a.samples < 50:
                 p.error("--samples must be at least 50")
-            idx = build(a.manifest, a.out, a.work, a.cache or None, a.jobs, a.samples, fidelity=not a.no_fidelity)
+            idx = build(a.manifest, a.out, a.work, a.cache or None, a.jobs, a.samples, fidelity=not a.no_fidelity, debug_dump=a.debug_dump)
             print(f"built {len(idx['entries'])} entries into {a.out}")
         elif a.cmd == "lift-verify":
             from .build import lift_and_verify

@@ -1,14 +1,16 @@
 """Stage 2, compile: every manifest entry through cute.compile on the CPU, for its target arch.
 
 Per entry it writes, under ``<out>/entries/<entry id>/``:
-  kernel.cubin   the cubin (fn.__cubin__), byte-identical to what the JIT path builds for this key
+  kernel.cubin   the cubin: the one the host module embeds (what the JIT path loads)
   host.mlir      the lowered host module in MLIR generic form (input of the lift and verify stages)
   meta.json      family, op, key, arch, tool versions, cache key, compile seconds; written last
 
-Workers import the DSL once each (about 2 s) and are grouped per arch, because CuTe DSL reads
-CUTE_DSL_ARCH once per process. A content-addressed cache (key: the entry's key and target, the tool
-versions, the spec and every aot module it imports, this stage's sources) makes a rebuild after adding
-one bucket compile exactly one new entry, and an edit of a family's policy recompile that family.
+Compiles run in fork children of one canonical zygote process per arch (CuTe DSL reads CUTE_DSL_ARCH
+once per process; the zygote imports the DSL once): production mode, no keep/dump files, and a
+process state that does not depend on the build (aot.toolchain.zygote says why that matters).
+A content-addressed cache (key: the entry's key and target, the tool versions, the spec and every aot
+module it imports, this stage's sources) makes a rebuild after adding one bucket compile exactly one
+new entry, and an edit of a family's policy recompile that family.
 
 Public function: :func:`compile_entries`.
 """
@@ -20,18 +22,16 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from importlib import metadata
-from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import CompileError
 from .manifest import Entry
 from .sources import REPO, digest
 from .specs import SPECS, spec_digest
+from .zygote import Zygote
 
 __all__ = ["compile_entries", "CompiledEntry", "tool_versions", "cache_key"]
 
@@ -63,7 +63,7 @@ _PINS = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": "4.8.1",
 
 
 # the stage's own sources: what turns a spec's compile into the artifacts' bytes
-STAGE_SOURCES = ("aot/toolchain/compile.py", "aot/toolchain/ir.py", "aot/toolchain/cubin.py")
+STAGE_SOURCES = ("aot/toolchain/compile.py", "aot/toolchain/zygote.py", "aot/toolchain/ir.py", "aot/toolchain/cubin.py")
 
 
 def cache_key(entry: Entry, versions: dict, root: Path = REPO) -> str:
@@ -81,10 +81,15 @@ def cache_key(entry: Entry, versions: dict, root: Path = REPO) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def compile_entries(entries, out_dir, cache_dir=None, jobs=None, progress=True) -> list:
-    """Compile ``entries`` into ``out_dir/entries``; return a :class:`CompiledEntry` per entry."""
+def compile_entries(entries, out_dir, cache_dir=None, jobs=None, progress=True, debug_dump=None) -> list:
+    """Compile ``entries`` into ``out_dir/entries``; return a :class:`CompiledEntry` per entry.
+
+    Each compile runs in a fork child of a canonical zygote process per arch (aot.toolchain.zygote):
+    the cubins depend on the entries and the toolchain, not on this process or the build directory.
+    ``debug_dump`` (a directory): keep the DSL's PTX and cubin files there; such artifacts are marked
+    ``debug_dump`` in meta.json (pack refuses to ship them) and bypass the cache."""
     out_dir = Path(out_dir)
-    cache_dir = Path(cache_dir) if cache_dir else None
+    cache_dir = Path(cache_dir) if cache_dir and not debug_dump else None
     versions = tool_versions()
     results, todo = [], []
     for e in entries:
@@ -103,19 +108,21 @@ def compile_entries(entries, out_dir, cache_dir=None, jobs=None, progress=True) 
         by_arch.setdefault(item[0].target.arch, []).append(item)
     failures = []
     for arch, items in sorted(by_arch.items()):
-        with tempfile.TemporaryDirectory(prefix="aot-dump-") as dump, ProcessPoolExecutor(
-            max_workers=min(jobs, len(items)), mp_context=get_context("spawn"), initializer=_worker_init, initargs=(arch, dump, list(sys.path))
-        ) as pool:
-            futs = {pool.submit(_compile_one, e.family, e.op, e.key, e.target.arch, e.target.sm_count): (e, edir, key) for e, edir, key in items}
-            for fut in as_completed(futs):
-                e, edir, key = futs[fut]
-                try:
-                    art = fut.result()
-                except Exception as exc:  # collect, report all failures at once
-                    failures.append(f"{e.id}: {type(exc).__name__}: {exc}")
+        queue = list(items)
+        with Zygote(arch, debug_dump) as z:
+            tickets = {}
+            while queue or z.pending:
+                while queue and z.pending < jobs:
+                    e, edir, key = queue.pop(0)
+                    req = {"family": e.family, "op": e.op, "key": e.key, "arch": e.target.arch, "sm_count": e.target.sm_count}
+                    tickets[z.submit(req)] = (e, edir, key)
+                t, art = z.wait_one()
+                e, edir, key = tickets.pop(t)
+                if "error" in art:  # collect, report all failures at once
+                    failures.append(f"{e.id}: {art['error']}")
                     bar.step(e.id, "FAILED")
                     continue
-                _write_entry(edir, e, art, versions, key)
+                _write_entry(edir, e, art, versions, key, debug_dump)
                 if cache_dir:
                     _copy_artifacts(edir, cache_dir / key)
                 results.append(CompiledEntry(e, edir, False, art["seconds"]))
@@ -127,7 +134,7 @@ def compile_entries(entries, out_dir, cache_dir=None, jobs=None, progress=True) 
     return sorted(results, key=lambda r: order[r.entry.id])
 
 
-def _write_entry(edir: Path, e: Entry, art: dict, versions: dict, key: str) -> None:
+def _write_entry(edir: Path, e: Entry, art: dict, versions: dict, key: str, debug_dump=None) -> None:
     edir.mkdir(parents=True, exist_ok=True)
     (edir / "kernel.cubin").write_bytes(art["cubin"])
     (edir / "host.mlir").write_text(art["host"])
@@ -144,6 +151,8 @@ def _write_entry(edir: Path, e: Entry, art: dict, versions: dict, key: str) -> N
         "tools": versions,
         "cache_key": key,
     }
+    if debug_dump:
+        meta["debug_dump"] = str(debug_dump)
     _atomic_write(edir / "meta.json", json.dumps(meta, indent=2, sort_keys=True))  # commit marker: last
 
 
@@ -161,17 +170,7 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-# --- worker side -------------------------------------------------------------------------------
-
-
-def _worker_init(arch: str, dump_dir: str, path: list) -> None:
-    sys.path[:] = path
-    os.environ["CUTE_DSL_ARCH"] = arch  # read once per process by the DSL: set before importing it
-    os.environ["CUTE_DSL_KEEP"] = "cubin"  # makes fn.__cubin__ available
-    # KEEP also drops files, named by kernel symbol (shared across keys): one dir per worker, so a
-    # concurrent compile of another key cannot overwrite what fn.__cubin__ reads back
-    os.environ["CUTE_DSL_DUMP_DIR"] = os.path.join(dump_dir, str(os.getpid()))
-    import cutlass  # noqa: F401  (pay the import once per worker)
+# --- inside a compile process (a fork child of aot.toolchain.zygote) -------------------------------
 
 
 def _compile_one(family, op, key, arch, sm_count) -> dict:
@@ -186,12 +185,8 @@ def _compile_one(family, op, key, arch, sm_count) -> dict:
     fn = cute.compile(fn_, *args, options=options) if options else cute.compile(fn_, *args)
     seconds = time.perf_counter() - t0
     host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
-    # The cubin the JIT loads is the one embedded in the host module's fatbin (global kernels_binary);
-    # fn.__cubin__ is bytes with some DSL library builds and a dump path with others.
+    # The cubin the JIT loads is the one embedded in the host module's fatbin (global kernels_binary)
     cubin = _embedded_cubin(host)
-    kept = fn.__cubin__
-    if isinstance(kept, (bytes, bytearray)) and bytes(kept) != cubin:
-        raise CompileError("fn.__cubin__ differs from the cubin embedded in the host module")
     return {
         "cubin": bytes(cubin),
         "host": host,

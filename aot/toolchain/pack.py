@@ -41,13 +41,15 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
     try:
         (tmp / "cubins").mkdir()
         (tmp / "launchers").mkdir()
-        entries, tools = [], None
+        entries, tools, dumped = [], None, set()
         for d in entry_dirs:
             d = Path(d)
             missing = [a for a in ("meta.json", "kernel.cubin", "launcher.py", "verify.json") if not (d / a).is_file()]
             if missing:
                 raise PackError(f"{d.name}: missing {missing}; run the compile, lift and verify stages first (python -m aot build)")
             meta = json.loads((d / "meta.json").read_text())
+            if meta.get("debug_dump"):
+                dumped.add(meta["id"])
             ver = json.loads((d / "verify.json").read_text())
             if ver.get("verdict") != "ok":
                 raise PackError(f"{d.name}: verify verdict is {ver.get('verdict')!r}; refusing to ship it")
@@ -88,10 +90,11 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
         ids = [e["id"] for e in entries]
         if len(set(ids)) != len(ids):
             raise PackError(f"duplicate entry ids: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
-        index = {"format": 1, "manifest": str(manifest_path), "tools": tools or {}, "entries": entries}
+        # a build whose compiles kept PTX/cubin files (python -m aot build --debug-dump) is for reading, not for shipping
+        index = {"format": 1, "manifest": str(manifest_path), "tools": tools or {}, "for_shipping": not dumped, "entries": entries}
         (tmp / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
         (tmp / "report.json").write_text(json.dumps(_report_rows(entries), indent=1))
-        (tmp / "report.md").write_text(_report_md(entries, tools))
+        (tmp / "report.md").write_text(_report_md(entries, tools, dumped))
         if out_dir.exists():
             old = out_dir.with_name(out_dir.name + ".old")
             shutil.rmtree(old, ignore_errors=True)
@@ -146,15 +149,17 @@ def _report_rows(entries):
     return rows
 
 
-def _report_md(entries, tools):
+def _report_md(entries, tools, dumped=()):
     lines = [
         "# dsa-aot build report",
         "",
+        *([f"**NOT FOR SHIPPING**: {len(dumped)} entries were compiled with the DSL's keep/dump files on (--debug-dump).", ""] if dumped else []),
         f"Tools: {', '.join(f'{k}=={v}' for k, v in sorted((tools or {}).items()))}. {len(entries)} entries, "
         f"{len({e['sha256'] for e in entries})} distinct cubins, {sum(e['compile_seconds'] for e in entries):.1f} s of cute.compile (the JIT cost users no longer pay).",
         "",
         "Fidelity (aot.toolchain.fidelity: the shipped cubin against the one cudnn's own JIT path builds for the key; 'identical' = "
-        "byte-identical, 'ptx identical' = same PTX where ptxas itself is not reproducible run to run): "
+        "byte-identical, 'ptx identical' = the same PTX and options as cudnn's path, for kernels whose cubin the DSL's PTX compiler "
+        "makes differently in each process (docs/fidelity.md)): "
         + ", ".join(f"{sum(e['fidelity']['verdict'] == v for e in entries)} {v}" for v in sorted({e["fidelity"]["verdict"] for e in entries})) + ".",
         "",
         "| entry | kernel | compile s | cubin B | regs | smem B | stack B | spills st/ld | lifter checks | fidelity |",

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 from pathlib import Path
 
 __all__ = ["REPO", "closure", "digest"]
 
-REPO = Path(__file__).resolve().parents[2]  # the source checkout: aot/, kernels/, manifests/
+# the source checkout (aot/, kernels/, manifests/), as imported: not resolved, so that a compile process
+# that reaches it through a canonical symlink (aot.toolchain.zygote) keeps the canonical path
+REPO = Path(os.path.abspath(__file__)).parents[2]
 
 
 def _module_path(name: str, root: Path) -> Path | None:

@@ -31,3 +31,18 @@ def test_lookup_ignores_what_the_spec_derived(packed):
                                                  "deterministic": False, "planes": 96}, "sm_100a")
     assert e["id"] == name and e["key"]["grid"] == 148 and "grid" in e["derived"]
     assert ix.target_sm_count("sm_100a") == 148
+
+
+def test_a_debug_build_is_refused_unless_asked_for(one_entry_build, monkeypatch):
+    """A build compiled with --debug-dump (keep/dump files on) is marked not for shipping."""
+    import json
+
+    from aot.errors import LaunchError
+
+    ix, entry = one_entry_build
+    doc = json.loads((ix.root / "index.json").read_text())
+    (ix.root / "index.json").write_text(json.dumps(doc | {"for_shipping": False}))
+    with pytest.raises(LaunchError, match="debug build"):
+        Index(ix.root)
+    monkeypatch.setenv("AOT_ALLOW_DEBUG_BUILD", "1")
+    assert Index(ix.root).entries == [entry]

@@ -103,3 +103,20 @@ def test_editing_a_policy_module_invalidates_the_entries_that_depend_on_it(tmp_p
     assert changed_after("kernels/dsa_indexer_backward.py") == {"dsa_indexer_backward"}
     base = keys()
     assert changed_after("aot/toolchain/cubin.py") == {"csa_compressor", "dsa_indexer_backward"}  # a stage source: everything
+
+
+def test_debug_dump_keeps_the_dsl_files_and_marks_the_build_not_for_shipping(tmp_path):
+    """--debug-dump: the DSL's PTX and cubin files land in the given directory, the entry says so, the
+    compile cache is bypassed, and a pack of it is marked not for shipping."""
+    from aot.toolchain import build, pack
+
+    m = manifest.loads(SMALL)
+    e = [x for x in m.entries if x.target.arch == "sm_90a"]
+    (r,) = compile_stage.compile_entries(e, tmp_path / "w", cache_dir=tmp_path / "c", jobs=1, progress=False, debug_dump=str(tmp_path / "dump"))
+    assert json.loads((r.dir / "meta.json").read_text())["debug_dump"] == str(tmp_path / "dump")
+    kept = sorted(p.suffix for p in (tmp_path / "dump" / "sm_90a").iterdir())
+    assert ".ptx" in kept and ".cubin" in kept, kept
+    assert not (tmp_path / "c").exists()  # never cached: it may not be what a production compile makes
+    build.lift_and_verify(r.dir)
+    index = pack.pack([r.dir], tmp_path / "gen")
+    assert index["for_shipping"] is False and "NOT FOR SHIPPING" in (tmp_path / "gen" / "report.md").read_text()

@@ -1,0 +1,82 @@
+"""aot.toolchain.zygote: the compile stage's cubins do not depend on the process that runs the build.
+
+The DSL's in-process PTX compiler gives the two-CTA sparse attention backward kernels a cubin that
+depends on the compiling process's memory layout (docs/fidelity.md). The compile stage therefore
+compiles in processes forked from one canonical zygote; these tests hold it to that on the cheapest
+affected entry (H128 D512 top-k 512, ~5 s per compile)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass")  # the build toolchain: installed by ci/setup.sh
+pytest.importorskip("cudnn")
+
+ROOT = Path(__file__).resolve().parents[3]
+TARGET = '[[target]]\nname = "b200"\narch = "sm_100a"\nsm_count = 148\n'
+TWO_CTA = ('[[bucket]]\nfamily = "dsa_sparse_attention_backward"\nop = "bwd"\ndtype = "bf16"\nheads = 128\ndim = 512\ntopk = 512\n'
+           'topk_length = false\ndeterministic = false\nplanes = 1\nrelay = 1\nwide = false\n')
+BEFORE = '[[bucket]]\nfamily = "csa_compressor"\nop = "fwd"\nratio = 4\ncoff = 2\nd = [64, 128]\n'
+NAME = "dsa_sparse_attention_backward.bwd.nodeterministic.dim512.bf16.heads128.planes1.relay1.topk512.notopk_length.nowide.sm_100a"
+
+BUILD = """
+import hashlib, json, sys
+{preamble}
+sys.path.insert(0, {root!r})
+from aot.toolchain import compile as c, manifest
+m = manifest.loads(open(sys.argv[1]).read())
+res = c.compile_entries(m.entries, sys.argv[2], jobs=int(sys.argv[3]), progress=False)
+print(json.dumps({{r.entry.id: hashlib.sha256((r.dir / "kernel.cubin").read_bytes()).hexdigest() for r in res}}))
+"""
+
+
+def _build(tmp_path, name, manifest_text, jobs, preamble=""):
+    """compile_entries in a fresh process of its own (its own working directory and imports); {id: sha256}."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "m.toml").write_text(manifest_text)
+    code = BUILD.format(preamble=preamble, root=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code, "m.toml", "work", str(jobs)], cwd=d, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_an_affected_entry_compiles_to_one_cubin_whatever_process_builds_it(tmp_path):
+    """Two builds in fresh processes: different PIDs, working directories, imports before the build
+    (torch and cudnn's kernel modules first in one), manifests (another family's entries before it in
+    one) and worker counts. The two-CTA entry's cubin is the same."""
+    a = _build(tmp_path, "a", TARGET + TWO_CTA, jobs=1)
+    b = _build(tmp_path, "b", TARGET + BEFORE + TWO_CTA, jobs=2,
+               preamble="import torch\nimport cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm100")
+    assert a[NAME] == b[NAME], (a, b)
+    assert len(b) == 3
+
+
+def test_a_failing_compile_is_reported_with_its_entry(tmp_path):
+    from aot.toolchain.zygote import Zygote
+
+    with Zygote("sm_100a") as z:
+        z.submit({"family": "csa_compressor", "op": "no_such_op", "key": (("d", 64),), "arch": "sm_100a", "sm_count": 148})
+        z.submit({"family": "csa_compressor", "op": "dape_reduce", "key": (("split", False),), "arch": "sm_100a", "sm_count": 148})
+        got = dict(z.wait_one() for _ in range(2))
+    assert "KeyError" in got[1]["error"]
+    assert "error" not in got[2] and got[2]["cubin"][:4] == b"\x7fELF"
+
+
+def test_the_zygote_runs_without_address_space_randomisation_and_with_a_fixed_hash_seed(tmp_path):
+    """The two settings the canonical state rests on, read inside a compile process."""
+    from aot.toolchain import zygote
+
+    probe = tmp_path / "probe.json"
+    with zygote.Zygote("sm_100a") as z:
+        boot = z.proc.args[-1]
+    assert "site.addsitedir" in boot and zygote.canonical_dir().name in boot
+    code = ("import json, os, sys; p = open('/proc/self/personality').read().strip(); "
+            f"json.dump({{'personality': p, 'seed': os.environ.get('PYTHONHASHSEED'), 'path': sys.path[0]}}, open({str(probe)!r}, 'w'))")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}
+    subprocess.run([sys.executable, "-S", "-c", code], env=env, preexec_fn=zygote._no_aslr, check=True)
+    got = json.loads(probe.read_text())
+    assert int(got["personality"], 16) & 0x0040000 and got["seed"] == "0"
