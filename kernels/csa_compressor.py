@@ -107,3 +107,60 @@ def _check_rows(r, key, sched, sm_counts):
                     raise ValueError(f"rows_per_cta for nb_total={nb}, sm_count={sms}, {key}: aot/policy/csa_compressor.py gives {mine}, cudnn {theirs}")
         finally:
             r._SM_COUNT_CACHE.pop("aot-check", None)
+
+
+# --- fidelity: cudnn's own launch functions for each key (aot/toolchain/fidelity.py runs them) ------
+
+FIDELITY_ROUTES = {
+    "fwd_r128": "compressor_sm100_r128.run_fwd_r128 -> _compile_fwd_r128",
+    "bwd_r128": "compressor_sm100_r128.run_bwd_r128 -> _compile_bwd_r128",
+    "fwd": "compressor_sm100.run_fwd -> _compile_fwd",
+    "bwd": "compressor_sm100.run_bwd -> _compile_bwd",
+    "dape_reduce": "compressor_sm100.run_bwd(deterministic=True) -> _run_dape_reduce -> _compile_dape_reduce",
+}
+PRELOAD = ("cudnn.csa.compressor.compressor_sm100", "cudnn.csa.compressor.compressor_sm100_r128")
+
+
+def fidelity(op, key, target, up):
+    """Run cudnn's run_fwd / run_bwd (the functions its wrappers call) for (op, key) on ``up``; return
+    (the compile cache upstream filled, the key it must hold, calls). The reduction of a deterministic
+    backward compiles into the same cache as some main kernels: only the entry's own kernel is recorded."""
+    import types
+
+    import torch
+    from cudnn.csa.compressor import compressor_sm100 as g
+    from cudnn.csa.compressor import compressor_sm100_r128 as r
+
+    never = types.SimpleNamespace(get=lambda key: None, put=lambda *a: None)  # their fast-launch caches: always a miss
+    up.patch(g, "_FAST", never)
+    up.patch(r, "_FAST", never)
+    up.patch(r, "_SM_COUNT_CACHE", {})  # read again from the (answered) device properties
+    kind = {"fwd_r128": "r128fwd", "bwd_r128": "r128bwd", "fwd": "fwd", "bwd": "bwd", "dape_reduce": "dape_reduce"}[op]
+    cache = up.cache(r if op.endswith("_r128") else g, "_COMPILED", keep=lambda k: k[0] == kind)
+    if not op.endswith("_r128"):
+        up.cache(r, "_COMPILED", keep=lambda k: False)
+    else:
+        up.cache(g, "_COMPILED", keep=lambda k: False)  # the dAPE reduction of a deterministic r128 backward
+    if op == "dape_reduce":  # reached through a deterministic backward: ratio 4 splits the reduction, ratio 2 does not
+        ratio, d, coff, nb, det = (4 if key["split"] else 2), 128, 1, 64, True
+    else:
+        ratio, d, coff, det = key["ratio"], key["d"], key["coff"], key.get("deterministic", False)
+        nb = policy.bucket_range(op, key["bucket"])[0] if "bucket" in key else 64
+    T, bf16, f32, i32 = up.tensor, torch.bfloat16, torch.float32, torch.int32
+    tokens, width = ratio * nb, coff * d
+    kv, score, ape, cu, cuc = T(bf16, tokens, width), T(bf16, tokens, width), T(f32, ratio, width), T(i32, 2), T(i32, 2)
+    if op in ("fwd_r128", "fwd"):
+        run = r.run_fwd_r128 if op == "fwd_r128" else g.run_fwd
+        run(kv, score, ape, cu, cuc, T(bf16, nb, d), nb, ratio, d, coff, stream_handle=0)
+        want = ("r128fwd", ratio, d, coff, r._fwd_schedule_r128(ratio, d, coff, nb), 0) if op == "fwd_r128" else ("fwd", ratio, d, coff, 0)
+        return cache, want, 1
+    if op == "bwd_r128":
+        ws = T(torch.uint8, r.bwd_dape_workspace_bytes_r128(nb, ratio, d, coff, 0)) if det else None
+        run, want = r.run_bwd_r128, ("r128bwd", ratio, d, coff, r._bwd_schedule_r128(ratio, d, coff, nb), det, 0)
+    else:
+        ws = T(torch.uint8, g.bwd_dape_workspace_bytes(nb, ratio, d, coff)) if det else None
+        run = g.run_bwd
+        want = ("bwd", ratio, d, coff, det, 0) if op == "bwd" else ("dape_reduce", ratio == 4, 0)
+    run(kv, score, ape, cu, cuc, T(bf16, nb, d), T(bf16, tokens, width), T(bf16, tokens, width), T(f32, ratio, width), nb, ratio, d, coff,
+        stream_handle=0, deterministic=det, workspace=ws)
+    return cache, want, 1

@@ -128,3 +128,102 @@ def check_policy(targets):
                     if policy.gemm_persistent(topk, rows, grid) != theirs:
                         raise ValueError(f"upstream runs heads {heads} topk {topk} with {rows} rows on {grid} SMs persistent={theirs}; "
                                          f"aot/policy/dsa_indexer_backward.py gemm_persistent disagrees")
+
+
+# --- fidelity: cudnn's own factories for each key (aot/toolchain/fidelity.py runs them) --------------
+
+FIDELITY_ROUTES = {
+    "score_grad": "indexer_backward_sm100(...).score_grad -> _score_grad_inplace_cute",
+    "gemm": "indexer_backward_sm100(...)(...) [pdl] / .gemm_only [no pdl] -> _ensure_compiled",
+    "reduce_dk": "deterministic_dk_sm100.reduce_deterministic_dk",
+    "gemm_v2": "indexer_backward_v2_sm100(...)(...)",
+    "score_grad_sm90": "indexer_backward_sm90(...).score_grad -> _score_grad_inplace_cute",
+    "gemm_sm90": "indexer_backward_sm90(...)(...) -> _ensure_compiled",
+}
+PRELOAD = (
+    "cudnn.deepseek_sparse_attention.indexer_backward.indexer_backward_sm100",
+    "cudnn.deepseek_sparse_attention.indexer_backward.indexer_backward_sm90",
+    "cudnn.deepseek_sparse_attention.indexer_backward.indexer_backward_v2_sm100",
+    "cudnn.deepseek_sparse_attention.indexer_backward.deterministic_dk_sm100",
+)
+# Anchor shapes (manifests/default.toml): B = 1, S_q = S_k = 4096. Only what the key pins moves away
+# from them. Tensors are never touched: their size costs no memory.
+S_ANCHOR = 4096
+
+
+def fidelity(op, key, target, up):
+    """Run upstream's factory for (op, key) on ``up``; return (its compile cache, the key it must hold, calls)."""
+    import torch
+
+    from cudnn.deepseek_sparse_attention.indexer_backward import deterministic_dk_sm100 as det
+    from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90
+    from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm100 as k100
+    from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_v2_sm100 as kv2
+    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
+
+    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
+    for mod in (k100, kv2, k90):
+        up.no_op(mod, "memset_zero_async")
+    caches = {name: up.cache(mod, attr) for name, mod, attr in (
+        ("k100.gemm", k100, "_compile_cache"), ("k100.score_grad", k100, "_score_grad_cute_cache"), ("det.reduce", det, "_compile_cache"),
+        ("kv2.gemm", kv2, "_compile_cache"), ("k90.gemm", k90, "_compile_cache"), ("k90.score_grad", k90, "_score_grad_cute_cache"))}  # fmt: skip
+    bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    T, stream = up.tensor, up.stream
+    B, Sk, topk = 1, S_ANCHOR, key.get("topk")
+    if op in ("score_grad", "score_grad_sm90"):
+        Sq = S_ANCHOR
+        att, isc, gl = T(f32, B, Sq, topk), T(f32, B, Sq, topk), T(f32, 1)
+        if op == "score_grad":
+            run = k100.indexer_backward_sm100(B, Sq, Sk, 64, DIM, topk)
+            run.score_grad(att, isc, gl, 1.0, dIndexK_f32=T(f32, B, Sk, DIM) if key["zero_dk"] else None, current_stream=stream)
+            return caches["k100.score_grad"], (topk, key["zero_dk"]), 1
+        run = k90.indexer_backward_sm90(B, Sq, Sk, 64, DIM, topk)
+        run.score_grad(att, isc, gl, 1.0, current_stream=stream)
+        return caches["k90.score_grad"], (topk, False), 1
+    if op == "reduce_dk":
+        P = key["planes"]
+        out = bf16 if key["out"] == "bf16" else f32
+        det.reduce_deterministic_dk(T(f32, P, B * Sk, DIM), T(out, B, Sk, DIM), P, current_stream=stream)
+        return caches["det.reduce"], (torch.device("cuda", 0), DIM, out, P), 1
+    if op in ("gemm", "gemm_sm90"):
+        H, glob = key["heads"], key["topk_global"]
+        if op == "gemm":
+            deterministic, P, pdl = key["deterministic"], key["planes"], key["pdl"]
+            grid = P if deterministic else target.sm_count
+            # persistence is upstream's choice from B*S_q vs the grid: more rows than the grid for a
+            # persistent key (and >= planes for a deterministic one), no more than the grid otherwise
+            Sq = max(S_ANCHOR, grid + 1) if key["persistent"] else grid
+            run = k100.indexer_backward_sm100(B, Sq, Sk, H, DIM, topk, 1.0, BLOCK_I, topk_indices_global=glob, deterministic=deterministic,
+                                              deterministic_dk_planes=P)
+            cache, want = caches["k100.gemm"], (H, DIM, topk, BLOCK_I, glob, key["persistent"], grid, deterministic, P, pdl)
+        else:
+            Sq = S_ANCHOR
+            run = k90.indexer_backward_sm90(B, Sq, Sk, H, DIM, topk, 1.0, BLOCK_I, topk_indices_global=glob)
+            cache, want = caches["k90.gemm"], (H, DIM, topk, BLOCK_I, False, glob)
+            pdl = True  # the full _run (kernel 1 + kernel 2), the only way upstream's SM90 path runs it
+        q, w, k = T(bf16, B, Sq, H, DIM), T(bf16, B, Sq, H), T(bf16, B, Sk, DIM)
+        dq, dw, dk = T(bf16, B, Sq, H, DIM), T(bf16, B, Sq, H), T(f32, B, Sk, DIM)
+        att, isc, idx, gl = T(f32, B, Sq, topk), T(f32, B, Sq, topk), T(i32, B, Sq, topk), T(f32, 1)
+        if pdl:  # the op: score-grad, then the GEMM as its PDL consumer (+ the deterministic reduction)
+            ws = T(torch.uint8, det.deterministic_dk_workspace_bytes(B, Sk, DIM, 148) + 4096)
+            run(q, w, k, dq, dw, dk, att, isc, idx, gl, 1.0, current_stream=stream, workspace=ws)
+        else:
+            run.gemm_only(q, w, k, dq, dw, dk, att, idx, current_stream=stream)
+        return cache, want, 1
+    if op == "gemm_v2":
+        deterministic, P, rpc, idx_local = key["deterministic"], key["planes"], key["rows_per_cta"], key["idx_local"]
+        n = P if deterministic else target.sm_count
+        B = 2 if idx_local else 1  # upstream: idx_local = (not topk_indices_global) and batch > 1
+        rows = rpc * n - (rpc * n) % B  # ceil(rows / n) == rows_per_cta (n > 1)
+        Sq, H, dwt = rows // B, 64, (bf16 if key["dw"] == "bf16" else f32)
+        run = kv2.indexer_backward_v2_sm100(B, Sq, Sk, H, DIM, topk, 1.0, BLOCK_I, topk_indices_global=not idx_local, dw_out_dtype=dwt,
+                                            deterministic=deterministic, deterministic_dk_planes=P)
+        ctas = min(P, rows) if deterministic else n
+        slots, ring = policy.v2_schedule(-(-rows // ctas), deterministic)
+        q, w, k = T(bf16, B, Sq, H, DIM), T(bf16, B, Sq, H), T(bf16, B, Sk, DIM)
+        dq, dw, dk = T(bf16, B, Sq, H, DIM), T(dwt, B, Sq, H), T(f32, B, Sk, DIM)
+        att, isc, idx, gl = T(f32, B, Sq, topk), T(f32, B, Sq, topk), T(i32, B, Sq, topk), T(f32, 1)
+        ws = T(torch.uint8, det.deterministic_dk_workspace_bytes(B, Sk, DIM, 148) + 4096)
+        run(q, w, k, dq, dw, dk, att, isc, idx, gl, 1.0, current_stream=stream, workspace=ws)
+        return caches["kv2.gemm"], (H, DIM, topk, ctas, slots, ring, dwt, idx_local, deterministic, P), 1
+    raise KeyError(f"no fidelity route for op {op!r}")

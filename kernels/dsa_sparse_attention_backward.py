@@ -230,3 +230,80 @@ def _check_target(target):
             for topk in TWO_CTA_TOPK:
                 if d576._split_count(s_q, topk, sm) != d576_split_count(s_q, topk, sm):
                     raise ValueError(f"upstream split count for S_q {s_q} topk {topk} on {sm} SMs: {d576._split_count(s_q, topk, sm)}")
+
+
+# --- fidelity: cudnn's own route for each key (aot/toolchain/fidelity.py runs it) --------------------
+
+FIDELITY_ROUTES = {
+    "pre_sm90": "_interface_sm90.flash_attn_bwd_sm90(...) -> compile_cache_pre",
+    "main_sm90": "_interface_sm90.flash_attn_bwd_sm90(...) -> compile_cache",
+    "post_sm90": "_interface_sm90.flash_attn_bwd_sm90(...) -> compile_cache_post",
+    "bwd": "SparseAttentionBackward(...).check_support(); .compile() -> _compile_(non)deterministic_sm100",
+    "bwd_d576": "SparseAttentionBackward(...).check_support(); .compile() -> _compile_d576_2cta",
+}
+_SA = "cudnn.deepseek_sparse_attention.sparse_attention_backward"
+PRELOAD = (f"{_SA}.api", f"{_SA}._interface_sm90", f"{_SA}._interface_sm100", f"{_SA}._interface_sm100_d576", f"{_SA}.dsa_bwd_sm90",
+           f"{_SA}.dsa_bwd_sm100_deterministic", f"{_SA}.dsa_bwd_sm100_h128_d576_2cta")
+# SM90: any S_q / S_kv gives the same kernels (every extent is dynamic); the key pins the rest.
+SM90_SQ, SM90_SKV = 256, 1024
+
+
+def fidelity(op, key, target, up):
+    """Run upstream's route for (op, key) on ``up``; return (its compile cache, the key it must hold, calls)."""
+    import cutlass
+    import torch
+
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm90 as i90
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100 as i100
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100_d576 as d576
+    from cudnn.deepseek_sparse_attention.sparse_attention_backward import api
+    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
+
+    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
+    f32, i32, Dv = torch.float32, torch.int32, HEAD_DIM_V
+    if op in ("pre_sm90", "main_sm90", "post_sm90"):
+        # flash_attn_bwd_sm90 compiles three kernels per call; the caches of the two not under check answer "cached"
+        fn = i90.flash_attn_bwd_sm90
+        caches = {o: up.cache(fn, attr, keep=(lambda k: True) if o == op else (lambda k: False))
+                  for o, attr in (("pre_sm90", "compile_cache_pre"), ("main_sm90", "compile_cache"), ("post_sm90", "compile_cache_post"))}
+        up.no_op(i90, "memset_zero_async")
+        tdt, cdt = {"bf16": (torch.bfloat16, cutlass.BFloat16), "f16": (torch.float16, cutlass.Float16)}[key["dtype"]]
+        # pre_sm90 depends on the dtype only, post_sm90 on dtype and dim: the other fields take anchor values
+        H, D, topk, tl = key.get("heads", 64), key.get("dim", 512), key.get("topk", 512), key.get("topk_length", False)
+        Sq, Skv, T = SM90_SQ, SM90_SKV, up.tensor
+        fn(T(tdt, Sq, H, D), T(tdt, Skv, D), T(tdt, Sq, H, Dv), T(tdt, Sq, H, Dv), T(f32, Sq, H), T(f32, H), T(i32, Sq, topk), T(tdt, Sq, H, D),
+           T(tdt, Skv, D), T(f32, H), T(torch.uint8, i90.flash_attn_bwd_sm90_workspace_size(Sq, Skv, D, H)), softmax_scale=0.05,
+           topk_length=T(i32, Sq) if tl else None, current_stream=up.stream)  # fmt: skip
+        chunk = sm90_post_chunk(D)
+        want = {
+            "pre_sm90": (cdt, Dv, SM90_TILE_M, SM90_PRE_THREADS),
+            "main_sm90": (cdt, D, Dv, H, SM90_TILE_M, SM90_TILE_N, SM90_THREADS, 1, 1, False, False, False, tl, topk),
+            "post_sm90": (cdt, chunk, SM90_TILE_N, D, chunk, D // chunk),
+        }[op]
+        return caches[op], want, 1
+    if op not in ("bwd", "bwd_d576"):
+        raise KeyError(f"no fidelity route for op {op!r}")
+    # SM100: upstream's prepared plan for a shape that selects the key; its lru_cache-d plan compilers
+    # are recorded (their arguments are upstream's compile key); the plan reads tensor metadata only
+    cache = up.plan_compilers((i100, "_compile_nondeterministic_sm100"), (i100, "_compile_deterministic_sm100"), (d576, "_compile_d576_2cta"))
+    H, topk, tl, det, wide = key["heads"], key["topk"], key["topk_length"], key["deterministic"], key["wide"]
+    D, dtype = (576, "bf16") if op == "bwd_d576" else (key["dim"], key["dtype"])
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    backend, tile = select_backend(H, D, dtype, topk, det)
+    Sq, Skv = policy.sm100_shape(op, key, target.sm_count)
+    M = up.meta
+    plan = api.SparseAttentionBackward(
+        M(tdt, Sq, H, D), M(tdt, Skv, D), M(tdt, Sq, H, Dv), M(tdt, Sq, H, Dv), M(f32, Sq, H), M(f32, H), M(i32, Sq, topk),
+        sample_topk_length=M(i32, Sq) if tl else None, deterministic=det,
+    )  # fmt: skip
+    if not plan.check_support():
+        raise RuntimeError(f"upstream's check_support() declines S_q {Sq} S_kv {Skv} for {key}")
+    plan.compile()
+    cap = up.capability
+    if op == "bwd_d576":
+        want = ("_compile_d576_2cta", (cap, topk, tl, key["single_query"], key["split"], det, H, d576_compact_slots(target.sm_count) if det else 74, wide))
+    elif det:
+        want = ("_compile_deterministic_sm100", (0, cap, backend, tdt, D, Dv, H, topk, tl, key["planes"], key["relay"], wide))
+    else:
+        want = ("_compile_nondeterministic_sm100", (0, cap, backend, tdt, D, Dv, H, topk, tl, tile, wide))
+    return cache, want, 0

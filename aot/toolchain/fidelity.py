@@ -1,55 +1,43 @@
-"""Build stage — fidelity: every shipped cubin is byte-identical to the one cudnn's OWN JIT path builds.
+"""Build stage, fidelity: every shipped cubin against the one cudnn's OWN JIT path builds for its key.
 
-The compile stage builds each entry from our spec (``kernels/<family>.py``): it constructs cudnn's kernel
-classes itself and calls ``cute.compile`` on fake tensors that mirror what cudnn's ``to_cute_tensor``
-(or its plan-time fake tensors) makes of CUDA tensors. This stage proves the mirror exact. For each entry
-it runs cudnn's real Python path — the public factories (``indexer_backward_sm100``,
-``indexer_backward_v2_sm100``, ``indexer_backward_sm90``), their returned ``_run`` closures,
-``reduce_deterministic_dk``; for the sparse attention backward ``_interface_sm90.flash_attn_bwd_sm90``
-and the prepared plan ``SparseAttentionBackward(...).check_support() / .compile()`` — on tensors
-that present themselves as CUDA tensors, so upstream's argument conversion (``to_cute_tensor`` ->
-``from_dlpack(..., assumed_align=16, enable_tvm_ffi=True)``, ``mark_layout_dynamic``,
-``mark_compact_shape_dynamic``), policy (persistence, grid, ticket slots, ...), compile options
-(``compile_options()`` = ``--enable-tvm-ffi --gpu-arch sm_XXXa ...``) and cache keys all run unmodified.
-The cubin of the kernel upstream compiled is then compared with ``kernel.cubin`` of the entry.
+The compile stage builds each entry from the family's spec (``kernels/<family>.py``): it constructs
+cudnn's kernel classes (or calls its ``@cute.jit`` launch functions) itself, on fake arguments that
+mirror what cudnn's wrappers pass. This stage proves the mirror exact: for each entry it runs cudnn's
+real Python path (the spec's ``fidelity`` route: a public wrapper, factory, launch function or
+prepared plan) on tensors that present themselves as CUDA tensors, so upstream's argument conversion,
+policy, compile options and cache keys all run unmodified, and compares the cubin upstream compiled
+with the shipped one. The compiles run as cudnn's JIT runs in production (aot.toolchain.workers): no
+keep or dump files, the DSL's file cache off.
 
-What is stubbed, only for the duration of one check, in a worker process of its own:
-  * device queries: ``torch.cuda.is_available / get_device_capability / get_device_properties /
-    current_device`` answer for the entry's target (capability from the arch, SM count from the
-    manifest), ``torch.cuda.device(...)`` is a no-op context; the ``lru_cache`` of ``gpu_arch_flag``
-    and ``_device_capability`` is cleared around it;
-  * side effects after compilation: ``cute.compile`` is wrapped so that what it returns (and upstream
-    stores in its ``_compile_cache``) is a recorder whose call launches nothing; ``memset_zero_async``
-    and ``torch.cuda.nvtx.range`` are no-ops. Upstream's module-level compile caches are swapped for
-    fresh dicts, so every check compiles, and the entry's compile key is read back from them. The
-    ``lru_cache``-d plan compilers of the SM100 sparse backward (``_compile_nondeterministic_sm100``,
-    ``_compile_deterministic_sm100``, ``_compile_d576_2cta``) are replaced by recorders that call the
-    undecorated function: their arguments are upstream's compile key. ``flash_attn_bwd_sm90`` compiles
-    three kernels per call; the two caches not under check answer "cached" (and launch nothing), so a
-    check compiles only the entry's kernel;
-  * tensors: CPU tensors (``torch.empty``: never touched, so large anchor shapes cost no memory) of a
-    ``torch.Tensor`` subclass whose ``is_cuda``/``device`` say CUDA and whose DLPack export reports
-    ``kDLCUDA`` (the device field of the CPU capsule is patched). ``from_dlpack`` therefore gives a
-    ``gmem`` pointer, exactly as on a GPU; a plain CPU tensor would give a ``generic`` one (and a
-    different signature and cubin). The SM100 sparse plan only reads tensor metadata: its sample
-    tensors are ``meta`` tensors of the same subclass.
+The engine is generic; each spec brings its route, ``fidelity(op, key, target, up) -> (cache, want,
+calls)``: drive upstream on ``up`` (an :class:`Upstream`), and return the compile cache upstream filled,
+the cache key upstream must have used for the entry, and how often upstream called the compiled
+function (1 for a call that launches, 0 for a plan that only compiles). ``FIDELITY_ROUTES`` names each
+op's route for the report. What :class:`Upstream` stubs, only for the duration of one check in a worker
+of its own: the device queries (``torch.cuda.*`` answer for the entry's target: capability from the
+arch, SM count from the manifest), ``cute.compile`` (wrapped: what it returns, and what upstream
+caches, is a recorder whose call launches nothing), and whatever the route asks for (its compile
+caches swapped for recording ones, memsets and fast-launch caches made no-ops).
 
-The DSL reads ``CUTE_DSL_ARCH`` once per process, so workers are grouped per arch like the compile stage;
-its file cache is disabled in them, so a verdict never rests on a cached artifact, and they keep the PTX
-(``CUTE_DSL_KEEP=cubin,ptx``; keeping it does not change a cubin).
+Verdicts per entry id:
+  ``identical``       upstream's cubin is byte-identical to the shipped one.
+  ``ptx identical``   the bytes differ, and a second look finds: upstream's PTX for the key
+                      byte-identical to the spec's (workers that keep the PTX), the same compile options,
+                      the shipped cubin made again by the compile stage byte for byte (so it is that
+                      compiler's output for that PTX, not a damaged file), and the shipped cubin,
+                      upstream's and the spec's equal in size, sections and per-kernel resources,
+                      differing only in kernel code. The DSL's in-process PTX compiler makes cubins that depend on
+                      the compiling process's memory layout for some kernels (the two-CTA sparse
+                      attention backward ones; docs/fidelity.md has the measurements): there, cudnn's
+                      own JIT does not make one cubin per key either, and the same PTX in, compiled by
+                      the same compiler, is the strongest equality that exists.
+  ``differs``         anything else (upstream's cubin, and PTX where taken, saved next to the entry).
+  ``error``           upstream's path could not be run for the key, or its compile key is not the
+                      entry's, or the family has no route for the op.
+  ``not applicable``  cudnn's JIT never targets the entry's arch (e.g. sm_100f).
 
-Verdicts per entry id: ``identical``; ``ptx identical`` (the two-CTA SM100 sparse-backward kernels,
-:data:`PTX_ONLY_BACKENDS`: ptxas does not assign their registers reproducibly — the same PTX gives
-cubins that differ in a few bytes of the main kernel's code from one process to the next, even inside
-upstream's own JIT — so the PTX of upstream's compile is compared with the PTX of the spec's compile of
-the key, and the note says how the shipped cubin relates to the cubins of this check);
-``differs`` (the upstream cubin is saved next to the entry as ``fidelity.upstream.cubin``; for a PTX
-comparison also both PTX texts); ``error`` (upstream's path could not be run for the key, or its
-compile key is not the entry's); ``not applicable`` (no upstream route: e.g. csa_compressor, whose spec
-already calls upstream's own ``@cute.jit`` launch functions, or an arch cudnn's JIT never targets).
-
-Public functions: :func:`check` (run it), :func:`require_identical` (fail closed on ``differs`` /
-``error``; ``identical`` and ``ptx identical`` pass), :func:`write_verdicts` (``<entry>/fidelity.json``, read by :func:`aot.toolchain.pack.pack`),
+Public functions: :func:`check`, :func:`require_identical` (fail closed on ``differs`` / ``error``),
+:func:`write_verdicts` (``<entry>/fidelity.json``, read by :func:`aot.toolchain.pack.pack`),
 :func:`load_verdicts`.
 """
 
@@ -62,49 +50,20 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import FidelityError
 from ..policy.arch import CAPABILITY
+from .sources import REPO, closure, digest
 
-__all__ = ["check", "require_identical", "write_verdicts", "load_verdicts", "FidelityError", "ROUTES", "ARCH_CAPABILITY"]
+__all__ = ["check", "require_identical", "write_verdicts", "load_verdicts", "Upstream", "FidelityError"]
 
-# The device capability that makes cudnn's compile_options() pick each arch (utils/compiler.py _ARCH_MAP).
-ARCH_CAPABILITY = CAPABILITY
-
-# (family, op) -> the upstream entry point the check drives (for the report).
-ROUTES = {
-    ("dsa_indexer_backward", "score_grad"): "indexer_backward_sm100(...).score_grad -> _score_grad_inplace_cute",
-    ("dsa_indexer_backward", "gemm"): "indexer_backward_sm100(...)(...) [pdl] / .gemm_only [no pdl] -> _ensure_compiled",
-    ("dsa_indexer_backward", "reduce_dk"): "deterministic_dk_sm100.reduce_deterministic_dk",
-    ("dsa_indexer_backward", "gemm_v2"): "indexer_backward_v2_sm100(...)(...)",
-    ("dsa_indexer_backward", "score_grad_sm90"): "indexer_backward_sm90(...).score_grad -> _score_grad_inplace_cute",
-    ("dsa_indexer_backward", "gemm_sm90"): "indexer_backward_sm90(...)(...) -> _ensure_compiled",
-    ("dsa_sparse_attention_backward", "pre_sm90"): "_interface_sm90.flash_attn_bwd_sm90(...) -> compile_cache_pre",
-    ("dsa_sparse_attention_backward", "main_sm90"): "_interface_sm90.flash_attn_bwd_sm90(...) -> compile_cache",
-    ("dsa_sparse_attention_backward", "post_sm90"): "_interface_sm90.flash_attn_bwd_sm90(...) -> compile_cache_post",
-    ("dsa_sparse_attention_backward", "bwd"): "SparseAttentionBackward(...).check_support(); .compile() -> _compile_(non)deterministic_sm100",
-    ("dsa_sparse_attention_backward", "bwd_d576"): "SparseAttentionBackward(...).check_support(); .compile() -> _compile_d576_2cta",
-}
-# SM100 sparse-backward backends whose cubin ptxas does not reproduce byte for byte: compared by PTX.
-PTX_ONLY_BACKENDS = ("h128_2cta_m64", "h96_d576_2cta_m64", "h128_d576_2cta_m64")
-# What was measured (nvidia-cutlass-dsl 4.8.1, libs-cu13, on the CPU; the same key compiled in fresh processes).
-PTXAS_NONDETERMINISM = (
-    "ptxas does not reproduce these two-CTA cubins: one PTX, fresh processes, measured 2 distinct cubins over 11 compiles "
-    "(H128 D512 topk 512) and 5 over 6 (H128 D576 topk 512, no split), same size, sections and resources, 20-48 bytes apart in "
-    "the main kernel's .text/.nv.capmerc.text (register numbers swapped); upstream's own JIT is affected alike"
-)
-_NO_ROUTE = {
-    "csa_compressor": "no upstream factory route: the spec already calls cudnn's own @cute.jit launch functions "
-    "(make_ptr pointers, as cudnn's wrappers make them)",
-}
 UPSTREAM_CUBIN = "fidelity.upstream.cubin"
-UPSTREAM_PTX, SPEC_PTX = "fidelity.upstream.ptx", "fidelity.spec.ptx"  # kept when a PTX check finds a difference
+UPSTREAM_PTX, SPEC_PTX = "fidelity.upstream.ptx", "fidelity.spec.ptx"  # kept when a PTX look finds a difference
 VERDICT_FILE = "fidelity.json"
 FAILING = ("differs", "error")
 PASSING = ("identical", "ptx identical")  # verdicts remembered by the check's cache
+_STAGE = ("aot/toolchain/fidelity.py", "aot/toolchain/workers.py")
 
 
 # --- parent side ---------------------------------------------------------------------------------
@@ -113,17 +72,19 @@ PASSING = ("identical", "ptx identical")  # verdicts remembered by the check's c
 def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
     """Check every entry directory (compile-stage output); return ``{entry id: verdict dict}``.
 
-    Each value: ``verdict`` ("identical" | "ptx identical" | "differs" | "error" | "not applicable" | "not checked"), ``shipped_sha256``,
-    ``upstream_sha256``, ``seconds`` (upstream's cute.compile of the entry's kernel), ``note``, and for
-    checked entries ``route``, ``options`` (upstream's compile options) and ``upstream_key`` (upstream's
-    compile-cache key); PTX checks add ``ptx_sha256`` and ``cubins`` (the cubin hashes this check saw).
-    ``cache_dir`` (optional) remembers "identical" / "ptx identical" verdicts by the entry's compile
-    cache key, the shipped cubin and this file, so a rebuild re-checks only what changed.
+    Each value: ``verdict``, ``shipped_sha256``, ``upstream_sha256``, ``seconds`` (upstream's
+    cute.compile of the entry's kernel), ``note``, and for checked entries ``route``, ``options``
+    (upstream's compile options) and ``upstream_key`` (upstream's compile-cache key); a PTX look adds
+    ``ptx_sha256`` and ``cubins`` (the cubin hashes it saw). ``cache_dir`` (optional) remembers passing
+    verdicts by the entry, the shipped cubin, the tool versions, this stage's sources and the family's
+    spec (with everything it imports), so a rebuild re-checks only what changed.
     """
     from importlib import metadata
 
-    from .compile import tool_versions
     from ..policy.families import family_policy
+    from .compile import tool_versions
+    from .specs import SPECS, spec_digest
+    from .workers import run_per_arch
 
     versions = tool_versions()
     for dist in ("torch", "apache-tvm-ffi"):  # they carry the tensors into from_dlpack: part of the verdict's inputs
@@ -131,56 +92,80 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
-    stage = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    stage = digest(sorted({p for f in _STAGE for p in closure(REPO / f)}))
     cache = Path(cache_dir) / "fidelity" if cache_dir else None
     results, todo = {}, []
     for d in map(Path, entry_dirs):
         meta = json.loads((d / "meta.json").read_text())
-        shipped = (d / "kernel.cubin").read_bytes()
-        ssha = hashlib.sha256(shipped).hexdigest()
-        why = _not_applicable(meta)
-        if why:
-            # a family whose spec already calls upstream's own launch code needs no second route; an
-            # op with no route yet is reported as not checked
-            verdict = "not applicable" if meta["family"] in _NO_ROUTE else "not checked"
-            results[meta["id"]] = {"verdict": verdict, "shipped_sha256": ssha, "upstream_sha256": None, "seconds": 0.0, "note": why}
+        ssha = hashlib.sha256((d / "kernel.cubin").read_bytes()).hexdigest()
+        base = {"shipped_sha256": ssha, "upstream_sha256": None, "seconds": 0.0}
+        routes = getattr(SPECS[meta["family"]], "FIDELITY_ROUTES", {})
+        if meta["arch"] not in CAPABILITY:
+            results[meta["id"]] = base | {"verdict": "not applicable", "note": f"cudnn's JIT never targets {meta['arch']} (it compiles for "
+                                          f"{', '.join(sorted(CAPABILITY))}, picked from the device's compute capability)"}
+            continue
+        if meta["op"] not in routes:
+            results[meta["id"]] = base | {"verdict": "error", "note": f"kernels/{meta['family']}.py has no fidelity route for op {meta['op']!r} "
+                                          f"(add it to FIDELITY_ROUTES and fidelity(); docs/adding-a-family.md)"}
             continue
         # the op's own key fields only: meta["key"] also holds what the spec derived (grid, slots, ...)
         key = {k: meta["key"][k] for k in family_policy(meta["family"]).OPS[meta["op"]].fields}
-        ckey = hashlib.sha256(json.dumps([meta["family"], meta["op"], key, meta["arch"], meta["target"]["sm_count"], ssha, versions, stage], sort_keys=True).encode()).hexdigest()
+        ckey = hashlib.sha256(json.dumps([meta["family"], meta["op"], key, meta["arch"], meta["target"]["sm_count"], ssha, versions, stage,
+                                          spec_digest(meta["family"])], sort_keys=True).encode()).hexdigest()
         hit = cache / f"{ckey}.json" if cache else None
         if hit is not None and hit.is_file():
             results[meta["id"]] = json.loads(hit.read_text()) | {"cached": True}
             continue
-        todo.append((d, meta | {"key": key}, ssha, hit))
-    jobs = max(1, jobs or os.cpu_count() or 1)
-    by_arch: dict = {}
-    for item in todo:
-        by_arch.setdefault(item[1]["arch"], []).append(item)
+        todo.append((d, meta | {"key": key, "route": routes[meta["op"]]}, ssha, hit))
     n, total = len(results), len(results) + len(todo)
-    for arch, items in sorted(by_arch.items()):
-        with tempfile.TemporaryDirectory(prefix="aot-fidelity-") as dump, ProcessPoolExecutor(
-            max_workers=min(jobs, len(items)), mp_context=get_context("spawn"), initializer=_worker_init, initargs=(arch, dump, list(sys.path))
-        ) as pool:
-            futs = {pool.submit(_check_one, m["family"], m["op"], m["key"], m["arch"], m["target"]["sm_count"]): (d, m, ssha, hit) for d, m, ssha, hit in items}
-            for fut in as_completed(futs):
-                d, m, ssha, hit = futs[fut]
-                res = _verdict(fut, d, m, ssha)
-                results[m["id"]] = res
-                if hit is not None and res["verdict"] in PASSING:
-                    hit.parent.mkdir(parents=True, exist_ok=True)
-                    hit.write_text(json.dumps(res, indent=1, sort_keys=True))
-                n += 1
-                if progress:
-                    print(f"fidelity {n}/{total} {m['id']} {res['verdict']} ({res['seconds']:.2f}s)", file=sys.stderr, flush=True)
+    second = []
+
+    def done(item, fut):
+        nonlocal n
+        d, m, ssha, hit = item
+        res = _verdict(fut, d, m, ssha)
+        if res.get("second_look"):
+            second.append((item, res))
+            return
+        _finish(results, item, res)
+        n += 1
+        if progress:
+            print(f"fidelity {n}/{total} {m['id']} {res['verdict']} ({res['seconds']:.2f}s)", file=sys.stderr, flush=True)
+
+    def args(item):
+        m = item[1]
+        return m["family"], m["op"], m["key"], m["arch"], m["target"]["sm_count"]
+
+    run_per_arch(todo, lambda item: item[1]["arch"], _check_one, args, done, jobs=jobs)
+    if second:  # the second look: both PTX texts (workers that keep them), and the shipped cubin made again
+        first = {id(item): res for item, res in second}
+        looks = {}
+        with tempfile.TemporaryDirectory(prefix="aot-fidelity-ptx-") as keep:
+            run_per_arch([item for item, _ in second], lambda item: item[1]["arch"], _ptx_one, args,
+                         lambda item, fut: looks.__setitem__(id(item), fut), jobs=jobs, keep_ptx=keep)
+        again = _recompile([item for item, _ in second], jobs)
+        for item, _ in second:
+            res = _ptx_verdict(looks[id(item)], item[0], first[id(item)], again[id(item)])
+            _finish(results, item, res)
+            n += 1
+            if progress:
+                print(f"fidelity {n}/{total} {item[1]['id']} {res['verdict']} (second look)", file=sys.stderr, flush=True)
     order = {}
     for i, d in enumerate(map(Path, entry_dirs)):
         order[json.loads((d / "meta.json").read_text())["id"]] = i
     return dict(sorted(results.items(), key=lambda kv: order.get(kv[0], 0)))
 
 
+def _finish(results, item, res):
+    d, m, _, hit = item
+    results[m["id"]] = res
+    if hit is not None and res["verdict"] in PASSING:
+        hit.parent.mkdir(parents=True, exist_ok=True)
+        hit.write_text(json.dumps(res, indent=1, sort_keys=True))
+
+
 def _verdict(fut, d: Path, meta: dict, ssha: str) -> dict:
-    base = {"shipped_sha256": ssha, "route": ROUTES[(meta["family"], meta["op"])]}
+    base = {"shipped_sha256": ssha, "route": meta["route"]}
     try:
         art = fut.result()
     except Exception as exc:  # noqa: BLE001  (collected into the verdict; require_identical fails on it)
@@ -192,52 +177,92 @@ def _verdict(fut, d: Path, meta: dict, ssha: str) -> dict:
         return res | {"verdict": "error", "note": "; ".join([art["key_mismatch"], *notes])}
     for f in (UPSTREAM_CUBIN, UPSTREAM_PTX, SPEC_PTX):
         (d / f).unlink(missing_ok=True)
-    if "ptx" in art:
-        return _ptx_verdict(art, d, res, notes)
     if usha == ssha:
         return res | {"verdict": "identical", "note": "; ".join(notes)}
     (d / UPSTREAM_CUBIN).write_bytes(art["cubin"])
     shipped = (d / "kernel.cubin").read_bytes()
     notes.insert(0, f"{len(shipped)} vs {len(art['cubin'])} bytes, first difference at byte {_first_diff(shipped, art['cubin'])}; upstream's cubin saved as {d / UPSTREAM_CUBIN}")
-    return res | {"verdict": "differs", "note": "; ".join(notes)}
+    return res | {"verdict": "differs", "note": "; ".join(notes), "second_look": True}
 
 
-def _ptx_verdict(art: dict, d: Path, res: dict, notes: list) -> dict:
-    """Verdict of a PTX check: upstream's PTX against the spec's PTX for the key, and the shipped cubin against both compiles."""
+def _recompile(items, jobs) -> dict:
+    """id(item) -> the cubin the compile stage makes of the entry now (its canonical compile process), or the error."""
+    from .zygote import Zygote
+
+    out, by_arch = {}, {}
+    for item in items:
+        by_arch.setdefault(item[1]["arch"], []).append(item)
+    for arch, group in sorted(by_arch.items()):
+        with Zygote(arch) as z:
+            tickets, queue = {}, list(group)
+            while queue or z.pending:
+                while queue and z.pending < max(1, jobs or os.cpu_count() or 1):
+                    item = queue.pop(0)
+                    m = item[1]
+                    req = {"family": m["family"], "op": m["op"], "key": tuple(sorted(m["key"].items())), "arch": arch, "sm_count": m["target"]["sm_count"]}
+                    tickets[z.submit(req)] = item
+                t, art = z.wait_one()
+                out[id(tickets.pop(t))] = art
+    return out
+
+
+def _options(opts, arch) -> list:
+    """Compile options as far as they can change a cubin: the TVM-FFI wrapper does not, the arch is the entry's."""
+    words = (opts or "").split()
+    for flag in ("--gpu-arch",):
+        if flag in words:
+            i = words.index(flag)
+            if words[i + 1] == arch:
+                del words[i : i + 2]
+    return sorted(w for w in words if w != "--enable-tvm-ffi")
+
+
+def _ptx_verdict(fut, d: Path, first: dict, again: dict) -> dict:
+    """The second look at a differing entry: upstream's PTX and options against the spec's, the shipped
+    cubin against a fresh compile of the entry, and every cubin seen against the shipped one."""
+    res = {k: v for k, v in first.items() if k != "second_look"}
+    try:
+        art = fut.result()
+    except Exception as exc:  # noqa: BLE001
+        return res | {"note": f"{res['note']}; the PTX look failed: {type(exc).__name__}: {exc}"}
     shipped = (d / "kernel.cubin").read_bytes()
     up, spec = art["ptx"], art["spec_ptx"]
     psha = hashlib.sha256(up.encode()).hexdigest()
-    seen = {"shipped": res["shipped_sha256"], "spec": hashlib.sha256(art["spec_cubin"]).hexdigest(), "upstream": res["upstream_sha256"]}
-    res = res | {"ptx_sha256": psha, "cubins": seen}
+    seen = {"shipped": res["shipped_sha256"], "upstream": res["upstream_sha256"], "upstream again": hashlib.sha256(art["cubin"]).hexdigest(),
+            "spec": hashlib.sha256(art["spec_cubin"]).hexdigest()}
+    res |= {"ptx_sha256": psha, "cubins": seen}
+    summary = f"cubins seen: {', '.join(f'{k} {v[:12]}' for k, v in seen.items())} ({len(set(seen.values()))} distinct)"
     if up != spec:
-        (d / UPSTREAM_CUBIN).write_bytes(art["cubin"])
         (d / UPSTREAM_PTX).write_text(up)
         (d / SPEC_PTX).write_text(spec)
         line = next((i for i, (x, y) in enumerate(zip(up.splitlines(), spec.splitlines()), 1) if x != y), min(up.count("\n"), spec.count("\n")) + 1)
-        notes.insert(0, f"PTX differs from the spec's for the key ({len(spec)} vs {len(up)} chars, first difference at line {line}); "
-                        f"both saved as {d / SPEC_PTX} and {d / UPSTREAM_PTX}, upstream's cubin as {d / UPSTREAM_CUBIN}")
-        return res | {"verdict": "differs", "note": "; ".join(notes)}
-    fresh = {seen["spec"]: "the spec's recompile", seen["upstream"]: "upstream's"}
-    summary = f"cubins this check: shipped {seen['shipped'][:12]}, spec recompile {seen['spec'][:12]}, upstream {seen['upstream'][:12]} ({len(set(seen.values()))} distinct)"
-    if seen["shipped"] in fresh:
-        summary += f"; the shipped cubin is byte-identical to {fresh[seen['shipped']]}"
-    else:
-        same, how = _same_but_code(shipped, art["cubin"])
+        return res | {"verdict": "differs", "note": f"PTX differs from the spec's for the key ({len(spec)} vs {len(up)} chars, first difference at "
+                                                    f"line {line}); both saved as {d / SPEC_PTX} and {d / UPSTREAM_PTX}; {summary}; {res['note']}"}
+    arch = json.loads((d / "meta.json").read_text())["arch"]
+    if _options(art["options"], arch) != _options(art["spec_options"], arch):
+        return res | {"verdict": "differs", "note": f"same PTX, but upstream compiles with {art['options']!r} and the spec with "
+                                                    f"{art['spec_options']!r}; {summary}; {res['note']}"}
+    if "error" in again or again["cubin"] != shipped:
+        why = again.get("error") or f"sha256 {hashlib.sha256(again['cubin']).hexdigest()[:12]}"
+        return res | {"verdict": "differs", "note": f"same PTX as upstream's, but compiling the entry again does not give the shipped cubin "
+                                                    f"({why}): it is not what the compile stage makes of the key; {summary}; {res['note']}"}
+    for other, name in ((art["cubin"], "upstream's"), (art["spec_cubin"], "the spec's")):
+        same, how = _same_but_code(shipped, other)
         if not same:
-            (d / UPSTREAM_CUBIN).write_bytes(art["cubin"])
-            notes.insert(0, f"PTX identical (sha256 {psha[:12]}), but the shipped cubin is not a ptxas result of it: vs upstream's, {how} "
-                            f"(ptxas's nondeterminism never changed more than instruction bytes); {summary}; upstream's cubin saved as {d / UPSTREAM_CUBIN}")
-            return res | {"verdict": "differs", "note": "; ".join(notes)}
-        summary += f"; vs upstream's, the shipped cubin {how}"
-    notes.insert(0, f"bytes not compared: {PTXAS_NONDETERMINISM}. PTX of upstream's compile identical to the spec's for the key "
-                    f"(sha256 {psha[:12]}, {len(up)} chars); {summary}")
-    return res | {"verdict": "ptx identical", "note": "; ".join(notes)}
+            return res | {"verdict": "differs", "note": f"PTX identical (sha256 {psha[:12]}), but the shipped cubin is not the same program as "
+                                                        f"{name}: {how}; {summary}; {res['note']}"}
+    return res | {"verdict": "ptx identical", "note": f"same PTX in (sha256 {psha[:12]}, {len(up)} chars) and options as cudnn's own path; "
+                                                      f"the shipped cubin is what the compile stage makes of it again, and the DSL's PTX "
+                                                      f"compiler gives this kernel a cubin that depends on the compiling process "
+                                                      f"(docs/fidelity.md); vs upstream's, the shipped cubin {how}; {summary}"}
 
 
 def _same_but_code(a: bytes, b: bytes):
     """(True, what) when cubins a and b differ at most in kernel code bytes: same size, section table and per-kernel resources."""
     from .cubin import _parse_elf, read_cubin
 
+    if a == b:
+        return True, "is byte-identical"
     if len(a) != len(b):
         return False, f"{len(a)} vs {len(b)} bytes"
     sa, sb = _parse_elf(a)[2], _parse_elf(b)[2]
@@ -259,23 +284,13 @@ def _first_diff(a: bytes, b: bytes) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _not_applicable(meta: dict):
-    if meta["family"] in _NO_ROUTE:
-        return _NO_ROUTE[meta["family"]]
-    if (meta["family"], meta["op"]) not in ROUTES:
-        return f"no fidelity route implemented yet for {meta['family']}/{meta['op']}"
-    if meta["arch"] not in ARCH_CAPABILITY:
-        return f"cudnn's JIT never targets {meta['arch']} (compile_options() pins --gpu-arch from the device capability: {sorted(ARCH_CAPABILITY.values())})"
-    return None
-
-
 def require_identical(results: dict) -> None:
     """Fail closed: raise :class:`FidelityError` listing every entry whose verdict is differs or error."""
     bad = [(i, r) for i, r in results.items() if r["verdict"] in FAILING]
     if bad:
         raise FidelityError(
-            f"{len(bad)} entries are not byte-identical to what cudnn's own JIT path builds (the spec's mirror of "
-            f"cudnn's argument conversion or policy is wrong for them; see kernels/ and aot/fidelity.py):\n"
+            f"{len(bad)} entries are not what cudnn's own JIT path builds (the spec's mirror of cudnn's argument conversion or "
+            f"policy is wrong for them, or the route is; see kernels/ and aot/toolchain/fidelity.py):\n"
             + "\n".join(f"  - {i}: {r['verdict']}: {r['note']}" for i, r in bad)
         )
 
@@ -303,42 +318,215 @@ def load_verdicts(entry_dirs) -> dict:
 # --- worker side ---------------------------------------------------------------------------------
 
 
-def _worker_init(arch: str, dump_dir: str, path: list) -> None:
-    # aot.toolchain.compile._worker_init, but keeping the PTX too (fn.__ptx__, for the PTX checks): like it, every
-    # CUTE_DSL_* setting is made before the DSL is imported. Checked: the indexer and SM90 sparse entries
-    # stay byte-identical with the PTX kept and the dump dir present.
-    sys.path[:] = path
-    os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"  # a verdict must come from a compile, not a cached artifact
-    os.environ["CUTE_DSL_ARCH"] = arch
-    os.environ["CUTE_DSL_KEEP"] = "cubin,ptx"
-    os.environ["CUTE_DSL_DUMP_DIR"] = os.path.join(dump_dir, str(os.getpid()))  # one dir per worker, as in aot.toolchain.compile
-    # the DSL writes kept artifacts only into an existing directory (fn.__ptx__ is otherwise the path it did not write)
-    os.makedirs(os.environ["CUTE_DSL_DUMP_DIR"], exist_ok=True)
-    import cutlass  # noqa: F401
-
-    _upstream_modules()  # pay cudnn's import once per worker
-    _sparse_modules()
+def _check_one(family: str, op: str, key: dict, arch: str, sm_count: int) -> dict:
+    """Run cudnn's own path for (op, key) on ``arch``; return the cubin it compiled for the entry's kernel."""
+    rec, art = _run_route(family, op, key, arch, sm_count)
+    art["cubin"] = _cubin_of(rec.fn)
+    return art
 
 
-def _upstream_modules():
-    from cudnn.deepseek_sparse_attention.indexer_backward import deterministic_dk_sm100 as det
-    from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90
-    from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm100 as k100
-    from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_v2_sm100 as kv2
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
+def _ptx_one(family: str, op: str, key: dict, arch: str, sm_count: int) -> dict:
+    """Upstream's route again and the spec's compile of the key, in a worker that keeps the PTX: both PTX texts and cubins."""
+    import cutlass.cute as cute
 
-    return k100, det, kv2, k90, compiler, runtime
+    from .manifest import Target
+    from .specs import SPECS
+
+    rec, art = _run_route(family, op, key, arch, sm_count)
+    if art["key_mismatch"]:
+        raise RuntimeError(art["key_mismatch"])
+    fn_, args, options, _ = SPECS[family].build(op, dict(key), Target("", arch, sm_count))
+    spec = cute.compile(fn_, *args, options=options) if options else cute.compile(fn_, *args)
+    return {"cubin": _cubin_of(rec.fn), "ptx": _ptx_of(rec.fn, "upstream's"), "options": rec.options, "spec_cubin": _cubin_of(spec),
+            "spec_ptx": _ptx_of(spec, "the spec's"), "spec_options": options}
 
 
-def _sparse_modules():
-    import types
+def _run_route(family, op, key, arch, sm_count):
+    from .manifest import Target
+    from .specs import SPECS
 
-    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm90 as i90
-    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100 as i100
-    from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100_d576 as d576
-    from cudnn.deepseek_sparse_attention.sparse_attention_backward import api
+    if os.environ.get("CUTE_DSL_ARCH") != arch:
+        raise RuntimeError(f"worker arch {os.environ.get('CUTE_DSL_ARCH')} != entry arch {arch}")
+    notes = []
+    with Upstream(arch, sm_count) as up:
+        cache, want, calls = SPECS[family].fidelity(op, dict(key), Target("", arch, sm_count), up)
+        compiled = list(cache)
+        key_mismatch = None if compiled == [want] else f"upstream compiled {compiled} for this shape, expected the key {want}"
+        rec = cache[compiled[0]] if compiled else None
+        if rec is None:
+            raise RuntimeError(f"upstream compiled nothing into its cache for {op} {key}")
+        if not isinstance(rec, _Compiled) or rec.fn is None:
+            raise RuntimeError("upstream's cache holds an object the check did not compile")
+        if rec.calls != calls:
+            notes.append(f"upstream called the compiled kernel {rec.calls} times (expected {calls})")
+    return rec, {"options": rec.options, "key": repr(want if key_mismatch is None else compiled), "key_mismatch": key_mismatch,
+                 "seconds": rec.seconds, "notes": notes}
 
-    return types.SimpleNamespace(api=api, i90=i90, i100=i100, d576=d576)
+
+def _ptx_of(fn, whose: str) -> str:
+    """The PTX the DSL kept for a compiled function (fn.__ptx__: the text, read back from the dump dir)."""
+    ptx = fn.__ptx__
+    if not isinstance(ptx, str) or ".version" not in ptx or ".target" not in ptx:
+        shown = ptx if not isinstance(ptx, str) else ptx[:120]
+        raise RuntimeError(f"{whose} compile kept no PTX (fn.__ptx__ = {shown!r}; the worker sets CUTE_DSL_KEEP=ptx and an existing dump dir)")
+    return ptx
+
+
+def _cubin_of(fn) -> bytes:
+    from .compile import _embedded_cubin
+
+    return bytes(_embedded_cubin(fn.ir_module.operation.get_asm(print_generic_op_form=True)))
+
+
+class _Compiled:
+    """What upstream's compile caches hold during a check: the real compiled function, and a call that launches nothing."""
+
+    def __init__(self, fn, options, kernel):
+        self.fn, self.options, self.kernel, self.calls, self.seconds = fn, options, kernel, 0, 0.0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+
+
+class _Recording(dict):
+    """An upstream compile cache during a check: records what upstream compiles for keys ``keep``
+    accepts; every other key answers "cached" with a stub (nothing compiles, the call launches nothing)."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.keep = keep
+
+    def __contains__(self, key):
+        return not self.keep(key) or dict.__contains__(self, key)
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self, key) if self.keep(key) else _Compiled(None, None, "not under check")
+
+    def get(self, key, default=None):
+        return dict.get(self, key, default) if self.keep(key) else _Compiled(None, None, "not under check")
+
+    def __setitem__(self, key, value):
+        if self.keep(key):
+            dict.__setitem__(self, key, value)
+
+
+class _NoDevice:
+    """``torch.cuda.device(...)``: a context that switches nothing (there is no device)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Upstream:
+    """What a spec's fidelity route runs cudnn's own path with, for one check (a context manager).
+
+    On entry it answers the device queries for the target and wraps ``cute.compile``; everything is
+    restored on exit. For the route:
+
+      arch, sm_count, capability   the target
+      stream                       a ``CUstream(0)`` (never used: nothing launches)
+      tensor(dtype, *shape)        a CPU tensor that presents as a CUDA tensor on cuda:0 (torch and
+                                   DLPack): ``from_dlpack`` gives a gmem pointer, as on a GPU; never touched
+      meta(dtype, *shape)          the same over a meta tensor, for plan-time code that reads metadata only
+      cache(obj, name, keep=None)  replace upstream's compile cache ``obj.name`` by a recording one
+                                   (keys ``keep`` rejects answer "cached"); returns it
+      plan_compilers((obj, name), ...)  replace ``lru_cache``-d plan compilers by recorders that call
+                                   the undecorated function; returns their one cache (key: (name, args))
+      no_op(obj, name)             a callable that does nothing (memsets, ...)
+      patch(obj, name, value)      anything else
+      clear_lru(*functions)        clear these ``functools.lru_cache`` now and on exit
+    """
+
+    def __init__(self, arch: str, sm_count: int):
+        self.arch, self.sm_count, self.capability = arch, sm_count, CAPABILITY[arch]
+        self._saved, self._lru = [], []
+
+    def __enter__(self):
+        import types
+
+        import cuda.bindings.driver as cuda_driver
+        import cutlass.cute as cute
+        import torch
+
+        self.stream = cuda_driver.CUstream(0)
+        props = types.SimpleNamespace(multi_processor_count=self.sm_count, major=self.capability[0], minor=self.capability[1],
+                                      name=f"fidelity-check {self.arch}")
+        real_compile = cute.compile
+
+        def compile_(fn, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = real_compile(fn, *args, **kwargs)
+            rec = _Compiled(out, kwargs.get("options"), type(fn).__name__)
+            rec.seconds = time.perf_counter() - t0
+            return rec
+
+        for obj, name, value in (
+            (cute, "compile", compile_),
+            (torch.cuda, "is_available", lambda: True),
+            (torch.cuda, "device_count", lambda: 1),
+            (torch.cuda, "current_device", lambda: 0),
+            (torch.cuda, "get_device_capability", lambda device=None: self.capability),
+            (torch.cuda, "get_device_properties", lambda device=None: props),
+            (torch.cuda, "is_current_stream_capturing", lambda: False),
+            (torch.cuda.nvtx, "range", lambda *a, **k: contextlib.nullcontext()),
+            (torch.cuda, "device", _NoDevice),
+        ):
+            self.patch(obj, name, value)
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, value in reversed(self._saved):
+            setattr(obj, name, value)
+        for f in self._lru:
+            f.cache_clear()
+        return False
+
+    def patch(self, obj, name, value):
+        self._saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+        return value
+
+    def no_op(self, obj, name):
+        return self.patch(obj, name, lambda *a, **k: None)
+
+    def cache(self, obj, name, keep=None):
+        return self.patch(obj, name, _Recording(keep or (lambda key: True)))
+
+    def plan_compilers(self, *targets):
+        cache = _Recording(lambda key: True)
+
+        def recorder(fn):
+            def compile_plan(*args, **kwargs):
+                out = fn.__wrapped__(*args, **kwargs)
+                cache[(fn.__name__, args + tuple(sorted(kwargs.items())))] = out
+                return out
+
+            return compile_plan
+
+        for obj, name in targets:
+            self.patch(obj, name, recorder(getattr(obj, name)))
+        return cache
+
+    def clear_lru(self, *functions):
+        for f in functions:
+            f.cache_clear()
+            self._lru.append(f)
+
+    def tensor(self, dtype, *shape):
+        import torch
+
+        return _cuda_like()(torch.empty(*shape, dtype=dtype))
+
+    def meta(self, dtype, *shape):
+        import torch
+
+        return _cuda_like()(torch.empty(*shape, dtype=dtype, device="meta"))
 
 
 _CUDA_LIKE = None
@@ -397,335 +585,3 @@ def _cuda_like():
 
     _CUDA_LIKE = CudaLike
     return CudaLike
-
-
-class _Compiled:
-    """What upstream's compile caches hold during a check: the real compiled function, and a call that launches nothing."""
-
-    def __init__(self, fn, options, kernel):
-        self.fn, self.options, self.kernel, self.calls, self.seconds = fn, options, kernel, 0, 0.0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-
-
-class _CachedElsewhere(dict):
-    """An upstream compile cache of a kernel not under check: every key is "cached" (nothing compiles), the call launches nothing."""
-
-    def __init__(self):
-        super().__init__()
-        self.asked = []
-
-    def __contains__(self, key):
-        self.asked.append(key)
-        return True
-
-    def __getitem__(self, key):
-        return _Compiled(None, None, "not under check")
-
-
-class _NoDevice:
-    """``torch.cuda.device(...)``: a context that switches nothing (there is no device)."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-@contextlib.contextmanager
-def _upstream_env(arch: str, sm_count: int, op: str = ""):
-    """Patch device queries and launch side effects for one check; yield the state (fresh compile caches).
-
-    For an SM90 sparse-backward ``op`` the caches of flash_attn_bwd_sm90's two other kernels answer "cached".
-    """
-    import types
-
-    import cutlass.cute as cute
-    import torch
-
-    k100, det, kv2, k90, compiler, runtime = _upstream_modules()
-    sp = _sparse_modules()
-    cap = ARCH_CAPABILITY[arch]
-    props = types.SimpleNamespace(multi_processor_count=sm_count, major=cap[0], minor=cap[1], name=f"fidelity-check {arch}")
-    real_compile = cute.compile
-    state = types.SimpleNamespace(compiled=[], memsets=0)
-
-    def compile_(fn, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = real_compile(fn, *args, **kwargs)
-        rec = _Compiled(out, kwargs.get("options"), type(fn).__name__)
-        rec.seconds = time.perf_counter() - t0
-        state.compiled.append(rec)
-        return rec
-
-    def memset(*args, **kwargs):
-        state.memsets += 1
-
-    def plan_compiler(fn):
-        # upstream's lru_cache-d plan compiler: call the undecorated function (so every check compiles) and
-        # record its arguments, upstream's compile key
-        def compile_plan(*args, **kwargs):
-            out = fn.__wrapped__(*args, **kwargs)
-            state.caches["sm100.plan"][(fn.__name__, args + tuple(sorted(kwargs.items())))] = out
-            return out
-
-        return compile_plan
-
-    state.caches = {
-        "k100.gemm": {}, "k100.score_grad": {}, "det.reduce": {}, "kv2.gemm": {}, "k90.gemm": {}, "k90.score_grad": {},
-        "sm100.plan": {},
-    }  # fmt: skip
-    for k in ("pre_sm90", "main_sm90", "post_sm90"):
-        state.caches[f"sm90.{k}"] = {} if op in (k, "") else _CachedElsewhere()
-    sm90 = sp.i90.flash_attn_bwd_sm90
-    patches = [
-        (cute, "compile", compile_),
-        (torch.cuda, "is_available", lambda: True),
-        (torch.cuda, "device_count", lambda: 1),
-        (torch.cuda, "current_device", lambda: 0),
-        (torch.cuda, "get_device_capability", lambda device=None: cap),
-        (torch.cuda, "get_device_properties", lambda device=None: props),
-        (torch.cuda.nvtx, "range", lambda *a, **k: contextlib.nullcontext()),
-        (torch.cuda, "device", _NoDevice),
-        (k100, "memset_zero_async", memset),
-        (kv2, "memset_zero_async", memset),
-        (k90, "memset_zero_async", memset),
-        (k100, "_compile_cache", state.caches["k100.gemm"]),
-        (k100, "_score_grad_cute_cache", state.caches["k100.score_grad"]),
-        (det, "_compile_cache", state.caches["det.reduce"]),
-        (kv2, "_compile_cache", state.caches["kv2.gemm"]),
-        (k90, "_compile_cache", state.caches["k90.gemm"]),
-        (k90, "_score_grad_cute_cache", state.caches["k90.score_grad"]),
-        (sp.i90, "memset_zero_async", memset),
-        (sm90, "compile_cache_pre", state.caches["sm90.pre_sm90"]),
-        (sm90, "compile_cache", state.caches["sm90.main_sm90"]),
-        (sm90, "compile_cache_post", state.caches["sm90.post_sm90"]),
-        (sp.i100, "_compile_nondeterministic_sm100", plan_compiler(sp.i100._compile_nondeterministic_sm100)),
-        (sp.i100, "_compile_deterministic_sm100", plan_compiler(sp.i100._compile_deterministic_sm100)),
-        (sp.d576, "_compile_d576_2cta", plan_compiler(sp.d576._compile_d576_2cta)),
-    ]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
-    compiler.gpu_arch_flag.cache_clear()
-    runtime._device_capability.cache_clear()
-    try:
-        for obj, name, value in patches:
-            setattr(obj, name, value)
-        yield state
-    finally:
-        for obj, name, value in reversed(saved):
-            setattr(obj, name, value)
-        compiler.gpu_arch_flag.cache_clear()
-        runtime._device_capability.cache_clear()
-
-
-# Anchor shapes (manifests/default.toml): B = 1, S_q = S_k = 4096, D = 128. Only what the key pins moves
-# away from them. Tensors are torch.empty on the CPU and never touched: their size costs no memory.
-DIM, S_ANCHOR = 128, 4096
-
-
-def _check_one(family: str, op: str, key: dict, arch: str, sm_count: int) -> dict:
-    """Run cudnn's own path for (op, key) on ``arch`` and return the cubin it compiled for the entry's kernel.
-
-    For a two-CTA sparse-backward key (:data:`PTX_ONLY_BACKENDS`) also the PTX of that compile, and the PTX
-    and cubin of the spec's compile of the key (``ptx``, ``spec_ptx``, ``spec_cubin``).
-    """
-    import cuda.bindings.driver as cuda_driver
-    import torch
-
-    if os.environ.get("CUTE_DSL_ARCH") != arch:
-        raise RuntimeError(f"worker arch {os.environ.get('CUTE_DSL_ARCH')} != entry arch {arch}")
-    k100, det, kv2, k90, _, _ = _upstream_modules()
-    CudaLike = _cuda_like()
-    bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
-
-    def T(dtype, *shape):
-        return CudaLike(torch.empty(*shape, dtype=dtype))
-
-    stream = cuda_driver.CUstream(0)  # what resolve_stream() returns for an explicit stream; never used
-    notes, ptx_only = [], False
-    with _upstream_env(arch, sm_count, op) as st:
-        B, Sk, topk = 1, S_ANCHOR, key.get("topk")
-        if op in ("score_grad", "score_grad_sm90"):
-            Sq = S_ANCHOR
-            att, isc, gl = T(f32, B, Sq, topk), T(f32, B, Sq, topk), T(f32, 1)
-            if op == "score_grad":
-                run = k100.indexer_backward_sm100(B, Sq, Sk, 64, DIM, topk)
-                run.score_grad(att, isc, gl, 1.0, dIndexK_f32=T(f32, B, Sk, DIM) if key["zero_dk"] else None, current_stream=stream)
-                cache, want = st.caches["k100.score_grad"], (topk, key["zero_dk"])
-            else:
-                run = k90.indexer_backward_sm90(B, Sq, Sk, 64, DIM, topk)
-                run.score_grad(att, isc, gl, 1.0, current_stream=stream)
-                cache, want = st.caches["k90.score_grad"], (topk, False)
-        elif op == "reduce_dk":
-            P = key["planes"]
-            out = bf16 if key["out"] == "bf16" else f32
-            det.reduce_deterministic_dk(T(f32, P, B * Sk, DIM), T(out, B, Sk, DIM), P, current_stream=stream)
-            cache, want = st.caches["det.reduce"], (torch.device("cuda", 0), DIM, out, P)
-        elif op in ("gemm", "gemm_sm90"):
-            H, glob = key["heads"], key["topk_global"]
-            if op == "gemm":
-                deterministic, P, pdl = key["deterministic"], key["planes"], key["pdl"]
-                grid = P if deterministic else sm_count
-                # persistence is upstream's choice from B*S_q vs the grid: more rows than the grid for a
-                # persistent key (and >= planes for a deterministic one), no more than the grid otherwise
-                Sq = max(S_ANCHOR, grid + 1) if key["persistent"] else grid
-                run = k100.indexer_backward_sm100(B, Sq, Sk, H, DIM, topk, 1.0, 128, topk_indices_global=glob, deterministic=deterministic, deterministic_dk_planes=P)
-                cache, want = st.caches["k100.gemm"], (H, DIM, topk, 128, glob, key["persistent"], grid, deterministic, P, pdl)
-            else:
-                Sq = S_ANCHOR
-                run = k90.indexer_backward_sm90(B, Sq, Sk, H, DIM, topk, 1.0, 128, topk_indices_global=glob)
-                cache, want = st.caches["k90.gemm"], (H, DIM, topk, 128, False, glob)
-                pdl = True  # the full _run (kernel 1 + kernel 2), the only way upstream's SM90 path runs it
-            q, w, k = T(bf16, B, Sq, H, DIM), T(bf16, B, Sq, H), T(bf16, B, Sk, DIM)
-            dq, dw, dk = T(bf16, B, Sq, H, DIM), T(bf16, B, Sq, H), T(f32, B, Sk, DIM)
-            att, isc, idx, gl = T(f32, B, Sq, topk), T(f32, B, Sq, topk), T(i32, B, Sq, topk), T(f32, 1)
-            if pdl:  # the op: score-grad, then the GEMM as its PDL consumer (+ the deterministic reduction)
-                ws = T(torch.uint8, det.deterministic_dk_workspace_bytes(B, Sk, DIM, 148) + 4096)
-                run(q, w, k, dq, dw, dk, att, isc, idx, gl, 1.0, current_stream=stream, workspace=ws)
-            else:
-                run.gemm_only(q, w, k, dq, dw, dk, att, idx, current_stream=stream)
-        elif op == "gemm_v2":
-            deterministic, P, rpc, idx_local = key["deterministic"], key["planes"], key["rows_per_cta"], key["idx_local"]
-            n = P if deterministic else sm_count
-            B = 2 if idx_local else 1  # upstream: idx_local = (not topk_indices_global) and batch > 1
-            rows = rpc * n - (rpc * n) % B  # ceil(rows / n) == rows_per_cta (n > 1)
-            Sq, H, dwt = rows // B, 64, (bf16 if key["dw"] == "bf16" else f32)
-            run = kv2.indexer_backward_v2_sm100(
-                B, Sq, Sk, H, DIM, topk, 1.0, 128, topk_indices_global=not idx_local, dw_out_dtype=dwt, deterministic=deterministic, deterministic_dk_planes=P
-            )
-            ctas = min(P, rows) if deterministic else n
-            per = -(-rows // ctas)
-            slots = max(2, per) if deterministic else per + 8
-            want = (H, DIM, topk, ctas, slots, min(4, slots) if deterministic else 4, dwt, idx_local, deterministic, P)
-            cache = st.caches["kv2.gemm"]
-            q, w, k = T(bf16, B, Sq, H, DIM), T(bf16, B, Sq, H), T(bf16, B, Sk, DIM)
-            dq, dw, dk = T(bf16, B, Sq, H, DIM), T(dwt, B, Sq, H), T(f32, B, Sk, DIM)
-            att, isc, idx, gl = T(f32, B, Sq, topk), T(f32, B, Sq, topk), T(i32, B, Sq, topk), T(f32, 1)
-            ws = T(torch.uint8, det.deterministic_dk_workspace_bytes(B, Sk, DIM, 148) + 4096)
-            run(q, w, k, dq, dw, dk, att, isc, idx, gl, 1.0, current_stream=stream, workspace=ws)
-        elif op in ("pre_sm90", "main_sm90", "post_sm90"):
-            cache, want = _sparse_sm90(op, key, st, T, stream)
-        elif op in ("bwd", "bwd_d576"):
-            cache, want, backend = _sparse_sm100(op, key, arch, sm_count, st)
-            ptx_only = backend in PTX_ONLY_BACKENDS
-        else:
-            raise KeyError(f"no upstream route for op {op!r}")
-        key_mismatch = None
-        if list(cache) != [want]:
-            key_mismatch = f"upstream compiled {list(cache)} for this shape, expected the key {want}"
-        rec = cache[next(iter(cache))] if cache else None
-        if rec is None:
-            raise RuntimeError(f"upstream compiled nothing into its cache for {op} {key}")
-        if not isinstance(rec, _Compiled):
-            raise RuntimeError("upstream's cache holds an object the check did not compile")
-        if rec.calls != (0 if op in ("bwd", "bwd_d576") else 1):  # a prepared plan compiles in compile(), launches in execute()
-            notes.append(f"upstream called the compiled kernel {rec.calls} times")
-        seconds = rec.seconds
-    cubin = _cubin_of(rec.fn)
-    art = {"cubin": cubin, "options": rec.options, "key": repr(want if key_mismatch is None else list(cache)), "key_mismatch": key_mismatch, "seconds": seconds, "notes": notes}
-    if ptx_only and key_mismatch is None:
-        art["ptx"] = _ptx_of(rec.fn, "upstream's")
-        art["spec_ptx"], art["spec_cubin"] = _spec_compile(family, op, key, arch, sm_count)
-    return art
-
-
-def _ptx_of(fn, whose: str) -> str:
-    """The PTX the DSL kept for a compiled function (fn.__ptx__: the text, read back from the dump dir)."""
-    ptx = fn.__ptx__
-    if not isinstance(ptx, str) or ".version" not in ptx or ".target" not in ptx:
-        shown = ptx if not isinstance(ptx, str) else ptx[:120]
-        raise RuntimeError(f"{whose} compile kept no PTX (fn.__ptx__ = {shown!r}; the worker sets CUTE_DSL_KEEP=cubin,ptx and an existing dump dir)")
-    return ptx
-
-
-def _spec_compile(family: str, op: str, key: dict, arch: str, sm_count: int):
-    """(PTX, cubin) of the spec's compile of the key, as the compile stage runs it (aot.toolchain.compile._compile_one)."""
-    import cutlass.cute as cute
-
-    from .manifest import Target
-    from .specs import SPECS
-
-    fn_, args, options, _ = SPECS[family].build(op, dict(key), Target("", arch, sm_count))
-    fn = cute.compile(fn_, *args, options=options) if options else cute.compile(fn_, *args)
-    return _ptx_of(fn, "the spec's"), _cubin_of(fn)
-
-
-# SM90 sparse backward: any S_q / S_kv gives the same kernels (every extent is dynamic); the key pins the rest.
-SPARSE_SM90_SQ, SPARSE_SM90_SKV = 256, 1024
-
-
-def _sparse_sm90(op: str, key: dict, st, T, stream):
-    """Drive flash_attn_bwd_sm90 once for the key; return (the op's compile cache, the key upstream must have used)."""
-    import cutlass
-    import torch
-
-    sp = _sparse_modules()
-    tdt, cdt = {"bf16": (torch.bfloat16, cutlass.BFloat16), "f16": (torch.float16, cutlass.Float16)}[key["dtype"]]
-    f32, i32 = torch.float32, torch.int32
-    # pre_sm90 depends on the dtype only, post_sm90 on dtype and dim: the other fields take anchor values
-    H, D, topk, tl = key.get("heads", 64), key.get("dim", 512), key.get("topk", 512), key.get("topk_length", False)
-    Sq, Skv, Dv = SPARSE_SM90_SQ, SPARSE_SM90_SKV, 512
-    q, kv, out, dout = T(tdt, Sq, H, D), T(tdt, Skv, D), T(tdt, Sq, H, Dv), T(tdt, Sq, H, Dv)
-    lse, sink, idx = T(f32, Sq, H), T(f32, H), T(i32, Sq, topk)
-    dq, dkv, d_sink = T(tdt, Sq, H, D), T(tdt, Skv, D), T(f32, H)
-    ws = T(torch.uint8, sp.i90.flash_attn_bwd_sm90_workspace_size(Sq, Skv, D, H))
-    sp.i90.flash_attn_bwd_sm90(q, kv, out, dout, lse, sink, idx, dq, dkv, d_sink, ws, softmax_scale=0.05,
-                               topk_length=T(i32, Sq) if tl else None, current_stream=stream)  # fmt: skip
-    chunk = 64 if D == 576 else min(128, D)
-    want = {
-        "pre_sm90": (cdt, Dv, 64, 256),
-        "main_sm90": (cdt, D, Dv, H, 64, 64, 256, 1, 1, False, False, False, tl, topk),
-        "post_sm90": (cdt, chunk, 64, D, chunk, D // chunk),
-    }[op]
-    return st.caches[f"sm90.{op}"], want
-
-
-def _sparse_sm100(op: str, key: dict, arch: str, sm_count: int, st):
-    """Prepare and compile upstream's SparseAttentionBackward plan for the key; return (cache, want, backend)."""
-    import torch
-
-    from ..policy.dsa_sparse_attention_backward import HEAD_DIM_V, d576_compact_slots, select_backend, sm100_shape
-
-    sp = _sparse_modules()
-    CudaLike = _cuda_like()
-    H, topk, tl, det, wide = key["heads"], key["topk"], key["topk_length"], key["deterministic"], key["wide"]
-    D, dtype = (576, "bf16") if op == "bwd_d576" else (key["dim"], key["dtype"])
-    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-    backend, tile = select_backend(H, D, dtype, topk, det)
-    Sq, Skv = sm100_shape(op, key, sm_count)
-
-    def M(dt, *shape):
-        return CudaLike(torch.empty(*shape, dtype=dt, device="meta"))
-
-    f32, i32, Dv = torch.float32, torch.int32, HEAD_DIM_V
-    plan = sp.api.SparseAttentionBackward(
-        M(tdt, Sq, H, D), M(tdt, Skv, D), M(tdt, Sq, H, Dv), M(tdt, Sq, H, Dv), M(f32, Sq, H), M(f32, H), M(i32, Sq, topk),
-        sample_topk_length=M(i32, Sq) if tl else None, deterministic=det,
-    )  # fmt: skip
-    if not plan.check_support():
-        raise RuntimeError(f"upstream's check_support() declines S_q {Sq} S_kv {Skv} for {key}")
-    plan.compile()
-    cap = ARCH_CAPABILITY[arch]
-    if op == "bwd_d576":
-        want = ("_compile_d576_2cta", (cap, topk, tl, key["single_query"], key["split"], det, H, d576_compact_slots(sm_count) if det else 74, wide))
-    elif det:
-        want = ("_compile_deterministic_sm100", (0, cap, backend, tdt, D, Dv, H, topk, tl, key["planes"], key["relay"], wide))
-    else:
-        want = ("_compile_nondeterministic_sm100", (0, cap, backend, tdt, D, Dv, H, topk, tl, tile, wide))
-    return st.caches["sm100.plan"], want, backend
-
-
-def _cubin_of(fn) -> bytes:
-    from .compile import _embedded_cubin
-
-    host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
-    cubin = _embedded_cubin(host)
-    kept = getattr(fn, "__cubin__", None)
-    if isinstance(kept, (bytes, bytearray)) and bytes(kept) != cubin:
-        raise RuntimeError("upstream's fn.__cubin__ differs from the cubin embedded in its host module")
-    return bytes(cubin)

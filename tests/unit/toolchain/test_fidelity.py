@@ -16,7 +16,7 @@ from aot.toolchain import fidelity, manifest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[3]
 
 # cheap entries (~0.3-0.5 s per compile): the deterministic dK reduction, the SM90 sparse-backward
-# postprocess (through flash_attn_bwd_sm90), and one entry without an upstream route
+# postprocess (through flash_attn_bwd_sm90), and the CSA dAPE reduction (through a deterministic run_bwd)
 SMALL = """
 [[target]]
 name = "b200"
@@ -102,10 +102,29 @@ def test_tampered_cubin_differs_and_fails_closed(entries):
     fidelity.require_identical({k: v for k, v in res.items() if not k.endswith(".tampered")})
 
 
-def test_family_without_upstream_route_is_not_applicable(entries):
+def test_csa_entry_is_identical_through_cudnns_launch_functions(entries):
+    """The CSA route runs cudnn's run_bwd (deterministic, so it reaches the reduction): only the
+    reduction's own compile is recorded, under cudnn's key ("dape_reduce", split, device)."""
     _, _, csa, _, res = entries
     r = res[_id(csa)]
-    assert r["verdict"] == "not applicable" and "cute.jit" in r["note"]
+    assert r["verdict"] == "identical", r
+    assert r["upstream_key"] == "('dape_reduce', False, 0)" and r["options"] is None
+
+
+def test_arch_cudnn_never_targets_is_not_applicable_and_a_missing_route_fails_closed(entries, tmp_path):
+    _, _, csa, _, _ = entries
+    d = tmp_path / "sm100f"
+    shutil.copytree(csa, d)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps(meta | {"id": "x.sm_100f", "arch": "sm_100f"}))
+    e = tmp_path / "noroute"
+    shutil.copytree(csa, e)
+    (e / "meta.json").write_text(json.dumps(meta | {"id": "y", "op": "no_such_op"}))
+    res = fidelity.check([d, e], jobs=1)
+    assert res["x.sm_100f"]["verdict"] == "not applicable" and "never targets sm_100f" in res["x.sm_100f"]["note"]
+    assert res["y"]["verdict"] == "error" and "no fidelity route for op 'no_such_op'" in res["y"]["note"]
+    with pytest.raises(fidelity.FidelityError, match="no fidelity route"):
+        fidelity.require_identical(res)
 
 
 def test_verdicts_round_trip_through_entry_dirs(entries):
@@ -123,36 +142,49 @@ def _code_and_data_offsets(cubin):
     return code.offset + code.size // 2, data.offset + data.size // 2
 
 
-def test_ptx_verdict_without_compiling(entries, tmp_path):
-    """The two-CTA verdict logic on synthetic check results: PTX decides; the shipped cubin must be a plausible ptxas result."""
+def test_second_look_without_compiling(entries, tmp_path):
+    """The verdict of the second look on synthetic results: equal PTX and options, the shipped cubin made
+    again byte for byte, and the same program (code bytes aside) is "ptx identical"; a difference outside
+    the code, in the PTX or the options, or a shipped cubin the compile stage does not make, is "differs"."""
     _, _, _, sab, _ = entries
     shipped = (sab / "kernel.cubin").read_bytes()
     in_code, in_data = _code_and_data_offsets(shipped)
 
-    def verdict(upstream_cubin, spec_ptx="// PTX\n.version 9.4\n.target sm_100a\n"):
+    class Done:
+        def __init__(self, art):
+            self.art = art
+
+        def result(self):
+            return self.art
+
+    def verdict(upstream_cubin, spec_ptx="// PTX\n.version 9.4\n.target sm_100a\n", again=shipped, spec_options=None):
         d = tmp_path / "e"
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
         (d / "kernel.cubin").write_bytes(shipped)
-        art = {"cubin": upstream_cubin, "ptx": "// PTX\n.version 9.4\n.target sm_100a\n", "spec_ptx": spec_ptx, "spec_cubin": upstream_cubin}
-        res = {"shipped_sha256": hashlib.sha256(shipped).hexdigest(), "upstream_sha256": hashlib.sha256(upstream_cubin).hexdigest()}
-        return fidelity._ptx_verdict(art, d, res, []), d
+        (d / "meta.json").write_text(json.dumps({"arch": "sm_100a"}))
+        art = {"cubin": upstream_cubin, "ptx": "// PTX\n.version 9.4\n.target sm_100a\n", "spec_ptx": spec_ptx, "spec_cubin": upstream_cubin,
+               "options": "--enable-tvm-ffi --gpu-arch sm_100a", "spec_options": spec_options}
+        first = {"verdict": "differs", "note": "first look", "second_look": True, "shipped_sha256": hashlib.sha256(shipped).hexdigest(),
+                 "upstream_sha256": hashlib.sha256(upstream_cubin).hexdigest()}
+        return fidelity._ptx_verdict(Done(art), d, first, {"cubin": again}), d
 
     def flip(at):
         c = bytearray(shipped)
         c[at] ^= 0x02
         return bytes(c)
 
-    r, _ = verdict(shipped)
-    assert r["verdict"] == "ptx identical" and "byte-identical" in r["note"], r
-    r, d = verdict(flip(in_code))  # another ptxas result: a register number changed in a kernel's code
-    assert r["verdict"] == "ptx identical" and "1 bytes differ, all in the code of" in r["note"], r
-    assert not (d / fidelity.UPSTREAM_CUBIN).exists()
-    r, d = verdict(flip(in_data))  # not explained by ptxas's register assignment
-    assert r["verdict"] == "differs" and "not a ptxas result" in r["note"], r
-    r, d = verdict(shipped, spec_ptx="// PTX\n.version 9.4\n.target sm_90a\n")
+    r, _ = verdict(flip(in_code))  # another register assignment: a register number changed in a kernel's code
+    assert r["verdict"] == "ptx identical" and "1 bytes differ, all in the code of" in r["note"] and "second_look" not in r, r
+    r, d = verdict(flip(in_data))  # not explained by the PTX compiler's register assignment
+    assert r["verdict"] == "differs" and "not the same program" in r["note"], r
+    r, d = verdict(flip(in_code), spec_ptx="// PTX\n.version 9.4\n.target sm_90a\n")
     assert r["verdict"] == "differs" and "line 3" in r["note"], r
     assert (d / fidelity.SPEC_PTX).is_file() and (d / fidelity.UPSTREAM_PTX).is_file()
+    r, _ = verdict(flip(in_code), again=flip(in_code))  # a shipped cubin the compile stage does not make (a damaged file)
+    assert r["verdict"] == "differs" and "does not give the shipped cubin" in r["note"], r
+    r, _ = verdict(flip(in_code), spec_options="--opt-level 3")
+    assert r["verdict"] == "differs" and "'--opt-level 3'" in r["note"], r
     fidelity.require_identical({"a": {"verdict": "ptx identical", "note": ""}})
 
 
