@@ -14,7 +14,7 @@ rounds would fill the launch queue and measure the device instead); device time 
 back to back with CUDA events. Every call overwrites ``attn_score`` with the score-grad signal; the warm
 loops reuse that buffer, which changes the values but not the host or device work.
 
-Also printed, from ``aot/_generated/report.json``: the CPU ``cute.compile`` seconds of the entries the
+Also printed, from the build's ``_build/report.json`` (carried along): the CPU ``cute.compile`` seconds of the entries the
 AOT call loaded (what a JIT pays on the CPU), next to AOT's first-call time. Without cudnn only the
 AOT rows are printed.
 """
@@ -155,24 +155,16 @@ def run(code):
 
 
 def cpu_compile_seconds(generated, ids):
-    """{entry id: cute.compile seconds on the CPU build machine} from report.json (index.json as fallback)."""
+    """{entry id: cute.compile seconds on the CPU build machine} from the build's report (``_build/report.json``
+    in the repository; the shipped tree records no timings), {} when it was not carried along."""
     found = {}
     try:
-        with open(os.path.join(generated, "report.json")) as f:
+        with open(os.path.join(ROOT, "_build", "report.json")) as f:
             for row in json.load(f):
-                if row.get("id") in ids:
+                if row.get("id") in ids and row.get("compile_s") is not None:
                     found[row["id"]] = float(row["compile_s"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    missing = [i for i in ids if i not in found]
-    if missing:
-        try:
-            with open(os.path.join(generated, "index.json")) as f:
-                for e in json.load(f).get("entries", []):
-                    if e.get("id") in missing:
-                        found[e["id"]] = float(e["compile_seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
     return found
 
 

@@ -134,6 +134,8 @@ def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", job
     t3 = time.perf_counter()
     # ---
     index = pack.pack([c.dir for c in compiled], out_dir, manifest_path, fidelity=verdicts)
+    seconds = {c.entry.id: json.loads((c.dir / "meta.json").read_text())["compile_seconds"] for c in compiled}
+    pack.write_build_report(work_dir, index, seconds, verdicts)
     if progress:
         print(f"build: {len(compiled)} entries ({sum(c.cached for c in compiled)} from cache); compile {t1 - t0:.1f}s, "
               f"lift+verify {t2 - t1:.1f}s, fidelity {t3 - t2:.1f}s, pack {time.perf_counter() - t3:.1f}s -> {out_dir}", file=sys.stderr)

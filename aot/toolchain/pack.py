@@ -2,10 +2,14 @@
 
 Layout (everything a person can open):
   index.json              per entry: family, op, key, arch, kernel symbols, cubin sha256 and size,
-                          resource usage, tool versions, compile seconds, verify verdict
+                          resource usage, tool versions, verify and fidelity verdicts
   cubins/<sha256>.cubin   one file per distinct cubin (buckets with equal schedules share one)
   launchers/<name>.py     the lifted launcher of each entry
-  report.json, report.md  the build report (with each entry's fidelity verdict, aot.toolchain.fidelity)
+  report.json, report.md  resources and verdicts per entry
+
+The tree is a function of the entries: nothing in it records when, where or how fast it was built
+(two builds of one manifest are byte-identical; the timings and the fidelity stage's full notes go to
+the work directory's report, :func:`write_build_report`).
 
 The tree is assembled in a temporary sibling directory and swapped in with os.replace, so a failed
 pack never leaves a half-written build behind.
@@ -25,7 +29,7 @@ from pathlib import Path
 from .cubin import read_cubin
 from ..errors import PackError
 
-__all__ = ["pack"]
+__all__ = ["pack", "write_build_report"]
 
 
 def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
@@ -83,7 +87,6 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
                 "cubin_bytes": len(cubin),
                 "launcher": f"launchers/{lname}",
                 "resources": {k.name: _resources(k) for k in info.kernels},
-                "compile_seconds": meta["compile_seconds"],
                 "fidelity": fid,
                 "verify": ver,
             })
@@ -91,7 +94,7 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
         if len(set(ids)) != len(ids):
             raise PackError(f"duplicate entry ids: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
         # a build whose compiles kept PTX/cubin files (python -m aot build --debug-dump) is for reading, not for shipping
-        index = {"format": 1, "manifest": str(manifest_path), "tools": tools or {}, "for_shipping": not dumped, "entries": entries}
+        index = {"format": 1, "manifest": _manifest_name(manifest_path), "tools": tools or {}, "for_shipping": not dumped, "entries": entries}
         (tmp / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
         (tmp / "report.json").write_text(json.dumps(_report_rows(entries), indent=1))
         (tmp / "report.md").write_text(_report_md(entries, tools, dumped))
@@ -116,6 +119,24 @@ def _derived(meta) -> list:
     return sorted(k for k in meta["key"] if k not in fields)
 
 
+def _manifest_name(path) -> str:
+    """The manifest as the repository names it (manifests/default.toml), or its file name: not where the build ran."""
+    from .sources import REPO
+
+    p = Path(path).resolve() if str(path) else None
+    if p is None:
+        return ""
+    try:
+        return str(p.relative_to(REPO.resolve()))
+    except ValueError:
+        return p.name
+
+
+# the fidelity facts that belong in the shipped index: the verdict and what it rests on, without the
+# notes (they name cubins other processes made, which vary: docs/fidelity.md)
+_FIDELITY_KEPT = ("verdict", "route", "options", "upstream_sha256", "ptx_sha256")
+
+
 def _fidelity(ident, d: Path, given, sha) -> dict:
     fid = (given or {}).get(ident)
     if fid is not None and fid.get("shipped_sha256") != sha:
@@ -126,7 +147,12 @@ def _fidelity(ident, d: Path, given, sha) -> dict:
             fid = None  # stale: written for an earlier compile of this entry
     if fid is None:
         return {"verdict": "not checked"}
-    return {k: fid[k] for k in ("verdict", "upstream_sha256", "note", "options") if fid.get(k) not in (None, "")}
+    if fid.get("verdict") in ("differs", "error"):
+        return {k: fid[k] for k in ("verdict", "note") if k in fid}
+    kept = {k: fid[k] for k in _FIDELITY_KEPT if fid.get(k) not in (None, "")}
+    if kept.get("verdict") == "ptx identical":
+        kept.pop("upstream_sha256", None)  # one of several cubins upstream makes of the PTX; the PTX hash is the fact
+    return kept
 
 
 def _resources(k) -> dict:
@@ -140,35 +166,53 @@ def _resources(k) -> dict:
     }
 
 
-def _report_rows(entries):
+def _report_rows(entries, seconds=None):
     rows = []
     for e in entries:
         for k, r in e["resources"].items():
-            rows.append({"id": e["id"], "arch": e["arch"], "kernel": k, "compile_s": e["compile_seconds"], "cubin_bytes": e["cubin_bytes"], **r,
-                         "lifter_checks": e["verify"]["verdict"], "samples": e["verify"]["samples"], "fidelity": e["fidelity"]["verdict"]})
+            row = {"id": e["id"], "arch": e["arch"], "kernel": k, "cubin_bytes": e["cubin_bytes"], **r,
+                   "lifter_checks": e["verify"]["verdict"], "samples": e["verify"]["samples"], "fidelity": e["fidelity"]["verdict"]}
+            if seconds is not None:
+                row["compile_s"] = seconds.get(e["id"])
+            rows.append(row)
     return rows
 
 
-def _report_md(entries, tools, dumped=()):
+def _report_md(entries, tools, dumped=(), seconds=None, notes=None):
+    timed = seconds is not None
     lines = [
         "# dsa-aot build report",
         "",
         *([f"**NOT FOR SHIPPING**: {len(dumped)} entries were compiled with the DSL's keep/dump files on (--debug-dump).", ""] if dumped else []),
         f"Tools: {', '.join(f'{k}=={v}' for k, v in sorted((tools or {}).items()))}. {len(entries)} entries, "
-        f"{len({e['sha256'] for e in entries})} distinct cubins, {sum(e['compile_seconds'] for e in entries):.1f} s of cute.compile (the JIT cost users no longer pay).",
+        f"{len({e['sha256'] for e in entries})} distinct cubins"
+        + (f", {sum(seconds.values()):.1f} s of cute.compile in this build (the JIT cost users no longer pay)." if timed else "."),
         "",
         "Fidelity (aot.toolchain.fidelity: the shipped cubin against the one cudnn's own JIT path builds for the key; 'identical' = "
         "byte-identical, 'ptx identical' = the same PTX and options as cudnn's path, for kernels whose cubin the DSL's PTX compiler "
         "makes differently in each process (docs/fidelity.md)): "
         + ", ".join(f"{sum(e['fidelity']['verdict'] == v for e in entries)} {v}" for v in sorted({e["fidelity"]["verdict"] for e in entries})) + ".",
         "",
-        "| entry | kernel | compile s | cubin B | regs | smem B | stack B | spills st/ld | lifter checks | fidelity |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+        f"| entry | kernel |{' compile s |' if timed else ''} cubin B | regs | smem B | stack B | spills st/ld | lifter checks | fidelity |",
+        f"|---|---|{'---:|' if timed else ''}---:|---:|---:|---:|---:|---|---|",
     ]
     for e in entries:
         for k, r in e["resources"].items():
+            t = f" {seconds.get(e['id'], 0.0):.2f} |" if timed else ""
             lines.append(
-                f"| {e['id']} | {k[:40]}… | {e['compile_seconds']:.2f} | {e['cubin_bytes']} | {r['registers']} | {r['shared_bytes']} | {r['stack_bytes']} | "
+                f"| {e['id']} | {k[:40]}… |{t} {e['cubin_bytes']} | {r['registers']} | {r['shared_bytes']} | {r['stack_bytes']} | "
                 f"{r['spill_stores']}/{r['spill_loads']} | {e['verify']['verdict']} ({e['verify']['samples']} samples) | {e['fidelity']['verdict']} |"
             )
+    if notes:
+        lines += ["", "## Fidelity notes", ""] + [f"- `{i}`: {n}" for i, n in notes.items() if n]
     return "\n".join(lines) + "\n"
+
+
+def write_build_report(work_dir, index, seconds: dict, verdicts: dict | None) -> None:
+    """The build's own report, with what the shipped tree leaves out: compile seconds of this build and
+    the fidelity stage's full notes (``<work>/report.md``, ``<work>/report.json``)."""
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    notes = {i: v.get("note", "") for i, v in (verdicts or {}).items()}
+    (work_dir / "report.json").write_text(json.dumps(_report_rows(index["entries"], seconds), indent=1))
+    (work_dir / "report.md").write_text(_report_md(index["entries"], index["tools"], (), seconds, notes))

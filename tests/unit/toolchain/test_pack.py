@@ -1,0 +1,68 @@
+"""aot.toolchain.pack: the shipped tree is a function of the entries (no timings, paths or notes that vary)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aot.errors import PackError
+from aot.toolchain import build, pack
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+NAMES = ("dsa_indexer_backward.gemm_sm90.heads64.topk512.notopk_global.sm_90a", "dsa_sparse_attention_backward.main_sm90.dim512.bf16.heads64.topk512.notopk_length.sm_90a")
+
+
+def _entries(root):
+    dirs = []
+    for n in NAMES:
+        d = root / "entries" / n
+        shutil.copytree(DATA / n, d)
+        build.lift_and_verify(d)
+        dirs.append(d)
+    return dirs
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_two_packs_in_different_places_are_byte_identical(tmp_path):
+    a, b = _entries(tmp_path / "a"), _entries(tmp_path / "b" / "deeper")
+    meta = json.loads((b[0] / "meta.json").read_text())
+    (b[0] / "meta.json").write_text(json.dumps(meta | {"compile_seconds": meta["compile_seconds"] + 1.0}))  # another build's timing
+    verdict = {"verdict": "identical", "route": "r", "options": None, "seconds": 0.5, "note": "this run", "cached": False}
+    fa = {json.loads((d / "meta.json").read_text())["id"]: verdict | {"shipped_sha256": _sha(d)} for d in a}
+    fb = {i: v | {"seconds": 0.9, "note": "another run", "cached": True} for i, v in fa.items()}
+    pack.pack(a, tmp_path / "a" / "gen", tmp_path / "a" / "m.toml", fidelity=fa)
+    pack.pack(b, tmp_path / "b" / "gen", tmp_path / "b" / "deeper" / "m.toml", fidelity=fb)
+    ta, tb = _tree(tmp_path / "a" / "gen"), _tree(tmp_path / "b" / "gen")
+    assert ta.keys() == tb.keys() and ta == tb
+    index = json.loads(ta["index.json"])
+    assert index["manifest"] == "m.toml" and all("compile_seconds" not in e and "note" not in e["fidelity"] for e in index["entries"])
+
+
+def test_the_build_report_keeps_timings_and_notes(tmp_path):
+    dirs = _entries(tmp_path)
+    index = pack.pack(dirs, tmp_path / "gen")
+    pack.write_build_report(tmp_path / "work", index, {index["entries"][0]["id"]: 1.25}, {index["entries"][0]["id"]: {"note": "why"}})
+    md = (tmp_path / "work" / "report.md").read_text()
+    assert "| 1.25 |" in md and "why" in md
+    assert json.loads((tmp_path / "work" / "report.json").read_text())[0]["compile_s"] == 1.25
+
+
+def test_a_failing_verdict_or_another_arch_is_refused(tmp_path):
+    dirs = _entries(tmp_path)
+    ident = json.loads((dirs[0] / "meta.json").read_text())["id"]
+    with pytest.raises(PackError, match="refusing to ship"):
+        pack.pack(dirs, tmp_path / "gen", fidelity={ident: {"verdict": "differs", "note": "x", "shipped_sha256": _sha(dirs[0])}})
+    meta = json.loads((dirs[0] / "meta.json").read_text())
+    (dirs[0] / "meta.json").write_text(json.dumps(meta | {"arch": "sm_100a"}))
+    with pytest.raises(PackError, match="cubin is for sm_90a, entry says sm_100a"):
+        pack.pack(dirs, tmp_path / "gen")
+
+
+def _sha(d):
+    import hashlib
+
+    return hashlib.sha256((d / "kernel.cubin").read_bytes()).hexdigest()
