@@ -17,6 +17,7 @@ __all__ = [
     "ArchMismatchError",
     "InputError",
     "LaunchError",
+    "OutOfMemoryError",
 ]
 
 
@@ -76,3 +77,8 @@ class InputError(AotError, ValueError):
 
 class LaunchError(AotError):
     """A CUDA driver call failed while loading or launching a kernel."""
+
+
+class OutOfMemoryError(AotError, MemoryError):
+    """Allocating an op's outputs or workspace failed; nothing was launched. Pass preallocated outputs
+    (the ``*_into`` forms) or free memory."""

@@ -6,5 +6,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 # the fp64 references (tests/gpu/ref_*.py) are shared by the GPU tests and their own CPU tests
 GPU_TESTS = os.path.join(ROOT, "tests", "gpu")
+UNIT_TESTS = os.path.join(ROOT, "tests", "unit")  # the stand-in driver (stand_in.py)
+if UNIT_TESTS not in sys.path:
+    sys.path.insert(0, UNIT_TESTS)
 if GPU_TESTS not in sys.path:
     sys.path.insert(0, GPU_TESTS)

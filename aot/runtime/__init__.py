@@ -6,6 +6,22 @@ launchers are loaded on first use). Public API:
   preload(device=None)  load every entry of this build for the device's arch; returns {entry id: load ms}
   entries()             the build's index entries
   load_stats()          {(entry id, device): load ms} of every entry loaded so far
+
+The contract the ops keep (details in :mod:`aot.runtime.loaded`):
+
+* Threads: any number of threads may call any op at once, each on its own tensors and stream. An
+  entry's parameter buffers are filled and launched under that entry's lock, so each launch carries
+  its own call's bytes, dims and stream; the first load of an entry on a device happens once.
+* Devices: an op runs on the device of its tensors, whatever the current device; a stream of another
+  device is refused (InputError).
+* Refusals: every argument is checked before the first write, allocation, memset or launch; a refused
+  call raises an aot.errors class and leaves nothing behind.
+* Integrity: index.json is checked against index.sha256, every cubin and launcher against the sha256
+  the index records, and the launcher's kernels and parameter sizes against the index, before the
+  first launch (LaunchError naming the file otherwise).
+* CUDA graphs: the first call of an op may be inside torch.cuda.graph capture: loading an entry only
+  reads files and calls cuLibraryLoadData / cuKernelSetAttribute, which are not stream work, and the
+  launches and memsets are captured. preload() before capture keeps file reads and loads out of it.
 """
 
 from __future__ import annotations

@@ -87,3 +87,55 @@ def arch_of(info: Device, available) -> str:
             f"{', '.join(sorted(available)) or 'nothing'}). Add a [[target]] for it to the manifest and rebuild"
         )
     return arch
+
+
+_CTX: dict = {}
+
+
+def primary_context(index: int):
+    """The primary context of GPU ``index`` (retained once per process, as torch's)."""
+    ctx = _CTX.get(index)
+    if ctx is None:
+        device(index)  # initialises the driver and checks the index (outside the lock: it takes it too)
+        with _LOCK:
+            ctx = _CTX.get(index)
+            if ctx is None:
+                d = drv()
+                ctx = _CTX[index] = check(d.cuDevicePrimaryCtxRetain(check(d.cuDeviceGet(index), "cuDeviceGet")), "cuDevicePrimaryCtxRetain")
+    return ctx
+
+
+class on_device:
+    """Make GPU ``index``'s primary context current in this thread for a block (pushed only when another is)."""
+
+    __slots__ = ("ctx", "pushed")
+
+    def __init__(self, index: int):
+        self.ctx = primary_context(index)
+
+    def __enter__(self):
+        d = drv()
+        _, cur = d.cuCtxGetCurrent()
+        self.pushed = int(cur) != int(self.ctx)
+        if self.pushed:
+            check(d.cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+        return self
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            drv().cuCtxPopCurrent()
+        return False
+
+
+# Handles every context understands as "this context's default stream": the legacy and per-thread defaults.
+DEFAULT_STREAMS = (0, 1, 2)
+
+
+def stream_on(handle: int, index: int) -> bool:
+    """Whether raw stream ``handle`` can carry work for GPU ``index``: a default-stream handle, or a stream
+    of that device's primary context. False for a stream of another device or a handle the driver rejects."""
+    if handle in DEFAULT_STREAMS:
+        return True
+    d = drv()
+    err, ctx = d.cuStreamGetCtx(d.CUstream(handle))
+    return int(err) == 0 and int(ctx) == int(primary_context(index))

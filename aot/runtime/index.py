@@ -6,6 +6,7 @@ first time it is used there (or by :func:`aot.runtime.preload`), see :mod:`aot.r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -23,25 +24,58 @@ def _key(d: dict, derived=()) -> tuple:
     return tuple(sorted((k, v) for k, v in d.items() if k not in derived))
 
 
+_FIELDS = {"id": str, "family": str, "op": str, "key": dict, "arch": str, "cubin": str, "sha256": str, "launcher": str,
+           "launcher_sha256": str, "kernels": list, "params": dict}
+
+
+def _well_formed(e) -> bool:
+    if not isinstance(e, dict) or any(not isinstance(e.get(k), t) for k, t in _FIELDS.items()):
+        return False
+    try:
+        hash(_key(e["key"]))
+    except TypeError:
+        return False
+    return "target" not in e or isinstance(e["target"], dict) and isinstance(e["target"].get("sm_count"), int)
+
+
 class Index:
-    """index.json of a build directory: entries by (family, op, key, arch)."""
+    """index.json of a build directory: entries by (family, op, key, arch).
+
+    The index is checked against ``index.sha256`` beside it and every entry's fields against what the
+    runtime needs before anything is looked up; the files an entry names are checked when it loads."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         path = self.root / "index.json"
         try:
-            doc = json.loads(path.read_text())
+            text = path.read_bytes()
         except FileNotFoundError:
             raise KernelNotFoundError(
                 f"no build found: {path} is missing. Build the kernels first: `python -m aot build` (from a source checkout) or install the dsa-aot wheel"
             ) from None
-        if doc.get("format") != 1:
-            raise KernelNotFoundError(f"{path}: index format {doc.get('format')!r} is not 1; rebuild with this version of dsa-aot")
+        except OSError as e:
+            raise LaunchError(f"cannot read {path}: {e.strerror}. Reinstall or rebuild the wheel") from None
+        try:
+            want = (self.root / "index.sha256").read_text().strip()
+        except OSError:
+            raise LaunchError(f"{self.root / 'index.sha256'} is missing: the build is incomplete. Reinstall or rebuild the wheel") from None
+        if hashlib.sha256(text).hexdigest() != want:
+            raise LaunchError(f"{path} is corrupted: its sha256 is not the one in index.sha256. Reinstall or rebuild the wheel; nothing was launched")
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise LaunchError(f"{path} is not valid JSON ({e}). Reinstall or rebuild the wheel") from None
+        if not isinstance(doc, dict) or doc.get("format") != 1:
+            raise KernelNotFoundError(f"{path}: index format {doc.get('format') if isinstance(doc, dict) else None!r} is not 1; rebuild with this version of dsa-aot")
         if doc.get("for_shipping") is False and os.environ.get("AOT_ALLOW_DEBUG_BUILD") != "1":
             raise LaunchError(f"{path} is a debug build (compiled with --debug-dump), not for shipping; rebuild without it, "
                               f"or set AOT_ALLOW_DEBUG_BUILD=1 to use it anyway")
+        entries = doc.get("entries")
+        bad = [i for i, e in enumerate(entries if isinstance(entries, list) else [None]) if not _well_formed(e)]
+        if bad:
+            raise LaunchError(f"{path}: {len(bad)} malformed entries (first: #{bad[0]}). Reinstall or rebuild the wheel")
         self.doc = doc
-        self.entries = doc["entries"]
+        self.entries = entries
         # looked up by the op's own key fields; what the spec derived from them is not part of the lookup
         self.by_key = {(e["family"], e["op"], _key(e["key"], e.get("derived", ("schedule",))), e["arch"]): e for e in self.entries}
         self.arches = sorted({e["arch"] for e in self.entries})
@@ -56,7 +90,10 @@ class Index:
         return self._sms[arch]
 
     def find(self, family, op, key: dict, arch, hint=""):
-        e = self.by_key.get((family, op, _key(key), arch))
+        try:
+            e = self.by_key.get((family, op, _key(key), arch))
+        except TypeError:  # an unhashable key value: no entry has it
+            e = None
         if e is None:
             if arch not in self.arches:
                 raise ArchMismatchError(f"this build has no cubins for {arch} (it has: {', '.join(self.arches)}). Add a [[target]] with arch = {arch!r} to the manifest and rebuild")

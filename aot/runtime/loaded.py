@@ -1,24 +1,58 @@
 """One entry loaded on one device, and the launch hot path.
 
-A cubin is read, checked against its sha256, and loaded with cuLibraryLoadData the first time an entry
-is used on a device. Per (entry, device) the launch configs, parameter buffers and void** arrays exist
-once; a call rewrites the run-time bytes in place (the lifted ``launch``) and updates only config
-fields that changed.
+The first use of an entry on a device reads its cubin and its launcher, checks both against the
+sha256 the index records (and the launcher's kernels and parameter sizes against the index), loads
+the cubin with cuLibraryLoadData and runs the kernel set-up the JIT's host code does. Per (entry,
+device) the launch configs, parameter buffers and void** arrays exist once; a call rewrites the
+run-time bytes in place (the lifted ``launch``) and updates only the config fields that changed.
+
+Threading: any number of threads may call one LoadedEntry at once. A lock per entry is held from
+the first byte a call writes into the entry's parameter buffers until its last launch has returned
+(cuLaunchKernelEx copies the parameters before it returns), so each launch carries exactly its own
+call's bytes, dims and stream. Calls of different entries do not wait for each other.
+
+Devices: launches go to the entry's device whatever the calling thread's current context is. If it
+is not that device's primary context, that context is pushed for the launches and popped after.
+
+Nothing is half-done: the lifted code runs to the end (it raises on inputs the JIT's own checks
+refuse) and every launch's dims are checked before the first launch; a refused call leaves no
+config field or cached argument behind.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.util
+import threading
 import time
+import types
 from pathlib import Path
 
 from ..errors import LaunchError
 from ..policy.launch import CLUSTER_DIM, COOPERATIVE, PDL, PREFERRED_CLUSTER_DIM
 from .driver import check, drv
 
-__all__ = ["LoadedEntry"]
+__all__ = ["LoadedEntry", "Prepared", "read_checked"]
+
+_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
+
+
+def read_checked(root: Path, rel, sha256: str, what: str) -> bytes:
+    """The bytes of build file ``rel`` (inside ``root``), refused unless their sha256 is ``sha256``."""
+    if not isinstance(rel, str) or not isinstance(sha256, str):
+        raise LaunchError(f"the build's index names a {what} as {rel!r} with sha256 {sha256!r} (expected strings). Reinstall or rebuild the wheel")
+    base = Path(root).resolve()
+    path = (base / rel).resolve()
+    if not path.is_relative_to(base):
+        raise LaunchError(f"the build's index names {what} {rel!r}, outside the build directory {base}. Reinstall or rebuild the wheel; nothing was launched")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise LaunchError(f"cannot read {what} {path}: {e.strerror}. Reinstall or rebuild the wheel; nothing was launched") from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise LaunchError(f"{what} {path} is corrupted: sha256 {got} != {sha256} recorded at build time. Reinstall or rebuild the wheel; nothing was launched")
+    return data
 
 
 def _attr_value(d, aid, fields):
@@ -38,6 +72,30 @@ def _attr_value(d, aid, fields):
     return a
 
 
+def _launcher_module(root: Path, entry: dict):
+    """The entry's lifted launcher, executed from its checked bytes, and checked against the index."""
+    name = entry["id"]
+    source = read_checked(root, entry.get("launcher"), entry.get("launcher_sha256"), f"launcher of {name}")
+    mod = types.ModuleType(f"aot_launcher_{name.replace('.', '_')}")
+    mod.__file__ = str(Path(root) / entry["launcher"])
+    try:
+        exec(compile(source, mod.__file__, "exec"), mod.__dict__)  # noqa: S102  (generated at build time; sha256 checked above)
+    except Exception as e:  # noqa: BLE001
+        raise LaunchError(f"launcher of {name} does not load ({type(e).__name__}: {e}). Reinstall or rebuild the wheel") from None
+    params = entry.get("params") or {}
+    kernels = set(entry.get("kernels") or ())
+    problems = []
+    if not set(getattr(mod, "KERNELS", ())) <= kernels:
+        problems.append(f"kernels {sorted(set(getattr(mod, 'KERNELS', ())) - kernels)} that the cubin does not have (it has {sorted(kernels)})")
+    for i, L in enumerate(getattr(mod, "LAUNCHES", ())):
+        sizes = [size for _, size in L["params"]]
+        if L["kernel"] not in kernels or sizes != params.get(L["kernel"]):
+            problems.append(f"launch {i} of {L['kernel'][:60]}… passes parameters of {sizes} bytes (the cubin's kernel takes {params.get(L['kernel'])})")
+    if problems or not getattr(mod, "LAUNCHES", ()):
+        raise LaunchError(f"launcher of {name} does not match the build's index: {'; '.join(problems) or 'no launches'}. Reinstall or rebuild the wheel; nothing was launched")
+    return mod
+
+
 class LoadedEntry:
     """One entry loaded on one device: kernels, per-device set-up done, launch state prebuilt."""
 
@@ -45,24 +103,17 @@ class LoadedEntry:
         d = drv()
         t0 = time.perf_counter()
         self.entry, self.device = entry, device
-        path = root / entry["cubin"]
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise LaunchError(f"cannot read cubin {path}: {e.strerror}. Reinstall the wheel") from None
-        sha = hashlib.sha256(data).hexdigest()
-        if sha != entry["sha256"]:
-            raise LaunchError(f"cubin {path} is corrupted: sha256 {sha} != {entry['sha256']} recorded at build time. Reinstall or rebuild the wheel; nothing was launched")
-        spec = importlib.util.spec_from_file_location(f"aot_launcher_{entry['id'].replace('.', '_')}", root / entry["launcher"])
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        data = read_checked(root, entry.get("cubin"), entry.get("sha256"), f"cubin of {entry.get('id')}")
+        mod = _launcher_module(root, entry)
         self.mod = mod
         self._keep = data  # cuLibraryLoadData may reference the image; keep it alive with the library
+        dev = check(d.cuDeviceGet(device), "cuDeviceGet")
+        self._ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        self._ctx_id = int(self._ctx)
         self.library = check(d.cuLibraryLoadData(data, None, None, 0, None, None, 0), f"cuLibraryLoadData({entry['id']})")
         self.kernels = {}
         for sym in mod.KERNELS:
             self.kernels[sym] = check(d.cuLibraryGetKernel(self.library, sym.encode()), f"cuLibraryGetKernel({sym})")
-        dev = check(d.cuDeviceGet(device), "cuDeviceGet")
 
         def dattr(attr):
             return check(d.cuDeviceGetAttribute(d.CUdevice_attribute(attr), dev), f"cuDeviceGetAttribute({attr})")
@@ -92,41 +143,82 @@ class LoadedEntry:
             self.funcs.append(d.CUfunction(int(self.kernels[L["kernel"]])))
             self.last.append(None)
         self._launch_ex = d.cuLaunchKernelEx
+        self._get_ctx, self._push, self._pop = d.cuCtxGetCurrent, d.cuCtxPushCurrent, d.cuCtxPopCurrent
+        self._lock = threading.Lock()
         self._last_args = self._last_seq = None
-        self._seq = []
         self._loops = bool(getattr(mod, "LOOPS", False))
-        self._fill = mod.launch
+        self._lifted = mod.launch
         self.load_ms = (time.perf_counter() - t0) * 1e3
 
-    def _record(self, k, dims):
-        # a site that can fire more than once per call (a launch loop) keeps a copy of its bytes
-        self._seq.append((k, dims, bytes(self.bufs[k]) if self._loops else None))
+    def _fill(self, args, snapshot: bool) -> list:
+        """Run the lifted code (it raises on inputs the JIT's own checks refuse) and check every launch's
+        dims; return [(site, dims, bytes or None)]. Call with the lock held: it writes the buffers."""
+        seq, bufs = [], self.bufs
+        self._lifted(lambda k, dims: seq.append((k, dims, bytes(bufs[k]) if snapshot else None)), *bufs, *args)
+        for _, dims, _ in seq:
+            if min(dims[:6]) <= 0 or max(dims[:6]) > _U32 or not 0 <= dims[6] <= _U32 or not 0 <= dims[7] <= _U64:
+                raise LaunchError(f"{self.entry['id']}: launch dims {dims} out of range (grid and block in [1, 2**32), "
+                                  f"shared memory and stream unsigned); the op wrapper should have refused these inputs; nothing was launched")
+        return seq
+
+    def _launch(self, seq):
+        """Launch ``seq`` on this entry's device (lock held); a site with bytes first gets them back into its buffer."""
+        err, cur = self._get_ctx()
+        pushed = int(cur) != self._ctx_id
+        if pushed:
+            check(self._push(self._ctx), "cuCtxPushCurrent")
+        try:
+            for i, dims, snap in seq:
+                cfg = self.cfgs[i]
+                if dims != self.last[i]:
+                    self.last[i] = None  # written field by field: valid again only once all are
+                    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = dims[0], dims[1], dims[2]
+                    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = dims[3], dims[4], dims[5]
+                    cfg.sharedMemBytes = dims[6]
+                    cfg.hStream = dims[7]
+                    self.last[i] = dims
+                if snap is not None:  # this firing's bytes back into the site's buffer: the launch copies them
+                    ctypes.memmove(self.bufs[i], snap, len(snap))
+                err = self._launch_ex(cfg, self.funcs[i], self._param_addrs[i], 0)[0]
+                if err:
+                    check((err,), f"cuLaunchKernelEx({self.mod.LAUNCHES[i]['kernel'][:60]}…, entry {self.entry['id']})")
+        finally:
+            if pushed:
+                self._pop()
 
     def __call__(self, *args):
         """Launch every kernel of this entry with the JIT host code's arguments (hot path).
 
-        The lifted code runs to the end first (it raises before anything is launched); then the
-        launches go out in the JIT's order."""
-        if args == self._last_args:  # same tensors, scalars and stream: the param bytes are already there
-            seq = self._last_seq
-        else:
-            self._last_args = None  # a fill that raises half way must not leave a stale hit behind
-            self._seq = seq = []
-            self._fill(self._record, *self.bufs, *args)
-            if not self._loops:
-                self._last_args, self._last_seq = args, seq
-        for i, dims, snap in seq:
-            cfg = self.cfgs[i]
-            if dims != self.last[i]:
-                if min(dims[:6]) <= 0:
-                    raise LaunchError(f"{self.entry['id']}: empty launch (grid {dims[:3]}, block {dims[3:6]}); the op wrapper should have skipped it")
-                cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = dims[0], dims[1], dims[2]
-                cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = dims[3], dims[4], dims[5]
-                cfg.sharedMemBytes = dims[6]
-                cfg.hStream = dims[7]
-                self.last[i] = dims
-            if snap is not None:  # this firing's bytes back into the site's buffer: the launch copies them
-                ctypes.memmove(self.bufs[i], snap, len(snap))
-            err = self._launch_ex(cfg, self.funcs[i], self._param_addrs[i], 0)[0]
-            if err:
-                check((err,), f"cuLaunchKernelEx({self.mod.LAUNCHES[i]['kernel'][:60]}…, entry {self.entry['id']})")
+        The lifted code runs to the end first and every launch's dims are checked; then the launches
+        go out in the JIT's order, on this entry's device."""
+        with self._lock:
+            if args == self._last_args:  # same tensors, scalars and stream: the param bytes are already there
+                seq = self._last_seq
+            else:
+                self._last_args = None  # a fill that raises half way must not leave a stale hit behind
+                seq = self._fill(args, self._loops)  # a site that can fire more than once keeps each firing's bytes
+                if not self._loops:
+                    self._last_args, self._last_seq = args, seq
+            self._launch(seq)
+
+    def prepare(self, *args) -> "Prepared":
+        """Check a call and keep its launches' bytes, launching nothing: an op that runs several entries
+        (and memsets) prepares them all before it changes anything, then fires them in order."""
+        with self._lock:
+            self._last_args = None  # the buffers are about to hold this call's bytes, not the cached call's
+            return Prepared(self, self._fill(args, True))
+
+
+class Prepared:
+    """The launches of one call of an entry, checked and with their bytes: ``fire()`` sends them."""
+
+    __slots__ = ("entry", "seq")
+
+    def __init__(self, entry: LoadedEntry, seq: list):
+        self.entry, self.seq = entry, seq
+
+    def fire(self) -> None:
+        le = self.entry
+        with le._lock:
+            le._last_args = None
+            le._launch(self.seq)

@@ -1,8 +1,9 @@
 """Stage 5, pack: gather verified entries into the directory the wheel ships as ``aot/_generated``.
 
 Layout (everything a person can open):
-  index.json              per entry: family, op, key, arch, kernel symbols, cubin sha256 and size,
-                          resource usage, tool versions, verify and fidelity verdicts
+  index.json              per entry: family, op, key, arch, kernel symbols and parameter sizes, cubin
+                          and launcher sha256, resource usage, tool versions, verify and fidelity verdicts
+  index.sha256            the sha256 of index.json (the runtime checks it, then every file by its entry)
   cubins/<sha256>.cubin   one file per distinct cubin (buckets with equal schedules share one)
   launchers/<name>.py     the lifted launcher of each entry
   report.json, report.md  resources and verdicts per entry
@@ -64,7 +65,8 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
             sha = hashlib.sha256(cubin).hexdigest()
             (tmp / "cubins" / f"{sha}.cubin").write_bytes(cubin)
             lname = meta["id"].replace(".", "__") + ".py"
-            shutil.copyfile(d / "launcher.py", tmp / "launchers" / lname)
+            launcher = (d / "launcher.py").read_bytes()
+            (tmp / "launchers" / lname).write_bytes(launcher)
             if tools is None:
                 tools = meta["tools"]
             elif tools != meta["tools"]:
@@ -86,6 +88,10 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
                 "sha256": sha,
                 "cubin_bytes": len(cubin),
                 "launcher": f"launchers/{lname}",
+                "launcher_sha256": hashlib.sha256(launcher).hexdigest(),
+                # per kernel, the sizes of its parameters (the cubin's EIATTR_KPARAM_INFO): the runtime
+                # holds the launcher to them before the first launch
+                "params": {k.name: [p.size for p in k.params] for k in info.kernels},
                 "resources": {k.name: _resources(k) for k in info.kernels},
                 "fidelity": fid,
                 "verify": ver,
@@ -95,7 +101,10 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
             raise PackError(f"duplicate entry ids: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
         # a build whose compiles kept PTX/cubin files (python -m aot build --debug-dump) is for reading, not for shipping
         index = {"format": 1, "manifest": _manifest_name(manifest_path), "tools": tools or {}, "for_shipping": not dumped, "entries": entries}
-        (tmp / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
+        text = json.dumps(index, indent=1, sort_keys=True).encode()
+        (tmp / "index.json").write_bytes(text)
+        # the index covers every cubin and launcher by sha256; this file covers the index
+        (tmp / "index.sha256").write_text(hashlib.sha256(text).hexdigest() + "\n")
         (tmp / "report.json").write_text(json.dumps(_report_rows(entries), indent=1))
         (tmp / "report.md").write_text(_report_md(entries, tools, dumped))
         if out_dir.exists():

@@ -48,7 +48,10 @@ _WIDTH = 6  # fork indices are written with a fixed width: every fork message al
 
 
 def canonical_dir() -> Path:
-    return Path(f"/tmp/dsa-aot-canonical-{os.getuid()}")
+    """Where the canonical paths live: ``/tmp/dsa-aot-canonical-<uid>``. ``AOT_CANONICAL_DIR`` names
+    another (two builds on one machine at once; the cubins of layout-sensitive kernels can then
+    differ from a build that used the default)."""
+    return Path(os.environ.get("AOT_CANONICAL_DIR") or f"/tmp/dsa-aot-canonical-{os.getuid()}")
 
 
 # The packages the compile processes import from site directories: the directories holding them are
@@ -112,7 +115,7 @@ class Zygote:
             os.symlink(d, canon / f"s{i}")
             sites.append(str(canon / f"s{i}"))
         env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "CUTE_DSL_ARCH": self.arch, "CUTE_DSL_DISABLE_FILE_CACHING": "1",
-               "PYTHONPYCACHEPREFIX": str(canon / "no-pycache")}
+               "PYTHONPYCACHEPREFIX": str(canon / "no-pycache"), "AOT_CANONICAL_DIR": str(canon)}
         if self.debug_dump:  # opt-in: kept files for a person to read; the build is marked not for shipping
             d = Path(self.debug_dump) / self.arch
             d.mkdir(parents=True, exist_ok=True)

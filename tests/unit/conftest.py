@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from build_files import write_index
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -25,10 +26,15 @@ def one_entry_build(tmp_path):
     cubin = (src / "kernel.cubin").read_bytes()
     sha = hashlib.sha256(cubin).hexdigest()
     (tmp_path / "cubins" / f"{sha}.cubin").write_bytes(cubin)
-    (tmp_path / "launchers" / "l.py").write_text(lift.lift((src / "host.mlir").read_text(), meta["host_function"]))
+    launcher = lift.lift((src / "host.mlir").read_text(), meta["host_function"]).encode()
+    (tmp_path / "launchers" / "l.py").write_bytes(launcher)
+    from aot.toolchain.cubin import read_cubin
+
+    kernels = read_cubin(cubin).kernels
     entry = {"id": CSA_ENTRY, "family": "csa_compressor", "op": "dape_reduce", "key": {"split": True}, "arch": "sm_90a",
-             "cubin": f"cubins/{sha}.cubin", "sha256": sha, "launcher": "launchers/l.py"}
-    (tmp_path / "index.json").write_text(json.dumps({"format": 1, "entries": [entry]}))
+             "cubin": f"cubins/{sha}.cubin", "sha256": sha, "launcher": "launchers/l.py", "launcher_sha256": hashlib.sha256(launcher).hexdigest(),
+             "kernels": [k.name for k in kernels], "params": {k.name: [p.size for p in k.params] for k in kernels}}
+    write_index(tmp_path, {"format": 1, "entries": [entry]})
     return Index(tmp_path), entry
 
 
@@ -61,3 +67,69 @@ def check_sm100_calls_module():
 @pytest.fixture
 def sm100_calls():
     return check_sm100_calls_module()
+
+
+SMALL_BUILD = """
+[[target]]
+name = "h200"
+arch = "sm_90a"
+sm_count = 132
+[[bucket]]
+family = "csa_compressor"
+op = "fwd"
+ratio = 4
+coff = 2
+d = 128
+[[bucket]]
+family = "csa_compressor"
+op = "bwd"
+ratio = 4
+coff = 2
+d = 128
+deterministic = [false, true]
+[[bucket]]
+family = "csa_compressor"
+op = "dape_reduce"
+split = true
+[[bucket]]
+family = "dsa_indexer_backward"
+op = "score_grad_sm90"
+topk = 128
+[[bucket]]
+family = "dsa_indexer_backward"
+op = "gemm_sm90"
+heads = 64
+topk = 128
+topk_global = false
+[[bucket]]
+family = "dsa_sparse_attention_backward"
+op = "pre_sm90"
+dtype = "bf16"
+[[bucket]]
+family = "dsa_sparse_attention_backward"
+op = "main_sm90"
+dtype = "bf16"
+heads = 64
+dim = 512
+topk = 128
+topk_length = false
+[[bucket]]
+family = "dsa_sparse_attention_backward"
+op = "post_sm90"
+dtype = "bf16"
+dim = 512
+"""
+
+
+@pytest.fixture(scope="session")
+def small_build(tmp_path_factory):
+    """A real build (compile, lift, verify, pack; no fidelity) of one sm_90a entry set per op family:
+    CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128) and the SM90
+    sparse attention backward (H64, D512, top-k 128). Its directory."""
+    pytest.importorskip("cutlass")
+    from aot.toolchain import build
+
+    root = tmp_path_factory.mktemp("small_build")
+    (root / "m.toml").write_text(SMALL_BUILD)
+    build.build(root / "m.toml", root / "gen", root / "work", cache_dir=None, jobs=2, samples=50, progress=False, fidelity=False)
+    return root / "gen"

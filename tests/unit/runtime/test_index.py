@@ -39,10 +39,41 @@ def test_a_debug_build_is_refused_unless_asked_for(one_entry_build, monkeypatch)
 
     from aot.errors import LaunchError
 
+    from build_files import write_index
+
     ix, entry = one_entry_build
     doc = json.loads((ix.root / "index.json").read_text())
-    (ix.root / "index.json").write_text(json.dumps(doc | {"for_shipping": False}))
+    write_index(ix.root, doc | {"for_shipping": False})
     with pytest.raises(LaunchError, match="debug build"):
         Index(ix.root)
     monkeypatch.setenv("AOT_ALLOW_DEBUG_BUILD", "1")
     assert Index(ix.root).entries == [entry]
+
+
+def test_a_changed_missing_or_malformed_index_is_refused(one_entry_build):
+    import json
+
+    from aot.errors import LaunchError
+    from build_files import write_index
+
+    ix, entry = one_entry_build
+    root = ix.root
+    text = (root / "index.json").read_text()
+    (root / "index.json").write_text(text.replace('"split": true', '"split": false'))  # edited after the build
+    with pytest.raises(LaunchError, match="index.json is corrupted"):
+        Index(root)
+    (root / "index.json").write_text(text)
+    (root / "index.sha256").unlink()
+    with pytest.raises(LaunchError, match="index.sha256 is missing"):
+        Index(root)
+    (root / "index.json").write_text("{not json")
+    (root / "index.sha256").write_text(__import__("hashlib").sha256(b"{not json").hexdigest())
+    with pytest.raises(LaunchError, match="not valid JSON"):
+        Index(root)
+    write_index(root, {"format": 1, "entries": [dict(entry, key=["split"])]})
+    with pytest.raises(LaunchError, match="1 malformed entries"):
+        Index(root)
+    write_index(root, {"format": 1, "entries": [{k: v for k, v in entry.items() if k != "launcher_sha256"}]})
+    with pytest.raises(LaunchError, match="malformed"):
+        Index(root)
+    assert json.loads(text)["entries"][0] == entry

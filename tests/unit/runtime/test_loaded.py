@@ -25,10 +25,7 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
     launches its backward once per wave of S_q; each launch must carry that wave's bytes, in the
     order and with the bytes the lifted launcher emits."""
     pytest.importorskip("cuda.bindings")
-    import ctypes
-    import types
-
-    from cuda.bindings import driver as real
+    import stand_in
 
     import aot.ops.dsa_sparse_attention_backward as sparse
     from aot.policy import dsa_sparse_attention_backward as policy
@@ -38,31 +35,13 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
     entry = ix.find("dsa_sparse_attention_backward", "bwd", {"dtype": "bf16", "heads": 128, "dim": 512, "topk": 512, "topk_length": False, "deterministic": True,
                                                  "planes": 128, "relay": 1, "wide": False}, "sm_100a")
     ns = verify.load_launcher((ix.root / entry["launcher"]).read_text())
-    sites = {i: L for i, L in enumerate(ns["LAUNCHES"])}
-    handles = {}
-    launched = []
-
-    def get_kernel(lib, sym):
-        handles[sym.decode()] = 0x1000 + len(handles)
-        return (0, handles[sym.decode()])
-
-    def launch(cfg, f, addr, extra):
-        site = next(i for i, L in sites.items() if handles[L["kernel"]] == int(f))
-        ptrs = (ctypes.c_void_p * len(sites[site]["params"])).from_address(addr)
-        launched.append((site, b"".join(ctypes.string_at(p, size) for p, (_, size) in zip(ptrs, sites[site]["params"]))))
-        return (0,)
-
-    fake = types.SimpleNamespace(
-        cuLibraryLoadData=lambda *a: (0, "lib"), cuLibraryGetKernel=get_kernel, cuDeviceGet=lambda dev: (0, 0),
-        cuDeviceGetAttribute=lambda attr, dev: (0, 1), cuKernelGetAttribute=lambda attr, k, dev: (0, 0), cuKernelSetAttribute=lambda *a: (0,),
-        cuLaunchKernelEx=launch, CUlaunchConfig=real.CUlaunchConfig, CUlaunchAttribute=real.CUlaunchAttribute,
-        CUlaunchAttributeID=real.CUlaunchAttributeID, CUfunction=real.CUfunction, CUdevice_attribute=real.CUdevice_attribute,
-        CUfunction_attribute=real.CUfunction_attribute,
-    )  # fmt: skip
-    monkeypatch.setattr(loaded, "drv", lambda: fake)
+    sites = dict(enumerate(ns["LAUNCHES"]))
+    d = stand_in.install(monkeypatch, ix, devices=1)
     le = ix.loaded(entry, 0)
     calls = []
-    monkeypatch.setattr(sparse, "launcher", lambda family, op, key, dev, hint="": lambda *args: (calls.append(args), le(*args)))
+    real_prepare = le.prepare
+    monkeypatch.setattr(le, "prepare", lambda *args: (calls.append(args), real_prepare(*args))[1])
+    monkeypatch.setattr(sparse, "launcher", lambda family, op, key, dev, hint="": le)
     monkeypatch.setattr(sparse, "memset0", lambda *a: None)
     monkeypatch.setattr(sparse, "sm_count_of", lambda dev: 148)
     t = [sm100_calls.Buf(i) for i in range(12)]
@@ -71,7 +50,56 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
     sparse._sm100_call(op_key, 0, s_q, s_kv, 128, 512, 512, *t[:7], None, *t[8:], 0.5, 7)
     bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
     want = []
-    ns["launch"](lambda k, dims: want.append((k, b"".join(bytes(bufs[k][o : o + n]) for o, n in sites[k]["params"]))), *bufs, *calls[0])
-    assert launched == want
+    ns["launch"](lambda k, dims: want.append((sites[k]["kernel"], b"".join(bytes(bufs[k][o : o + n]) for o, n in sites[k]["params"]))), *bufs, *calls[0])
+    assert [(L.kernel, L.params) for L in d.launches] == want
     repeated = {k for k, _ in want if sum(1 for j, _ in want if j == k) > 1}
     assert repeated and any(len({b for j, b in want if j == k}) > 1 for k in repeated)  # one site, several waves, different bytes
+
+
+def _entry_with(one_entry_build, **changes):
+    """The one-entry build with ``changes`` to its entry (the index rewritten with its hash)."""
+    from build_files import write_index
+
+    from aot.runtime.index import Index
+
+    ix, entry = one_entry_build
+    entry = dict(entry, **changes)
+    write_index(ix.root, {"format": 1, "entries": [entry]})
+    return Index(ix.root), entry
+
+
+def test_a_tampered_or_missing_launcher_is_refused_before_it_runs(one_entry_build):
+    ix, entry = one_entry_build
+    p = ix.root / entry["launcher"]
+    src = p.read_text()
+    p.write_text(src + "\nimport os; os._exit(3)\n")  # would run at import
+    with pytest.raises(LaunchError, match="launcher of .* is corrupted: sha256"):
+        loaded.LoadedEntry(ix.root, entry, 0)
+    p.unlink()
+    with pytest.raises(LaunchError, match="cannot read launcher"):
+        loaded.LoadedEntry(ix.root, entry, 0)
+
+
+def test_paths_outside_the_build_are_refused(one_entry_build, tmp_path):
+    outside = tmp_path.parent / "outside.cubin"
+    outside.write_bytes(b"\x7fELF")
+    for field in ("cubin", "launcher"):
+        ix, entry = _entry_with(one_entry_build, **{field: "../outside.cubin"})
+        with pytest.raises(LaunchError, match="outside the build directory"):
+            loaded.LoadedEntry(ix.root, entry, 0)
+        ix, entry = _entry_with(one_entry_build, **{field: str(outside)})
+        with pytest.raises(LaunchError, match="outside the build directory"):
+            loaded.LoadedEntry(ix.root, entry, 0)
+
+
+def test_a_launcher_that_does_not_match_the_cubin_is_refused(one_entry_build):
+    ix, entry = one_entry_build
+    params = dict(entry["params"])
+    k, sizes = next(iter(params.items()))
+    ix, e = _entry_with(one_entry_build, params=params | {k: sizes[:-1]})
+    with pytest.raises(LaunchError, match="does not match the build's index: launch"):
+        loaded.LoadedEntry(ix.root, e, 0)
+    ix, e = _entry_with(one_entry_build, kernels=["another_kernel"], params={"another_kernel": sizes})
+    assert len(entry["kernels"]) >= 1
+    with pytest.raises(LaunchError, match="kernels .* that the cubin does not have"):
+        loaded.LoadedEntry(ix.root, e, 0)
