@@ -21,6 +21,7 @@ import argparse
 import json
 import struct
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,17 +55,25 @@ def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int,
         return [f"at S_q {s_q} S_kv {s_kv} the dispatch picks {ks['bwd']}"]
     runs, memsets, problems = [], [], []
 
-    def launcher(*args):
+    def run(args):
         if len(args) != len(ns["ARGS"]):
             raise AssertionError(f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}")
         bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
         seq = []
         ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
-        runs.append(seq)
+        return seq
+
+    class Launcher:  # the lifted launcher in place of a loaded entry: launching records the launches
+        def __call__(self, *args):
+            runs.append(run(args))
+
+        def prepare(self, *args):
+            seq = run(args)
+            return types.SimpleNamespace(fire=lambda: runs.append(seq))
 
     saved = op_mod.launcher, op_mod.memset0, op_mod.sm_count_of
-    op_mod.launcher = lambda family, op_, key_, dev, hint="": launcher
-    op_mod.memset0 = lambda ptr, nbytes, stream: memsets.append((ptr, nbytes))
+    op_mod.launcher = lambda family, op_, key_, dev, hint="": Launcher()
+    op_mod.memset0 = lambda ptr, nbytes, stream, dev: memsets.append((ptr, nbytes))
     op_mod.sm_count_of = lambda dev: sm_count
     t = {k: Buf(i) for i, k in enumerate(NAMES)}
     try:

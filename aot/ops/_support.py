@@ -3,14 +3,16 @@ allocation, and the host-argument forms of tensors the lifted launchers take."""
 
 from __future__ import annotations
 
-import contextlib
+import numbers
+
 
 from ..errors import InputError
 
 __all__ = [
-    "arch_of", "sm_count_of", "target_sm_count", "launcher", "stream_handle", "check", "overlapping", "overlaps_rest", "misaligned", "input_error",
+    "arch_of", "sm_count_of", "target_sm_count", "require", "launcher", "stream_handle", "check", "overlapping", "overlaps_rest", "misaligned", "input_error",
     "alloc_on",
-    "signature", "tensor_args", "flat_args", "row_major", "cute_args", "memset0",
+    "signature", "tensor_args", "flat_args", "row_major", "cute_args", "memset0", "scalar_f32", "integer", "one_of", "flag", "lookup", "aliasing",
+    "allocate",
 ]  # fmt: skip
 
 
@@ -39,6 +41,15 @@ def target_sm_count(arch: str) -> int:
     return _index().target_sm_count(arch)
 
 
+def require(family: str, kernels: dict, dev: int, hints=None) -> None:
+    """Check that the build ships an entry for every (op, key) of ``kernels`` (role -> (op, key)) on GPU
+    ``dev``: KernelNotFoundError / ArchMismatchError naming what to add, before anything is allocated."""
+    ix = _index()
+    arch = arch_of(dev)
+    for role, (op, key) in kernels.items():
+        ix.find(family, op, key, arch, (hints or {}).get(role, ""))
+
+
 def launcher(family: str, op: str, key: dict, dev: int, hint: str = ""):
     """The entry serving (family, op, key) on GPU ``dev``, loaded there: call it with the host function's arguments.
 
@@ -50,28 +61,50 @@ def launcher(family: str, op: str, key: dict, dev: int, hint: str = ""):
 # --- streams --------------------------------------------------------------------------------------------
 
 _raw_stream = None
+_U64 = (1 << 64) - 1
 
 
-def _stream_int(stream) -> int:
-    """A torch.cuda.Stream, a cuda-python CUstream or a raw handle -> the raw handle."""
-    return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+def _stream_int(stream):
+    """A torch.cuda.Stream (-> (handle, its device)), a cuda-python CUstream or a raw int handle (-> (handle, None));
+    None for anything else."""
+    if hasattr(stream, "cuda_stream") and hasattr(stream, "device"):
+        return stream.cuda_stream, getattr(stream.device, "index", None)
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream, None
+    if type(stream).__name__ == "CUstream":  # cuda.bindings.driver.CUstream
+        return int(stream), None
+    return None
 
 
 def stream_handle(stream, dev: int) -> int:
-    """The raw handle kernels go to: ``stream``, or torch's current stream of ``dev`` when None."""
+    """The raw handle kernels go to: ``stream`` (checked: a stream of GPU ``dev``), or torch's current
+    stream of ``dev`` when None. InputError before anything runs otherwise."""
     global _raw_stream
-    if stream is not None:
-        return _stream_int(stream)
-    if _raw_stream is None:
-        import torch
+    if stream is None:
+        if _raw_stream is None:
+            import torch
 
-        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
-    return _raw_stream(dev)
+            _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
+        return _raw_stream(dev)
+    got = _stream_int(stream)
+    if got is None or not 0 <= got[0] <= _U64:
+        raise input_error([f"stream={stream!r} (expected None, a torch.cuda.Stream, a cuda-python CUstream or a raw stream handle)"])
+    handle, sdev = got
+    if sdev is not None:
+        if sdev != dev:
+            raise input_error([f"stream: a stream of cuda:{sdev}, but the tensors are on cuda:{dev} (use a stream of cuda:{dev})"])
+        return handle
+    from ..runtime.device import stream_on
+
+    if not stream_on(handle, dev):
+        raise input_error([f"stream=0x{handle:x}: not a stream of cuda:{dev}, the tensors' device (another device's stream, or not a live stream)"])
+    return handle
 
 
-def alloc_on(stream):
-    """Make ``stream`` (None: leave the current one) torch's current stream: allocations and the torch
-    ops of a wrapper (casts, zeroing) then follow the kernels launched on it.
+def alloc_on(stream, dev: int):
+    """Make ``stream`` (None: torch's current stream of GPU ``dev``) torch's current stream, on ``dev``:
+    allocations and the torch ops of a wrapper (casts, zeroing) then follow the kernels launched on it,
+    whatever the current device. (``stream`` was checked by :func:`stream_handle`.)
 
     A raw handle is not wrapped blindly: ``torch.cuda.ExternalStream(0)`` does not name the legacy
     default stream, it hands back an unrelated stream (measured on the H200, torch 2.11), and a cast
@@ -80,27 +113,81 @@ def alloc_on(stream):
     import torch
 
     if stream is None:
-        return contextlib.nullcontext()
+        return torch.cuda.device(dev)
     if isinstance(stream, torch.cuda.Stream):
         return torch.cuda.stream(stream)
-    handle = _stream_int(stream)
-    if torch.cuda.current_stream().cuda_stream == handle:
-        return contextlib.nullcontext()
+    handle = _stream_int(stream)[0]
+    if torch.cuda.current_stream(dev).cuda_stream == handle:
+        return torch.cuda.device(dev)
     if handle == 0:
-        return torch.cuda.stream(torch.cuda.default_stream())
-    return torch.cuda.stream(torch.cuda.ExternalStream(handle))
+        return torch.cuda.stream(torch.cuda.default_stream(dev))
+    return torch.cuda.stream(torch.cuda.ExternalStream(handle, device=torch.device("cuda", dev)))
 
 
 # --- validation (collect every problem, raise once, before anything is touched) ----------------------
 
 
+_FLT_MAX = 3.4028234663852886e38
+
+
+def scalar_f32(problems, name, v, positive=False) -> float:
+    """``v`` as the fp32 scalar a kernel receives: a real number, finite and representable in fp32
+    (and > 0 with ``positive``); appends the problem otherwise (and returns 0.0)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        problems.append(f"{name}={v!r} (expected a real number)")
+        return 0.0
+    x = float(v)
+    if not (abs(x) <= _FLT_MAX):  # also NaN
+        problems.append(f"{name}={v!r} (expected a finite value representable in fp32, |x| <= 3.4e38)")
+        return 0.0
+    if positive and not x > 0.0:
+        problems.append(f"{name}={v!r} (expected > 0)")
+    return x
+
+
+def integer(problems, name, v, lo, hi) -> int:
+    """``v`` as an int in [lo, hi] (bools refused); appends the problem otherwise."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        problems.append(f"{name}={v!r} (expected an integer in [{lo}, {hi}])")
+        return lo
+    if not lo <= v <= hi:
+        problems.append(f"{name}={v!r} (expected an integer in [{lo}, {hi}])")
+    return v
+
+
+def one_of(problems, name, v, allowed):
+    """``v`` if it is one of ``allowed`` (compared by type and value: 4.0 is not 4, True is not 1)."""
+    if not any(type(v) is type(a) and v == a for a in allowed):
+        problems.append(f"{name}={v!r} (expected one of {', '.join(repr(a) for a in allowed)})")
+    return v
+
+
+def flag(problems, name, v) -> bool:
+    """``v`` as a bool: True / False (or 0 / 1)."""
+    if v is True or v is False or (type(v) is int and v in (0, 1)):
+        return bool(v)
+    problems.append(f"{name}={v!r} (expected True or False)")
+    return False
+
+
+def lookup(cache: dict, key):
+    """``cache.get(key)``, None for an unhashable key (the full validation then says what is wrong)."""
+    try:
+        return cache.get(key) if key is not None else None
+    except TypeError:
+        return None
+
+
 def check(problems, t, name, shape, dtype, dev, align):
     """Append to ``problems`` what is wrong with tensor ``t`` against the expected shape, dtype, device,
-    contiguity and base alignment."""
+    layout, contiguity and base alignment."""
     import torch
 
     if not isinstance(t, torch.Tensor):
         problems.append(f"{name}: got {type(t).__name__} (expected a torch.Tensor)")
+        return
+    if t.layout != torch.strided:
+        problems.append(f"{name}: layout {t.layout} (expected a dense torch.strided tensor)")
         return
     if tuple(t.shape) != tuple(shape):
         problems.append(f"{name}: shape {tuple(t.shape)} (expected {tuple(shape)})")
@@ -121,6 +208,25 @@ def overlapping(workspace, need, tensors):
     return [i for i, t in enumerate(tensors) if t is not None and t.numel() and w0 < t.data_ptr() + t.numel() * t.element_size() and t.data_ptr() < w1]
 
 
+def aliasing(outputs, inputs):
+    """Problems for every output (name, tensor) whose bytes overlap another output's or an input's (None allowed)."""
+    out = []
+    seen = list(inputs)
+    for name, t in outputs:
+        if t is None:
+            continue
+        for other, u in seen:
+            if u is not None and u.numel() and t.numel() and _overlap(t, u):
+                out.append(f"{name}: overlaps {other} (outputs must not alias the inputs or each other)")
+        seen.append((name, t))
+    return out
+
+
+def _overlap(t, u) -> bool:
+    a0, b0 = t.data_ptr(), u.data_ptr()
+    return a0 < b0 + u.numel() * u.element_size() and b0 < a0 + t.numel() * t.element_size()
+
+
 def overlaps_rest(workspace, need, ts):
     """Fast-path re-check: do the first ``need`` bytes of ``workspace`` (the last of ``ts``) overlap the others?"""
     return bool(overlapping(workspace, need, ts[:-1]))
@@ -136,11 +242,14 @@ def input_error(problems):
 
 
 def signature(ts, extra):
-    """What full validation of a call depends on, except data pointers: (shape, dtype, device,
-    contiguity) per tensor (None allowed) plus ``extra``; None when an argument is not a tensor."""
+    """What full validation of a call depends on, except data pointers and per-call scalars: (type,
+    shape, dtype, device, layout, contiguity) per tensor (None allowed) plus ``extra``; None when an
+    argument is not a tensor (the full validation reports it)."""
     try:
-        return tuple(None if t is None else (t.shape, t.dtype, t.get_device(), t.is_contiguous()) for t in ts) + extra
-    except AttributeError:  # not tensors: the full validation reports them
+        # scalars keyed with their type: 2.0 == 2 and True == 1 hash alike, and are not the same argument
+        return tuple(None if t is None else (type(t), t.shape, t.dtype, t.device, t.layout, t.is_contiguous()) for t in ts) + tuple(
+            (type(x), x) for x in extra)
+    except (AttributeError, RuntimeError, TypeError):
         return None
 
 
@@ -178,13 +287,28 @@ def cute_args(ptr, shape, dynamic, fully_dynamic=False):
     return (ptr, *(shape[i] for i in dynamic), *strides)
 
 
-def memset0(ptr, nbytes, stream):
-    """Zero ``nbytes`` at device address ``ptr`` on ``stream`` (32-bit words when they fit)."""
+def memset0(ptr, nbytes, stream, dev):
+    """Zero ``nbytes`` at device address ``ptr`` of GPU ``dev`` on ``stream`` (32-bit words when they fit)."""
+    from ..runtime.device import on_device
     from ..runtime.driver import check as ok, drv
 
     if nbytes:
         d = drv()
-        if nbytes % 4 == 0:
-            ok(d.cuMemsetD32Async(ptr, 0, nbytes // 4, stream), "cuMemsetD32Async")
-        else:
-            ok(d.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async")
+        with on_device(dev):
+            if nbytes % 4 == 0:
+                ok(d.cuMemsetD32Async(ptr, 0, nbytes // 4, stream), "cuMemsetD32Async")
+            else:
+                ok(d.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async")
+
+
+def allocate(fn):
+    """Run ``fn()`` (torch allocations of an op's outputs / workspace); a failed allocation is an aot error."""
+    import torch
+
+    try:
+        return fn()
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        from ..errors import OutOfMemoryError
+
+        raise OutOfMemoryError(f"allocating the op's outputs or workspace failed ({str(e).splitlines()[0][:200]}); nothing was launched. "
+                               f"Pass preallocated outputs to the *_into form, or free memory") from None

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
-from ._support import (alloc_on, arch_of, check, flat_args, input_error, launcher, memset0, misaligned, overlapping, overlaps_rest, signature,
-                       stream_handle, target_sm_count, tensor_args)
+from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, require, flat_args, input_error, integer, launcher, lookup, memset0,
+                       misaligned, one_of, overlapping, overlaps_rest, scalar_f32, signature, stream_handle, target_sm_count, tensor_args)
 from .outputs import Outputs
 
 __all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes"]
@@ -29,9 +29,18 @@ def indexer_backward_workspace_bytes(batch, seqlen_k, head_dim=policy.DIM, *, d_
     (``d_index_k_dtype``: torch.bfloat16, the default, or torch.float32)."""
     import torch
 
-    f32 = d_index_k_dtype == torch.float32
-    return policy.workspace_bytes(batch, seqlen_k, head_dim, d_index_k_f32=f32, backend=backend, deterministic=deterministic,
-                                  deterministic_dk_planes=deterministic_dk_planes)
+    problems = []
+    for name, v, lo, hi in (("batch", batch, 0, _I32 - 1), ("seqlen_k", seqlen_k, 0, _I32 - 1), ("head_dim", head_dim, 1, 1024)):
+        integer(problems, name, v, lo, hi)
+    one_of(problems, "backend", backend, policy.BACKENDS)
+    flag(problems, "deterministic", deterministic)
+    one_of(problems, "deterministic_dk_planes", deterministic_dk_planes, policy.PLANES)
+    if d_index_k_dtype not in (None, torch.bfloat16, torch.float32):
+        problems.append(f"d_index_k_dtype={d_index_k_dtype!r} (expected torch.bfloat16 or torch.float32)")
+    if problems:
+        raise input_error(problems)
+    return policy.workspace_bytes(batch, seqlen_k, head_dim, d_index_k_f32=d_index_k_dtype == torch.float32, backend=backend,
+                                  deterministic=bool(deterministic), deterministic_dk_planes=deterministic_dk_planes)
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class _Call:
     d: int
     topk: int
     need: int
+    kernels: dict | None  # role -> (op, key); None when nothing launches (no rows or no slots)
 
 
 def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
@@ -62,26 +72,20 @@ def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_in
     import torch
 
     if workspace is None or d_index_q is None or d_weights is None or d_index_k is None:
-        # allocate what is missing like upstream (empty_like the inputs, per-call workspace); the full
-        # validation of everything happens in indexer_backward_into, before any launch
-        problems = []
-        for t, name, nd, what in ((index_q, "index_q", 4, "(B, S_q, H, D)"), (weights, "weights", 3, "(B, S_q, H)"), (index_k, "index_k", 3, "(B, S_k, D)")):
-            if not isinstance(t, torch.Tensor) or t.ndim != nd:
-                problems.append(f"{name}: must be a {nd}-D tensor {what}, got {getattr(t, 'shape', type(t).__name__)}")
-        if problems:
-            raise input_error(problems)
-        n = 0
-        if workspace is None and backend in policy.BACKENDS and deterministic_dk_planes in policy.PLANES:
-            b, s_k, d = index_k.shape
-            dt = d_index_k.dtype if isinstance(d_index_k, torch.Tensor) else index_k.dtype
-            n = indexer_backward_workspace_bytes(b, s_k, d, d_index_k_dtype=dt, backend=backend, deterministic=deterministic,
-                                                 deterministic_dk_planes=deterministic_dk_planes)
-        with alloc_on(stream):  # empty_like keeps the inputs' device; the stream orders the allocator
-            d_index_q = torch.empty_like(index_q) if d_index_q is None else d_index_q
-            d_weights = torch.empty_like(weights) if d_weights is None else d_weights
-            d_index_k = torch.empty_like(index_k) if d_index_k is None else d_index_k
-            if n:
-                workspace = torch.empty(n, dtype=torch.uint8, device=index_q.device)
+        # allocate what is missing like upstream (empty_like the inputs, per-call workspace), once
+        # everything given is known to be valid (the missing outputs and workspace are checked after)
+        call = _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale,
+                         loss_coeff, block_I, topk_indices_global, backend, workspace, deterministic, deterministic_dk_planes, allocating=True)
+        dev = call.dev
+        stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+
+        def outputs():
+            with alloc_on(stream, dev):  # empty_like keeps the inputs' device; the stream orders the allocator
+                return (torch.empty_like(index_q) if d_index_q is None else d_index_q, torch.empty_like(weights) if d_weights is None else d_weights,
+                        torch.empty_like(index_k) if d_index_k is None else d_index_k,
+                        torch.empty(call.need, dtype=torch.uint8, device=index_q.device) if workspace is None and call.need else workspace)
+
+        d_index_q, d_weights, d_index_k, workspace = allocate(outputs)
     indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
                           sm_scale, loss_coeff, block_I, topk_indices_global, stream, backend=backend, workspace=workspace,
                           deterministic=deterministic, deterministic_dk_planes=deterministic_dk_planes)
@@ -91,27 +95,34 @@ def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_in
 def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
                           sm_scale=1.0, loss_coeff=1.0, block_I=128, topk_indices_global=False, stream=None, *, backend="default",
                           workspace=None, deterministic=False, deterministic_dk_planes=DEFAULT_PLANES):
-    """``indexer_backward`` into caller-provided outputs and workspace (capture-safe; allocates nothing)."""
+    """``indexer_backward`` into caller-provided outputs and workspace (capture-safe from the first call, see aot.runtime; allocates nothing)."""
     import torch
 
     ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
-    sig = signature(ts, (block_I, backend, bool(deterministic), deterministic_dk_planes, backend == "sm100_v2" and float(sm_scale) > 0.0))
-    call = _VALIDATED.get(sig) if sig is not None else None
-    if call is None or misaligned(ts) or (deterministic and overlaps_rest(workspace, call.need, ts)):
+    # the signature proves every check but the per-call ones: the fp32 scalars' values, pointer
+    # alignment, the workspace and the outputs overlapping anything, the stream (made again below)
+    scalars = []
+    scalar_f32(scalars, "sm_scale", sm_scale)
+    scalar_f32(scalars, "loss_coeff", loss_coeff)
+    sig = signature(ts, (block_I, backend, deterministic, deterministic_dk_planes, topk_indices_global,
+                         backend == "sm100_v2" and not scalars and float(sm_scale) > 0.0))
+    call = lookup(_VALIDATED, sig)
+    if call is None or scalars or misaligned(ts) or (call.need and overlaps_rest(workspace, call.need, ts)) or _outputs_alias(ts):
         call = _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
-                         sm_scale, block_I, backend, workspace, deterministic, deterministic_dk_planes)
+                         sm_scale, loss_coeff, block_I, topk_indices_global, backend, workspace, deterministic, deterministic_dk_planes)
         if sig is not None and len(_VALIDATED) < 4096:
             _VALIDATED[sig] = call
     dev, arch, b, s_q, s_k, h, d, topk = call.dev, call.arch, call.b, call.s_q, call.s_k, call.h, call.d, call.topk
     rows = b * s_q
-    s = stream_handle(stream, dev)
     grad_scale = float(loss_coeff) / rows if rows else 0.0
+    if rows and not abs(grad_scale) <= 3.4028234663852886e38:
+        raise input_error([f"loss_coeff / (B*S_q) = {grad_scale!r} is not representable in fp32"])
+    s = stream_handle(stream, dev)
     sm_scale = float(sm_scale)
     dk_dtype_f32 = d_index_k.dtype == torch.float32
-    glob = bool(topk_indices_global)
     if rows == 0 or topk == 0:
         # nothing reads or writes a slot: dK is all zero, dQ/dW are empty or zero
-        with alloc_on(stream):
+        with alloc_on(stream, dev):
             d_index_k.zero_()
             d_index_q.zero_()
             d_weights.zero_()
@@ -124,97 +135,92 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
 
     planes = int(deterministic_dk_planes)
     sm100 = is_sm100(arch)
-    ks = policy.kernels(arch, b, s_q, h, topk, topk_indices_global=glob, backend=backend, deterministic=deterministic, deterministic_dk_planes=planes,
-                        d_index_k_f32=dk_dtype_f32, d_weights_f32=d_weights.dtype == torch.float32,
-                        target_sm_count=target_sm_count(arch) if sm100 else None)
-    hint = ""
-    if backend == "sm100_v2":
-        rpc = ks["gemm"][1]["rows_per_cta"]
-        hint = f" (the v2 kernel is compiled per ceil(B*S_q / CTAs) = {rpc}; add rows_per_cta = {rpc})"
+    ks = call.kernels
     sg = launcher(FAMILY, *ks["score_grad"], dev)
-    gemm = launcher(FAMILY, *ks["gemm"], dev, hint)
+    gemm = launcher(FAMILY, *ks["gemm"], dev)
     red = launcher(FAMILY, *ks["reduce"], dev) if "reduce" in ks else None
 
+    # each path: the memsets, the entry calls in order, where the bf16 cast reads the fp32 dK (None: no cast)
+    cast = None if dk_dtype_f32 else 0
     if not sm100:  # SM90 twins: zero fp32 dK, score-grad, GEMM, cast
         dk = d_index_k.data_ptr() if dk_dtype_f32 else ws
-        memset0(dk, kbytes, s)
-        sg(*a3, *i3, *gl1, grad_scale, s)
-        gemm(*q4, *w3, *k3, *dq4, *dw3, *flat_args(dk, (b, s_k, d)), *a3, *t3, sm_scale, s, s_q, s_k)
-        if not dk_dtype_f32:
-            _cast_into(d_index_k, workspace, (b, s_k, d), stream)
-        return d_index_q, d_weights, d_index_k
-
-    if backend == "sm100_v2":
+        memsets = [(dk, kbytes)]
+        calls = [(sg, (*a3, *i3, *gl1, grad_scale, s)), (gemm, (*q4, *w3, *k3, *dq4, *dw3, *flat_args(dk, (b, s_k, d)), *a3, *t3, sm_scale, s, s_q, s_k))]
+    elif backend == "sm100_v2":
         if deterministic:
             dk_rows, dk_ptr, cnt = planes * b * s_k, ws, (ws, 1)
-            memset0(ws, planes * kbytes, s)
+            memsets, cast = [(ws, planes * kbytes)], None
         else:
             cnt = (ws, 2)
-            memset0(ws, 8, s)
             dk_ptr = d_index_k.data_ptr() if dk_dtype_f32 else ws + policy.V2_COUNTER_CHUNK
             dk_rows = b * s_k
-            memset0(dk_ptr, kbytes, s)
-        sg(*a3, *i3, *gl1, *gl1, grad_scale, s)
-        gemm(*flat_args(index_q, (rows, h, d)), *flat_args(index_k, (b * s_k, d)), *flat_args(weights, (rows, h)), *flat_args(topk_indices, (rows, topk)),
-             *flat_args(attn_score, (rows, topk)), *flat_args(d_index_q, (rows, h, d)), *flat_args(d_weights, (rows, h)), *flat_args(dk_ptr, (dk_rows, d)),
-             sm_scale, s_q, s_k, s, *cnt)
+            memsets = [(ws, 8), (dk_ptr, kbytes)]
+            cast = None if dk_dtype_f32 else policy.V2_COUNTER_CHUNK
+        calls = [(sg, (*a3, *i3, *gl1, *gl1, grad_scale, s)),
+                 (gemm, (*flat_args(index_q, (rows, h, d)), *flat_args(index_k, (b * s_k, d)), *flat_args(weights, (rows, h)),
+                         *flat_args(topk_indices, (rows, topk)), *flat_args(attn_score, (rows, topk)), *flat_args(d_index_q, (rows, h, d)),
+                         *flat_args(d_weights, (rows, h)), *flat_args(dk_ptr, (dk_rows, d)), sm_scale, s_q, s_k, s, *cnt))]
         if deterministic:
-            red(*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s)
-        elif not dk_dtype_f32:
-            _cast_into(d_index_k, workspace, (b, s_k, d), stream, offset=policy.V2_COUNTER_CHUNK)
-        return d_index_q, d_weights, d_index_k
-
-    if deterministic:  # zero planes, score-grad, GEMM on fixed-owner planes, fixed-order reduction
-        memset0(ws, planes * kbytes, s)
-        sg(*a3, *i3, *gl1, *gl1, grad_scale, s)
-        gemm(*q4, *w3, *k3, *dq4, *dw3, *flat_args(ws, (planes, b * s_k, d)), *a3, *t3, sm_scale, s)
-        red(*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s)
-        return d_index_q, d_weights, d_index_k
-
-    # default: score-grad clears the fp32 dK in the same launch, GEMM (PDL), cast
-    dk = flat_args(d_index_k.data_ptr() if dk_dtype_f32 else ws, (b, s_k, d))
-    sg(*a3, *i3, *gl1, *dk, grad_scale, s)
-    gemm(*q4, *w3, *k3, *dq4, *dw3, *dk, *a3, *t3, sm_scale, s)
-    if not dk_dtype_f32:
-        _cast_into(d_index_k, workspace, (b, s_k, d), stream)
+            calls.append((red, (*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s)))
+    elif deterministic:  # zero planes, score-grad, GEMM on fixed-owner planes, fixed-order reduction
+        memsets, cast = [(ws, planes * kbytes)], None
+        calls = [(sg, (*a3, *i3, *gl1, *gl1, grad_scale, s)), (gemm, (*q4, *w3, *k3, *dq4, *dw3, *flat_args(ws, (planes, b * s_k, d)), *a3, *t3, sm_scale, s)),
+                 (red, (*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s))]
+    else:  # default: score-grad clears the fp32 dK in the same launch, GEMM (PDL), cast
+        dk = flat_args(d_index_k.data_ptr() if dk_dtype_f32 else ws, (b, s_k, d))
+        memsets = []
+        calls = [(sg, (*a3, *i3, *gl1, *dk, grad_scale, s)), (gemm, (*q4, *w3, *k3, *dq4, *dw3, *dk, *a3, *t3, sm_scale, s))]
+    prepared = [le.prepare(*args) for le, args in calls]  # every launch checked before anything is written
+    for ptr, n in memsets:
+        memset0(ptr, n, s, dev)
+    for launch in prepared:
+        launch.fire()
+    if cast is not None:
+        _cast_into(d_index_k, workspace, (b, s_k, d), stream, dev, offset=cast)
     return d_index_q, d_weights, d_index_k
 
 
-def _cast_into(d_index_k, workspace, shape, stream, offset=0):
+def _cast_into(d_index_k, workspace, shape, stream, dev, offset=0):
     """The trailing fp32 -> bf16 cast upstream does with torch, on the launch stream (``stream`` is
-    the caller's argument: None means torch's current stream, which is where the kernels went)."""
+    the caller's argument: None means torch's current stream of ``dev``, which is where the kernels went)."""
     import torch
 
     n = shape[0] * shape[1] * shape[2]
     acc = workspace[offset : offset + 4 * n].view(torch.float32).view(shape)
-    if stream is None:
+    with alloc_on(stream, dev):
         d_index_k.copy_(acc)
-        return
-    with alloc_on(stream):
-        d_index_k.copy_(acc)
+
+
+def _outputs_alias(ts) -> bool:
+    """Fast-path re-check: does a tensor the op writes (the three outputs, attn_score) overlap another tensor it reads or writes?"""
+    return bool(aliasing(tuple(("o", t) for t in (*ts[:3], ts[6])), tuple(("i", t) for t in (*ts[3:6], *ts[7:10]))))
 
 
 # signature (shapes, dtypes, devices, contiguity, options) -> validated plan: a repeated call skips the
-# full validation; pointer alignment and, for deterministic planes, workspace overlap are per call.
+# full validation; pointer alignment, workspace overlap and output aliasing are re-checked per call.
 _VALIDATED: dict = {}
 
 
 def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
-              sm_scale, block_I, backend, workspace, deterministic, planes):
-    """Every problem with the inputs, raised together before anything is touched; returns the plan."""
+              sm_scale, loss_coeff, block_I, topk_indices_global, backend, workspace, deterministic, planes, allocating=False):
+    """Every problem with the inputs, raised together before anything is touched; returns the validated
+    call. ``allocating``: outputs and workspace given as None will be allocated (not checked)."""
     import torch
 
     problems = []
-    if backend not in policy.BACKENDS:
-        problems.append(f"backend={backend!r} (expected one of {policy.BACKENDS})")
-    if isinstance(planes, bool) or planes not in policy.PLANES:
-        problems.append(f"deterministic_dk_planes={planes!r} (expected one of {policy.PLANES})")
-    elif not deterministic and planes != DEFAULT_PLANES:
+    one_of(problems, "backend", backend, policy.BACKENDS)
+    deterministic = flag(problems, "deterministic", deterministic)
+    flag(problems, "topk_indices_global", topk_indices_global)
+    one_of(problems, "deterministic_dk_planes", planes, policy.PLANES)
+    if not problems and not deterministic and planes != DEFAULT_PLANES:
         problems.append("deterministic_dk_planes is only configurable when deterministic=True")
+    integer(problems, "block_I", block_I, 128, 128)
+    scalar_f32(problems, "sm_scale", sm_scale)
+    scalar_f32(problems, "loss_coeff", loss_coeff)
     shapes_ok = True
     for t, name, nd in ((index_q, "index_q", 4), (index_k, "index_k", 3), (topk_indices, "topk_indices", 3)):
-        if not isinstance(t, torch.Tensor) or t.ndim != nd:
-            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.ndim != nd:
+            problems.append(f"{name}: must be a dense {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
             shapes_ok = False
     if not shapes_ok:
         raise input_error(problems)
@@ -228,18 +234,25 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
     check(problems, attn_score, "attn_score", (b, s_q, topk), f32, dev, 16)
     check(problems, index_score, "index_score", (b, s_q, topk), f32, dev, 16)
     check(problems, topk_indices, "topk_indices", (b, s_q, topk), torch.int32, dev, 16)
-    check(problems, d_index_q, "d_index_q", (b, s_q, h, d), bf16, dev, 16)
+    skip = (lambda t: allocating and t is None)  # noqa: E731
+    if not skip(d_index_q):
+        check(problems, d_index_q, "d_index_q", (b, s_q, h, d), bf16, dev, 16)
     v2 = backend == "sm100_v2"
     dw_dt = d_weights.dtype if v2 and isinstance(d_weights, torch.Tensor) and d_weights.dtype in (bf16, f32) else bf16
-    check(problems, d_weights, "d_weights", (b, s_q, h), dw_dt, dev, 16)
+    if not skip(d_weights):
+        check(problems, d_weights, "d_weights", (b, s_q, h), dw_dt, dev, 16)
     dk_dt = d_index_k.dtype if isinstance(d_index_k, torch.Tensor) and d_index_k.dtype in (bf16, f32) else bf16
-    check(problems, d_index_k, "d_index_k", (b, s_k, d), dk_dt, dev, 16)
-    if not isinstance(grad_loss, torch.Tensor) or grad_loss.numel() != 1 or grad_loss.dtype != f32 or grad_loss.device != index_q.device:
+    if not skip(d_index_k):
+        check(problems, d_index_k, "d_index_k", (b, s_k, d), dk_dt, dev, 16)
+    if (not isinstance(grad_loss, torch.Tensor) or grad_loss.layout != torch.strided or grad_loss.numel() != 1 or grad_loss.dtype != f32
+            or grad_loss.device != index_q.device):
         problems.append(f"grad_loss: must be a single-element float32 tensor on {index_q.device}")
     elif grad_loss.data_ptr() % 16:
         problems.append(f"grad_loss: data pointer 0x{grad_loss.data_ptr():x} is not 16-byte aligned (clone() it)")
-    if block_I != 128:
-        problems.append(f"block_I={block_I!r} (expected 128, the only block size shipped)")
+    if s_k == 0:
+        problems.append("index_k: S_k = 0 (expected at least one key row)")
+    if b * s_q and not problems and not abs(float(loss_coeff) / (b * s_q)) <= 3.4028234663852886e38:
+        problems.append(f"loss_coeff / (B*S_q) = {float(loss_coeff) / (b * s_q)!r} is not representable in fp32")
     if topk % 128:
         problems.append(f"topk={topk} (expected a multiple of block_I = 128)")
     if d != 128:
@@ -259,16 +272,26 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
             problems.append(f"H={h} (the SM90 kernel needs H >= 64)")
         if v2 and h != 64:
             problems.append(f"H={h} (backend='sm100_v2' requires H=64)")
-        if v2 and not float(sm_scale) > 0.0:
+        if v2 and not problems and not float(sm_scale) > 0.0:
             problems.append(f"sm_scale={sm_scale} (backend='sm100_v2' requires sm_scale > 0: its relu gate reads unscaled scores)")
         if deterministic and b * s_q and b * s_q < planes:
             problems.append(f"B*S_q = {b * s_q} < deterministic_dk_planes = {planes}: upstream compiles a smaller grid for such a call, "
                             f"which this build does not ship (use deterministic_dk_planes <= B*S_q or deterministic=False)")
+    ks = None
+    if dev is not None and not problems and b * s_q and topk:
+        ks = policy.kernels(arch, b, s_q, h, topk, topk_indices_global=bool(topk_indices_global), backend=backend, deterministic=deterministic,
+                            deterministic_dk_planes=planes, d_index_k_f32=dk_dt == f32, d_weights_f32=dw_dt == f32,
+                            target_sm_count=target_sm_count(arch) if sm100 else None)
+        hints = {}
+        if v2:
+            rpc = ks["gemm"][1]["rows_per_cta"]
+            hints["gemm"] = f" (the v2 kernel is compiled per ceil(B*S_q / CTAs) = {rpc}; add rows_per_cta = {rpc})"
+        require(FAMILY, ks, dev, hints)  # every entry the call needs ships, before anything is allocated or written
     need = 0
     if not problems:
-        need = policy.workspace_bytes(b, s_k, d, d_index_k_f32=d_index_k.dtype == f32, backend=backend, deterministic=deterministic,
+        need = policy.workspace_bytes(b, s_k, d, d_index_k_f32=dk_dt == f32, backend=backend, deterministic=deterministic,
                                       deterministic_dk_planes=planes)
-        if need:
+        if need and not skip(workspace):
             wp = []
             if workspace is None:
                 wp.append(f"workspace: missing ({need} uint8 bytes needed; see aot.dsa.indexer_backward_workspace_bytes)")
@@ -284,6 +307,11 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
                     for i in overlapping(workspace, need, [t for _, t in named]):
                         wp.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
             problems += wp
+    if not problems:
+        # attn_score is written too (the score-grad signal): it may alias nothing either
+        problems += aliasing((("attn_score", attn_score), ("d_index_q", d_index_q), ("d_weights", d_weights), ("d_index_k", d_index_k)),
+                             (("index_q", index_q), ("weights", weights), ("index_k", index_k), ("index_score", index_score),
+                              ("topk_indices", topk_indices), ("grad_loss", grad_loss)))  # None: allocated, aliases nothing
     if problems:
         raise input_error(problems)
-    return _Call(dev, arch, b, s_q, s_k, h, d, topk, need)
+    return _Call(dev, arch, b, s_q, s_k, h, d, topk, need, ks)

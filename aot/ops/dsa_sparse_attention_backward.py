@@ -15,14 +15,15 @@ from ..errors import InputError
 from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
-from ._support import (alloc_on, arch_of, check, cute_args, flat_args, input_error, launcher, memset0, misaligned, overlapping, overlaps_rest,
-                       signature, sm_count_of, stream_handle, target_sm_count, tensor_args)
+from ._support import (aliasing, alloc_on, allocate, arch_of, check, require, cute_args, flag, flat_args, input_error, integer, launcher, lookup, memset0,
+                       misaligned, one_of, overlapping, overlaps_rest, scalar_f32, signature, sm_count_of, stream_handle, target_sm_count, tensor_args)
 from .outputs import Outputs
 
 __all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes"]
 
 FAMILY = policy.FAMILY
 HEAD_DIM_V = policy.HEAD_DIM_V
+_I32 = 2**31
 
 
 def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, *, arch="sm_90a", topk=None, deterministic=False) -> int:
@@ -32,6 +33,16 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
     (S_kv rounded to 64 x D rounded to 32), each chunk 128-byte aligned. SM100 (pass ``topk=``, the
     index row width: it selects the backend): the LSE/OdO and dKV workspaces of that backend.
     """
+    problems = []
+    for name, v, lo, hi in (("total_s_q", total_s_q, 0, _I32 - 1), ("total_s_kv", total_s_kv, 0, _I32 - 1), ("head_dim", head_dim, 1, 1024),
+                            ("num_heads", num_heads, 1, 1024)):
+        integer(problems, name, v, lo, hi)
+    one_of(problems, "arch", arch, ("sm_90a", "sm_100a", "sm_103a", "sm_100f"))
+    if topk is not None:
+        integer(problems, "topk", topk, 1, 1 << 20)
+    deterministic = flag(problems, "deterministic", deterministic)
+    if problems:
+        raise input_error(problems)
     if is_sm100(arch) and topk is None:
         raise InputError("sparse_attention_backward_workspace_bytes: pass topk= (the index row width) for an SM100 arch: it selects the backend")
     return policy.workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, arch=arch, topk=topk, deterministic=deterministic)
@@ -68,20 +79,19 @@ def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softm
     """
     import torch
 
-    problems = []
-    for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (attn_sink, "attn_sink", 1), (topk_idxs, "topk_idxs", 2)):
-        if not isinstance(t, torch.Tensor) or t.ndim != nd:
-            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
-    if problems:
-        raise input_error(problems)
-    with alloc_on(stream):
-        dq = torch.empty_like(q) if dq is None else dq
-        dkv = torch.empty_like(kv) if dkv is None else dkv
-        d_sink = torch.empty_like(attn_sink)
-        if workspace is None and q.device.type == "cuda":
-            n = sparse_attention_backward_workspace_bytes(q.shape[0], kv.shape[0], q.shape[2], q.shape[1], arch=arch_of(q.device.index),
-                                                          topk=topk_idxs.shape[1], deterministic=deterministic)
-            workspace = torch.empty(n, dtype=torch.uint8, device=q.device)
+    # allocate what is missing once everything given is known to be valid (the allocated outputs and
+    # workspace are checked after)
+    call = _validate(dq, dkv, None, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic, workspace,
+                     q_cluster_mode, allocating=True)
+    dev = call.dev
+    stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+
+    def outputs():
+        with alloc_on(stream, dev):
+            return (torch.empty_like(q) if dq is None else dq, torch.empty_like(kv) if dkv is None else dkv, torch.empty_like(attn_sink),
+                    torch.empty(call.need, dtype=torch.uint8, device=q.device) if workspace is None else workspace)
+
+    dq, dkv, d_sink, workspace = allocate(outputs)
     sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile,
                                    deterministic, stream, workspace, q_cluster_mode)
     return Outputs(dq=dq, dkv=dkv, d_sink=d_sink)
@@ -90,22 +100,27 @@ def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softm
 def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None,
                                    block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode="off"):
     """``sparse_attention_backward`` into caller-provided ``dq``, ``dkv``, ``d_sink`` and ``workspace``
-    (capture-safe; allocates nothing). Returns (dq, dkv, d_sink)."""
+    (capture-safe from the first call, see aot.runtime; allocates nothing). Returns (dq, dkv, d_sink)."""
     ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
-    sig = signature(ts, (block_tile, bool(deterministic), q_cluster_mode))
-    call = _VALIDATED.get(sig) if sig is not None else None
-    # a repeated signature skips the full validation; pointer alignment (lse: 4 on SM90, 8 on SM100;
-    # workspace: 32 for the deterministic D576 layout) and workspace overlap are per call
-    if call is None or misaligned(ts[:7] + ts[8:]) or lse.data_ptr() & call.lse_mask or workspace.data_ptr() & call.ws_mask or overlaps_rest(workspace, call.need, ts):
-        call = _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, block_tile, deterministic, workspace,
-                                q_cluster_mode)
+    # the signature proves every check but the per-call ones: the scale's value, pointer alignment (lse:
+    # 4 on SM90, 8 on SM100; workspace: 32 for the deterministic D576 layout), the workspace and the
+    # outputs overlapping anything, the stream (made again below)
+    scalars = []
+    if softmax_scale is not None:
+        scalar_f32(scalars, "softmax_scale", softmax_scale)
+    sig = signature(ts, (block_tile, deterministic, q_cluster_mode))
+    call = lookup(_VALIDATED, sig)
+    if (call is None or scalars or misaligned(ts[:7] + ts[8:]) or lse.data_ptr() & call.lse_mask or workspace.data_ptr() & call.ws_mask
+            or overlaps_rest(workspace, call.need, ts) or _outputs_alias(ts)):
+        call = _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic,
+                         workspace, q_cluster_mode)
         if sig is not None and len(_VALIDATED) < 4096:
             _VALIDATED[sig] = call
     dev, s_q, s_kv, h, d, topk, ks = call.dev, call.s_q, call.s_kv, call.h, call.d, call.topk, call.kernels
     s = stream_handle(stream, dev)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     if s_q == 0:  # no query: nothing flows back
-        with alloc_on(stream):
+        with alloc_on(stream, dev):
             dkv.zero_()
             d_sink.zero_()
         return dq, dkv, d_sink
@@ -120,15 +135,19 @@ def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_
     dpsum, lse_log2, acc = (ws, 1, sqr, h), (ws + stats, 1, sqr, h), ws + 2 * stats
     dpsum, lse_log2 = flat_args(dpsum[0], dpsum[1:]), flat_args(lse_log2[0], lse_log2[1:])
     acc3 = flat_args(acc, (1, 1, skr * dr))
-    # upstream's order: clear the dKV accumulator and d_sink (both are atomically accumulated)
-    memset0(acc, skr * dr * 4, s)
-    memset0(d_sink.data_ptr(), h * 4, s)
     o4, do4 = tensor_args(out.unsqueeze(0)), tensor_args(dout.unsqueeze(0))
-    pre(*o4, *do4, *dpsum, *tensor_args(lse.unsqueeze(0)), *lse_log2, *tensor_args(attn_sink), *tensor_args(d_sink), s)
     tl = tensor_args(topk_length.unsqueeze(0)) if topk_length is not None else ()
-    main(*tensor_args(q.unsqueeze(0)), *tensor_args(kv.unsqueeze(0).unsqueeze(2)), *do4, *lse_log2, *dpsum, *tensor_args(dq.unsqueeze(0)), *acc3,
-         *tensor_args(topk_idxs.unsqueeze(0)), *tl, scale, s)
-    post(*acc3, *tensor_args(dkv.unsqueeze(0).unsqueeze(2)), s_kv, s)
+    launches = [  # every launch checked before anything is written
+        pre.prepare(*o4, *do4, *dpsum, *tensor_args(lse.unsqueeze(0)), *lse_log2, *tensor_args(attn_sink), *tensor_args(d_sink), s),
+        main.prepare(*tensor_args(q.unsqueeze(0)), *tensor_args(kv.unsqueeze(0).unsqueeze(2)), *do4, *lse_log2, *dpsum, *tensor_args(dq.unsqueeze(0)),
+                     *acc3, *tensor_args(topk_idxs.unsqueeze(0)), *tl, scale, s),
+        post.prepare(*acc3, *tensor_args(dkv.unsqueeze(0).unsqueeze(2)), s_kv, s),
+    ]  # fmt: skip
+    # upstream's order: clear the dKV accumulator and d_sink (both are atomically accumulated)
+    memset0(acc, skr * dr * 4, s, dev)
+    memset0(d_sink.data_ptr(), h * 4, s, dev)
+    for launch in launches:
+        launch.fire()
     return dq, dkv, d_sink
 
 
@@ -160,26 +179,40 @@ def _sm100_call(op_key, dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_
         flat = ((ws, prod(lse_shape)), (ws_dkv, prod(dkv_shape)))
         fn(*problem, *(a for t in tensors for a in t), *(a for t in flat for a in t), scale, split, s)
         return
+    launch = fn.prepare(*problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
     if backend != "h128_2cta_m64" and not det:
-        memset0(d_sink.data_ptr(), h * 4, s)  # ordinary sum_dSink accumulates atomically
-    fn(*problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
+        memset0(d_sink.data_ptr(), h * 4, s, dev)  # ordinary sum_dSink accumulates atomically
+    launch.fire()
 
 
-# signature (shapes, dtypes, devices, contiguity, options) -> the validated _Call
+# signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> the validated _Call
 _VALIDATED: dict = {}
 
 
-def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, block_tile, deterministic, workspace,
-                     q_cluster_mode):
-    """Every problem with the inputs, raised together before anything is launched or written."""
+def _outputs_alias(ts) -> bool:
+    """Fast-path re-check: does an output (the first three of ``ts``) overlap another output or an input?"""
+    return bool(aliasing(tuple(("o", t) for t in ts[:3]), tuple(("i", t) for t in ts[3:11])))
+
+
+def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic, workspace,
+              q_cluster_mode, allocating=False):
+    """Every problem with the inputs, raised together before anything is launched or written.
+    ``allocating``: outputs and workspace given as None will be allocated (not checked)."""
     import torch
 
     problems = []
-    for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (topk_idxs, "topk_idxs", 2)):
-        if not isinstance(t, torch.Tensor) or t.ndim != nd:
-            problems.append(f"{name}: must be a {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
-    if problems:
-        raise input_error(problems)
+    deterministic = flag(problems, "deterministic", deterministic)
+    integer(problems, "block_tile", block_tile, 64, 64)
+    one_of(problems, "q_cluster_mode", q_cluster_mode, ("off",))
+    if softmax_scale is not None:
+        scalar_f32(problems, "softmax_scale", softmax_scale)
+    if topk_length is not None and not isinstance(topk_length, torch.Tensor):
+        problems.append(f"topk_length: got {type(topk_length).__name__} (expected a torch.Tensor or None)")
+    shapeless = [f"{name}: must be a dense {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}"
+                 for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (topk_idxs, "topk_idxs", 2))
+                 if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.ndim != nd]
+    if shapeless:  # every other check reads its shape from these three
+        raise input_error(problems + shapeless)
     dev = q.device.index if q.device.type == "cuda" else None
     arch = arch_of(dev) if dev is not None else None
     sm100 = arch is not None and is_sm100(arch)
@@ -197,15 +230,14 @@ def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk
     check(problems, topk_idxs, "topk_idxs", (s_q, topk), torch.int32, dev, 16)
     if topk_length is not None:
         check(problems, topk_length, "topk_length", (s_q,), torch.int32, dev, 4 if sm100 else 16)
-    check(problems, dq, "dq", (s_q, h, d), bf16, dev, 16)
-    check(problems, dkv, "dkv", (s_kv, d), bf16, dev, 16)
-    check(problems, d_sink, "d_sink", (h,), f32, dev, 16)
+    for t, name, shape, dt in ((dq, "dq", (s_q, h, d), bf16), (dkv, "dkv", (s_kv, d), bf16), (d_sink, "d_sink", (h,), f32)):
+        if not (allocating and t is None):
+            check(problems, t, name, shape, dt, dev, 16)
     if s_kv < 1:
         problems.append("kv: S_kv = 0 (expected at least one key row: the sink alone has no gradient path upstream supports)")
-    if block_tile != 64:
-        problems.append(f"block_tile={block_tile!r} (expected 64)")
-    if q_cluster_mode != "off":
-        problems.append(f"q_cluster_mode={q_cluster_mode!r}: 'adaptive_pair' is an SM100 H16/H32 D576 path this build does not ship")
+    for what, n in (("S_q*H*D", s_q * h * d), ("S_kv*D", s_kv * d), ("S_q*topk", s_q * topk)):
+        if n >= 1 << 40:
+            problems.append(f"{what} = {n} (expected < 2**40)")
     if deterministic and arch is not None and not sm100:
         problems.append("deterministic=True needs an SM100 GPU; upstream refuses it on SM90 too")
     if deterministic and sm100 and h not in policy.DETERMINISTIC_HEADS:
@@ -214,6 +246,7 @@ def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk
     if not problems and dev is not None:
         sms = sm_count_of(dev)
         ks = policy.kernels(arch, h, d, topk, has_topk_length=topk_length is not None, deterministic=deterministic, s_q=s_q, s_kv=s_kv, sm_count=sms)
+        require(FAMILY, ks, dev)
         op, key = ks.get("bwd", (None, None))
         if op == "bwd_d576" and deterministic:
             ws_align = 32  # the compact 96-plane dKV layout
@@ -223,6 +256,7 @@ def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk
                                 f"compact slots; the build's {arch} target has {built}. Add a target with sm_count = {sms} and rebuild")
     if not problems:
         need = policy.workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=deterministic)
+    if not problems and not (allocating and workspace is None):
         n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
         check(problems, workspace, "workspace", (n,), torch.uint8, dev, ws_align)
         if not problems and n < need:
@@ -232,6 +266,9 @@ def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk
                      ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink))
             for i in overlapping(workspace, need, [t for _, t in named]):
                 problems.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
+    if not problems:
+        problems += aliasing((("dq", dq), ("dkv", dkv), ("d_sink", d_sink)), (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse),
+                                                                            ("attn_sink", attn_sink), ("topk_idxs", topk_idxs), ("topk_length", topk_length)))
     if problems:
         raise input_error(problems)
     return _Call(dev, arch, s_q, s_kv, h, d, topk, need, ks, 7 if sm100 else 3, ws_align - 1)

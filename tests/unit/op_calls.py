@@ -1,0 +1,76 @@
+"""Valid calls of every public op on stand-in CUDA tensors (tests/unit/stand_in.py), built on the
+small build of tests/unit/conftest.py (sm_90a: CSA ratio 4 d 128, indexer H64 top-k 128, sparse
+attention H64 D512 top-k 128). Each call is (function, args, kwargs, outputs): ``outputs`` are the
+tensors the op may write (its outputs and workspace)."""
+
+from __future__ import annotations
+
+import torch
+
+from stand_in import cuda_tensor
+
+
+def _t(shape, dtype, dev, fill=None):
+    if dtype in (torch.int32, torch.int64, torch.uint8):
+        x = torch.zeros(shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
+    else:
+        x = torch.randn(shape, dtype=torch.float32).to(dtype)
+    return cuda_tensor(x, dev)
+
+
+def csa_forward(dev, stream, nb=32):
+    import aot.csa
+
+    ratio, d, coff = 4, 128, 2
+    tokens = ratio * nb
+    kv, score = _t((tokens, coff * d), torch.bfloat16, dev), _t((tokens, coff * d), torch.bfloat16, dev)
+    ape = _t((ratio, coff * d), torch.float32, dev)
+    cu, cuc = cuda_tensor(torch.tensor([0, tokens], dtype=torch.int32), dev), cuda_tensor(torch.tensor([0, nb], dtype=torch.int32), dev)
+    out = _t((nb, d), torch.bfloat16, dev)
+    return aot.csa.compressor_forward_into, (out, kv, score, ape, cu, cuc), dict(ratio=ratio, coff=coff, stream=stream), (out,)
+
+
+def csa_backward(dev, stream, nb=32, deterministic=True):
+    import aot.csa
+
+    ratio, d, coff = 4, 128, 2
+    tokens = ratio * nb
+    kv, score = _t((tokens, coff * d), torch.bfloat16, dev), _t((tokens, coff * d), torch.bfloat16, dev)
+    ape = _t((ratio, coff * d), torch.float32, dev)
+    cu, cuc = cuda_tensor(torch.tensor([0, tokens], dtype=torch.int32), dev), cuda_tensor(torch.tensor([0, nb], dtype=torch.int32), dev)
+    go = _t((nb, d), torch.bfloat16, dev)
+    gkv, gs, gape = _t((tokens, coff * d), torch.bfloat16, dev), _t((tokens, coff * d), torch.bfloat16, dev), _t((ratio, coff * d), torch.float32, dev)
+    ws = _t((aot.csa.backward_workspace_bytes(nb, ratio, d, coff),), torch.uint8, dev) if deterministic else None
+    kw = dict(ratio=ratio, coff=coff, stream=stream, deterministic=deterministic, workspace=ws)
+    outs = (gkv, gs, gape) + ((ws,) if ws is not None else ())
+    return aot.csa.compressor_backward_into, (gkv, gs, gape, kv, score, ape, cu, cuc, go), kw, outs
+
+
+def indexer_backward(dev, stream, s_q=8, s_k=256):
+    import aot.dsa
+
+    b, h, d, topk = 1, 64, 128, 128
+    q, w, k = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev), _t((b, s_k, d), torch.bfloat16, dev)
+    att, isc = _t((b, s_q, topk), torch.float32, dev), _t((b, s_q, topk), torch.float32, dev)
+    idx = _t((b, s_q, topk), torch.int32, dev, fill=1)
+    gl = _t((1,), torch.float32, dev)
+    dq, dw, dk = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev), _t((b, s_k, d), torch.float32, dev)
+    args = (dq, dw, dk, q, w, k, att, isc, idx, gl)
+    return aot.dsa.indexer_backward_into, args, dict(sm_scale=0.1, loss_coeff=1.0, stream=stream), (dq, dw, dk, att)
+
+
+def sparse_backward(dev, stream, s_q=16, s_kv=256):
+    import aot.dsa
+
+    h, d, topk = 64, 512, 128
+    q, kv = _t((s_q, h, d), torch.bfloat16, dev), _t((s_kv, d), torch.bfloat16, dev)
+    out, dout = _t((s_q, h, 512), torch.bfloat16, dev), _t((s_q, h, 512), torch.bfloat16, dev)
+    lse, sink = _t((s_q, h), torch.float32, dev), _t((h,), torch.float32, dev)
+    idx = _t((s_q, topk), torch.int32, dev, fill=3)
+    dq, dkv, d_sink = _t((s_q, h, d), torch.bfloat16, dev), _t((s_kv, d), torch.bfloat16, dev), _t((h,), torch.float32, dev)
+    ws = _t((aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h),), torch.uint8, dev)
+    args = (dq, dkv, d_sink, q, kv, out, dout, lse, sink, idx)
+    return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=0.05, stream=stream, workspace=ws), (dq, dkv, d_sink, ws)
+
+
+FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward}

@@ -1,0 +1,18 @@
+"""The ops' CPU tests run on the small build with the stand-in driver in place of the GPU."""
+
+import pytest
+
+import stand_in
+from aot.runtime.index import Index
+
+
+@pytest.fixture
+def env(small_build, monkeypatch) -> stand_in.Driver:
+    """The stand-in driver over the small build, with every op's per-process caches emptied."""
+    import aot.ops.csa_compressor as csa
+    import aot.ops.dsa_indexer_backward as ib
+    import aot.ops.dsa_sparse_attention_backward as sab
+
+    for mod, name in ((csa, "_FWD_FAST"), (ib, "_VALIDATED"), (sab, "_VALIDATED")):
+        monkeypatch.setattr(mod, name, {})
+    return stand_in.install(monkeypatch, Index(small_build))

@@ -1,0 +1,150 @@
+"""Malformed calls of every public op: each raises an aot.errors exception and changes nothing.
+
+More than 10,000 calls, each a valid call (tests/unit/op_calls.py, on the small build and the stand-in
+driver) with one or two arguments made wrong: a tensor's dtype, rank, shape, layout, contiguity,
+alignment or device; an output or the workspace aliasing an input; a scalar of the wrong type or out
+of range (fp32 overflow, NaN, bools, floats for ints, unhashable lists); a bad stream (a number out of
+range, a string, a stream of another device, a handle the driver does not know). Every call must
+raise an aot.errors class, launch and memset nothing, and leave every tensor it was given byte for
+byte as it was. The count per exception class is printed.
+"""
+
+import collections
+import inspect
+import random
+
+import pytest
+import torch
+
+import op_calls
+import stand_in
+from aot.errors import AotError
+
+# values no parameter of that name accepts
+BAD = {
+    "ratio": [3, 4.0, "4", None, [4], True, -4, 2**70],
+    "coff": [0, 3, 2.0, None, "2", [2]],
+    "head_dim": [0, -1, "128", 128.0, [128], 2**40, True],
+    "total_comp": [-1, 2**40, "1", 1.5, [1], True],
+    "deterministic": [2, "yes", None, [True], 0.5],
+    "sm_scale": [1e39, -1e39, float("nan"), float("inf"), "0.1", None, [0.1], True, 1j],
+    "loss_coeff": [1e39, float("nan"), float("-inf"), "1", None, [1.0], False],
+    "softmax_scale": [1e39, float("nan"), float("inf"), "0.1", [0.1], True],
+    "block_I": [64, 128.0, "128", None, [128], True],
+    "block_tile": [32, 64.0, "64", None, [64]],
+    "backend": ["v3", None, ["default"], 3, {"a": 1}],
+    "deterministic_dk_planes": [100, 96.0, None, "96", [96], True],
+    "topk_indices_global": [2, "no", None, [False], 0.5],
+    "q_cluster_mode": ["x", None, ["off"], 0, "adaptive_pair"],
+    "topk_length": ["x", [1], 3],
+    "device": ["cuda:9", -1, "cpu", 1.5, [0], "gpu"],
+}
+BAD_STREAMS = [-1, 2**64, "s0", 3.5, [0], True, 0xDEAD0]
+NO_MISALIGN = ("cu_seqlens", "cu_seqlens_comp", "lse")  # their required alignment is their element size
+
+
+def _other_dtype(t):
+    return {torch.bfloat16: torch.float32, torch.float32: torch.bfloat16, torch.int32: torch.int64, torch.uint8: torch.int32}[t.dtype]
+
+
+def _tensor_mutations(name, t, inputs, env):
+    """(what, replacement) for tensor argument ``name`` = ``t`` (on cuda:0)."""
+    out = [("dtype", stand_in.cuda_tensor(torch.zeros(t.shape, dtype=_other_dtype(t)))), ("cpu", torch.zeros(t.shape, dtype=t.dtype)), ("cuda:1", stand_in.cuda_tensor(torch.zeros(t.shape, dtype=t.dtype), 1)),
+           ("not a tensor", t.tolist() if t.numel() < 8 else "tensor"), ("sparse", torch.zeros(2, 2).to_sparse())]
+    if name != "grad_loss":  # any single-element fp32 tensor is a valid grad_loss, as upstream's reshape(1)
+        out.append(("rank", t.unsqueeze(0)))
+    if t.shape[-1] > 1:
+        out.append(("shape", t[..., :-1].contiguous()))
+        flat = torch.zeros(t.numel() * 2, dtype=t.dtype)[::2].view(t.shape) if t.ndim == 1 else t.transpose(-1, -2)
+        if t.ndim == 1 or t.shape[-2] > 1:
+            out.append(("strides", stand_in.cuda_tensor(flat) if t.ndim == 1 else flat))
+    if name not in NO_MISALIGN:
+        off = torch.zeros(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+        out.append(("misaligned", stand_in.cuda_tensor(off)))
+    for other, u in inputs:
+        if other != name and u is not None and u.numel():
+            out.append((f"aliases {other}", u))  # an output or the workspace given an input
+    return out
+
+
+def _malformed(fn, bound, outputs, env, rng):
+    """One malformed variant of the valid call ``bound`` (name -> value): (kwargs, what was changed)."""
+    names = [n for n in bound if n in BAD or n == "stream" or isinstance(bound[n], torch.Tensor)]
+    inputs = [(n, v) for n, v in bound.items() if isinstance(v, torch.Tensor) and n not in outputs]
+    kw, what = dict(bound), []
+    for name in rng.sample(names, k=min(len(names), rng.choice((1, 1, 2)))):
+        v = bound[name]
+        if name == "stream":
+            choice = rng.choice(BAD_STREAMS + ["other device"])
+            kw[name] = env.new_stream(1) if choice == "other device" else choice
+            what.append(f"stream={choice!r}")
+        elif isinstance(v, torch.Tensor):
+            pool = _tensor_mutations(name, v, inputs if name in outputs else [], env)
+            label, kw[name] = rng.choice(pool)
+            what.append(f"{name}: {label}")
+        else:
+            kw[name] = rng.choice(BAD[name])
+            what.append(f"{name}={kw[name]!r}")
+    return kw, what
+
+
+def _cases(env):
+    """(public function, valid bound arguments, names of the arguments it writes) for every public op."""
+    import aot.csa
+    import aot.dsa
+
+    out = []
+    for family, make in op_calls.FAMILIES.items():
+        fn, args, kw, writes = make(0, env.new_stream(0))
+        fn(*args, **kw)  # the base call is valid
+        bound = dict(inspect.signature(fn).bind(*args, **kw).arguments)
+        names = {n for n, v in bound.items() if any(v is w for w in writes)}
+        out.append((fn, bound, names))
+        # the allocating form of the same call: the outputs (and workspace) left to the op
+        alloc = getattr(aot.csa if family.startswith("csa") else aot.dsa, fn.__name__[: -len("_into")])
+        params = inspect.signature(alloc).parameters
+        abound = {n: v for n, v in bound.items() if n in params and not (n in names and params[n].default is None)}
+        if family == "csa_forward":
+            abound["total_comp"] = bound["out"].shape[0]
+        out.append((alloc, abound, names & set(abound)))
+    out.append((aot.csa.backward_workspace_bytes, {"total_comp": 16, "ratio": 4, "head_dim": 128, "coff": 2}, set()))
+    out.append((aot.dsa.indexer_backward_workspace_bytes, {"batch": 1, "seqlen_k": 64, "head_dim": 128}, set()))
+    out.append((aot.dsa.sparse_attention_backward_workspace_bytes, {"total_s_q": 8, "total_s_kv": 64, "head_dim": 512, "num_heads": 64}, set()))
+    return out
+
+
+def test_ten_thousand_malformed_calls_raise_aot_errors_and_change_nothing(env, capsys):
+    rng = random.Random(20261130)
+    counts, by_op = collections.Counter(), collections.Counter()
+    cases = _cases(env)
+    env.launches.clear()
+    env.memsets.clear()
+    per_case = 10_000 // len(cases) + 1
+    for fn, bound, writes in cases:
+        tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+        before = [stand_in.contents(t) for t in tensors]
+        for _ in range(per_case):
+            kw, what = _malformed(fn, bound, writes, env, rng)
+            try:
+                fn(**kw)
+            except AotError as e:
+                counts[type(e).__name__] += 1
+                by_op[fn.__name__] += 1
+            except Exception as e:  # noqa: BLE001
+                pytest.fail(f"{fn.__name__} with {what}: {type(e).__name__}: {e}")
+            else:
+                pytest.fail(f"{fn.__name__} with {what}: accepted")
+            assert not env.launches and not env.memsets, (fn.__name__, what)
+        assert [stand_in.contents(t) for t in tensors] == before, fn.__name__
+    with capsys.disabled():
+        print(f"\nmalformed calls: {sum(counts.values())} ({', '.join(f'{k} {v}' for k, v in counts.most_common())}); per op: {dict(by_op)}")
+    assert sum(counts.values()) >= 10_000
+    assert set(by_op) == {c[0].__name__ for c in cases}
+
+
+def test_preload_refuses_a_bad_device(env):
+    import aot.runtime
+
+    for bad in BAD["device"]:
+        with pytest.raises(AotError):
+            aot.runtime.preload(bad)
