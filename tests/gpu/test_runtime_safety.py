@@ -1,0 +1,237 @@
+"""The runtime as serving engines and training loops use it, on the GPU (the shipped sm_90a entries):
+
+* 32 threads x 200 calls of each op, each thread on its own stream with its own inputs and outputs:
+  every output bitwise equal to a single-threaded run of the same inputs.
+* Several GPUs (skipped with one): an op on cuda:1 tensors with the current device 0, and the reverse,
+  gives the single-GPU result and leaves the other GPU's memory alone; a stream of GPU 1 with tensors
+  on GPU 0 is refused.
+* The first call of each op inside CUDA-graph capture (nothing loaded before): captured, replayed,
+  equal to an eager run.
+* 2,000 malformed calls: each raises an aot.errors exception and leaves the NaN-poisoned outputs and
+  every input as they were.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+import ref_csa  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
+import ref_indexer  # noqa: E402
+import ref_sparse_attention  # noqa: E402
+from refutil import generator  # noqa: E402
+
+
+def _poisoned(t):
+    return torch.full_like(t, float("nan")) if t.is_floating_point() else torch.full_like(t, -1)
+
+
+def csa_forward(dev, seed, nb=300):
+    import aot.csa
+
+    cu, cuc = ref_csa.random_segments(4, nb, generator(seed))
+    x = ref_csa.random_inputs(cu, cuc, 4, 2, 128, generator(seed), device=f"cuda:{dev}")
+    out = torch.full((x["total_comp"], 128), float("nan"), dtype=torch.bfloat16, device=f"cuda:{dev}")
+    args = (out, x["kv"], x["score"], x["ape"], x["cu_seqlens"], x["cu_seqlens_comp"])
+    return aot.csa.compressor_forward_into, args, dict(ratio=4, coff=2), (out,)
+
+
+def csa_backward(dev, seed, nb=300):
+    import aot.csa
+
+    cu, cuc = ref_csa.random_segments(4, nb, generator(seed))
+    x = ref_csa.random_inputs(cu, cuc, 4, 2, 128, generator(seed), device=f"cuda:{dev}")
+    gkv, gs, gape = _poisoned(x["kv"]), _poisoned(x["score"]), _poisoned(x["ape"])
+    ws = torch.empty(aot.csa.backward_workspace_bytes(x["total_comp"], 4, 128, 2, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    args = (gkv, gs, gape, x["kv"], x["score"], x["ape"], x["cu_seqlens"], x["cu_seqlens_comp"], x["grad_out"])
+    return aot.csa.compressor_backward_into, args, dict(ratio=4, coff=2, deterministic=True, workspace=ws), (gkv, gs, gape)
+
+
+def indexer_backward(dev, seed, s_q=64, s_k=1024):
+    import aot.dsa
+
+    x = ref_indexer.make_inputs(1, s_q, s_k, 64, 128, 512, device=f"cuda:{dev}", seed=seed, invalid_frac=0.05)
+    dq, dw, dk = _poisoned(x["index_q"]), _poisoned(x["weights"]), _poisoned(x["index_k"])
+    ws = torch.empty(aot.dsa.indexer_backward_workspace_bytes(1, s_k, 128), dtype=torch.uint8, device=f"cuda:{dev}")
+    args = (dq, dw, dk, x["index_q"], x["weights"], x["index_k"], x["attn_score"], x["index_score"], x["topk_indices"], x["grad_loss"])
+    # attn_score is overwritten: each call gets a fresh copy (see _fresh)
+    return aot.dsa.indexer_backward_into, args, dict(sm_scale=0.7, loss_coeff=1.3, workspace=ws), (dq, dw, dk)
+
+
+def sparse_backward(dev, seed, s_q=64, s_kv=1024):
+    import aot.dsa
+
+    x = ref_sparse_attention.make_inputs(s_q, s_kv, 64, 512, 512, device=f"cuda:{dev}", seed=seed, invalid_frac=0.05)
+    dq, dkv, d_sink = _poisoned(x["q"]), _poisoned(x["kv"]), _poisoned(x["attn_sink"])
+    ws = torch.empty(aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, 512, 64), dtype=torch.uint8, device=f"cuda:{dev}")
+    args = (dq, dkv, d_sink, x["q"], x["kv"], x["out"], x["dout"], x["lse"], x["attn_sink"], x["topk_idxs"])
+    return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=x["softmax_scale"], workspace=ws), (dq, dkv, d_sink)
+
+
+OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward}
+
+
+def _call(fn, args, kw, stream=None):
+    """One call; the indexer's attn_score (overwritten by the op) restored from a copy first."""
+    if fn.__name__ == "indexer_backward_into":
+        args = list(args)
+        args[6] = args[6].clone()
+    fn(*args, **kw, **({"stream": stream} if stream is not None else {}))
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_32_threads_on_their_own_streams_match_a_single_threaded_run(op):
+    threads, calls = 32, 200
+    setups = [OPS[op](0, seed=100 + i) for i in range(threads)]
+    want = []
+    for fn, args, kw, outs in setups:
+        _call(fn, args, kw)
+        torch.cuda.synchronize()
+        want.append([o.clone() for o in outs])
+        for o in outs:
+            o.fill_(float("nan") if o.is_floating_point() else -1)
+    streams = [torch.cuda.Stream() for _ in range(threads)]
+    errors = []
+
+    def worker(i):
+        fn, args, kw, outs = setups[i]
+        try:
+            with torch.cuda.stream(streams[i]):
+                for _ in range(calls):
+                    _call(fn, args, kw, streams[i])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors[:3]
+    for i, (_, _, _, outs) in enumerate(setups):
+        for o, w in zip(outs, want[i]):
+            assert torch.equal(o, w), f"thread {i}: an output differs from its single-threaded run"
+
+
+needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (the nvidia-h200-x2 machine)")
+
+
+@needs_two
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("current, data", [(0, 1), (1, 0)])
+def test_an_op_runs_on_its_tensors_device_whatever_the_current_device(op, current, data):
+    fn, args, kw, outs = OPS[op](data, seed=7)
+    ref_fn, ref_args, ref_kw, ref_outs = OPS[op](data, seed=7)
+    with torch.cuda.device(data):
+        _call(ref_fn, ref_args, ref_kw)
+    torch.cuda.synchronize(data)
+    other = torch.full((1 << 20,), 7.0, device=f"cuda:{current}")
+    with torch.cuda.device(current):
+        assert torch.cuda.current_device() == current
+        _call(fn, args, kw)
+        assert torch.cuda.current_device() == current
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+    for o, w in zip(outs, ref_outs):
+        assert torch.equal(o, w)
+    assert bool((other == 7.0).all())
+
+
+@needs_two
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_a_stream_of_another_gpu_is_refused(op):
+    from aot.errors import InputError
+
+    fn, args, kw, outs = OPS[op](0, seed=3)
+    s1 = torch.cuda.Stream(device=1)
+    for stream in (s1, s1.cuda_stream):
+        with pytest.raises(InputError, match="cuda:1|not a stream of cuda:0"):
+            _call(fn, args, kw, stream)
+    torch.cuda.synchronize(0)
+    assert all(bool(torch.isnan(o).all()) if o.is_floating_point() else bool((o == -1).all()) for o in outs)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_the_first_call_inside_graph_capture_is_captured(op):
+    """Run in a fresh process: nothing of the build is loaded before the capture starts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"""
+import sys, torch
+sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[2])]!r}
+import test_runtime_safety as t
+import aot.runtime.index as ix
+fn, args, kw, outs = t.OPS[{op!r}](0, seed=11)
+ref = t.OPS[{op!r}](0, seed=11)
+assert not ix._INDEX or not ix._INDEX._loaded
+g = torch.cuda.CUDAGraph()
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    with torch.cuda.graph(g, stream=s):
+        t._call(fn, args, kw)
+torch.cuda.synchronize()
+t._call(*ref[:3])
+torch.cuda.synchronize()
+for o in outs:
+    o.fill_(float("nan") if o.is_floating_point() else -1)
+g.replay()
+torch.cuda.synchronize()
+assert all(torch.equal(o, w) for o, w in zip(outs, ref[3])), "replay differs from an eager run"
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+def test_2000_malformed_calls_change_nothing():
+    """Malformed variants of every op's valid call (as tests/unit/ops/test_fuzz.py on the CPU, here on
+    the GPU): each raises an aot.errors class; the poisoned outputs and the inputs stay as they were."""
+    from aot.errors import AotError
+
+    rng = random.Random(7)
+    bad_scalars = {"ratio": [3, 4.0, None], "coff": [3, 2.0], "sm_scale": [1e39, float("nan")], "loss_coeff": [float("inf")],
+                   "softmax_scale": [1e39, "x"], "deterministic": [2, "yes"], "workspace": ["ws"]}
+    counts = {}
+    for op, make in OPS.items():
+        fn, args, kw, outs = make(0, seed=5)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)] + [v for v in kw.values() if isinstance(v, torch.Tensor)]
+        before = [t.clone() for t in tensors]
+        for _ in range(500):
+            a, k = list(args), dict(kw)
+            what = rng.choice(["dtype", "cpu", "strides", "misaligned", "alias", "scalar", "stream"])
+            i = rng.randrange(len(a))
+            if what == "dtype":
+                a[i] = a[i].to(torch.float64 if a[i].dtype != torch.float64 else torch.float32)
+            elif what == "cpu":
+                a[i] = a[i].cpu()
+            elif what == "strides" and a[i].ndim >= 2 and a[i].shape[-1] > 1 and a[i].shape[-2] > 1:
+                a[i] = a[i].transpose(-1, -2)
+            elif what == "misaligned" and a[i].element_size() < 16:
+                flat = torch.empty(a[i].numel() + 1, dtype=a[i].dtype, device=a[i].device)[1:]
+                a[i] = flat.view(a[i].shape)
+            elif what == "alias" and i < len(outs):
+                a[i] = next(x for x in a[len(outs):] if isinstance(x, torch.Tensor))
+            elif what == "scalar" and set(bad_scalars) & set(k):
+                name = rng.choice(sorted(set(bad_scalars) & set(k)))
+                k[name] = rng.choice(bad_scalars[name])
+            else:
+                k["stream"] = rng.choice([-1, 2**64, "s0", 0xDEAD0])
+            if what == "misaligned" and fn.__name__ == "compressor_forward_into" and i in (4, 5):
+                continue  # cu_seqlens: 4-byte alignment is all they need
+            with pytest.raises(AotError) as raised:
+                fn(*a, **k)
+            counts[raised.type.__name__] = counts.get(raised.type.__name__, 0) + 1
+        torch.cuda.synchronize()
+        for t, b in zip(tensors, before):
+            assert torch.equal(t, b) or (t.is_floating_point() and torch.isnan(t).all() and torch.isnan(b).all()), f"{op}: a tensor changed"
+    assert sum(counts.values()) >= 1900, counts
+    assert set(counts) <= {"InputError", "KernelNotFoundError"}, counts
