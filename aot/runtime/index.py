@@ -31,8 +31,11 @@ _FIELDS = {"id": str, "family": str, "op": str, "key": dict, "arch": str, "cubin
 def _well_formed(e) -> bool:
     if not isinstance(e, dict) or any(not isinstance(e.get(k), t) for k, t in _FIELDS.items()):
         return False
-    try:
-        hash(_key(e["key"]))
+    derived = e.get("derived", ("schedule",))
+    if not isinstance(derived, list | tuple):
+        return False
+    try:  # the lookup key: the op's own fields (derived ones, such as a schedule list, are not looked up)
+        hash(_key(e["key"], derived))
     except TypeError:
         return False
     return "target" not in e or isinstance(e["target"], dict) and isinstance(e["target"].get("sm_count"), int)

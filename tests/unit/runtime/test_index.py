@@ -33,6 +33,15 @@ def test_lookup_ignores_what_the_spec_derived(packed):
     assert ix.target_sm_count("sm_100a") == 148
 
 
+def test_derived_fields_need_not_be_hashable(packed):
+    """A ratio-128 CSA entry's derived schedule is a list: the index loads, and the op's own fields find it."""
+    name = "csa_compressor.bwd_r128.default.coff2.d512.deterministic.ratio128.sm_100a"
+    ix = packed(name)
+    (e,) = ix.entries
+    assert isinstance(e["key"]["schedule"], list) and "schedule" in e["derived"]
+    assert ix.find("csa_compressor", "bwd_r128", {k: v for k, v in e["key"].items() if k not in e["derived"]}, "sm_100a") is e
+
+
 def test_a_debug_build_is_refused_unless_asked_for(one_entry_build, monkeypatch):
     """A build compiled with --debug-dump (keep/dump files on) is marked not for shipping."""
     import json
