@@ -3,16 +3,18 @@ allocation, and the host-argument forms of tensors the lifted launchers take."""
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
-
 from ..errors import InputError
+from ..runtime import device as _device, driver as _driver, index as _index_mod  # modules: they do nothing at import
 
 __all__ = [
-    "arch_of", "sm_count_of", "target_sm_count", "require", "launcher", "stream_handle", "check", "overlapping", "overlaps_rest", "misaligned", "input_error",
-    "alloc_on",
-    "signature", "tensor_args", "flat_args", "row_major", "cute_args", "memset0", "scalar_f32", "integer", "one_of", "flag", "lookup", "aliasing",
-    "allocate",
+    "arch_of", "sm_count_of", "target_sm_count", "require", "launcher", "lookup",  # devices and entries
+    "stream_handle", "alloc_on", "allocate", "memset0",  # streams and memory
+    "check", "scalar_f32", "integer", "one_of", "flag", "aliasing", "overlapping", "input_error",  # validation
+    "signature", "footprint", "recheck",  # the fast paths
+    "tensor_args", "flat_args", "row_major", "cute_args",  # host-function arguments
 ]  # fmt: skip
 
 
@@ -20,9 +22,7 @@ __all__ = [
 
 
 def _index():
-    from ..runtime.index import index
-
-    return index()
+    return _index_mod.index()
 
 
 def arch_of(dev: int) -> str:
@@ -31,9 +31,7 @@ def arch_of(dev: int) -> str:
 
 
 def sm_count_of(dev: int) -> int:
-    from ..runtime.device import device
-
-    return device(dev).sm_count
+    return _device.device(dev).sm_count
 
 
 def target_sm_count(arch: str) -> int:
@@ -78,7 +76,11 @@ def _stream_int(stream):
 
 def stream_handle(stream, dev: int) -> int:
     """The raw handle kernels go to: ``stream`` (checked: a stream of GPU ``dev``), or torch's current
-    stream of ``dev`` when None. InputError before anything runs otherwise."""
+    stream of ``dev`` when None. InputError before anything runs otherwise.
+
+    A raw handle's device is asked of the driver (cuStreamGetCtx), which trusts it to be a live stream,
+    as a launch on it would: on the H200 a made-up handle (0xdead0, 3) crashed the process there, while
+    2**64-1 came back CUDA_ERROR_INVALID_HANDLE. Range and type are checked here; liveness cannot be."""
     global _raw_stream
     if stream is None:
         if _raw_stream is None:
@@ -94,11 +96,12 @@ def stream_handle(stream, dev: int) -> int:
         if sdev != dev:
             raise input_error([f"stream: a stream of cuda:{sdev}, but the tensors are on cuda:{dev} (use a stream of cuda:{dev})"])
         return handle
-    from ..runtime.device import stream_on
-
-    if not stream_on(handle, dev):
+    if not _device.stream_on(handle, dev):
         raise input_error([f"stream=0x{handle:x}: not a stream of cuda:{dev}, the tensors' device (another device's stream, or not a live stream)"])
     return handle
+
+
+_NO_SWITCH = contextlib.nullcontext()
 
 
 def alloc_on(stream, dev: int):
@@ -112,8 +115,8 @@ def alloc_on(stream, dev: int):
     """
     import torch
 
-    if stream is None:
-        return torch.cuda.device(dev)
+    if stream is None:  # no device switch when the current device is already the tensors'
+        return _NO_SWITCH if torch.cuda.current_device() == dev else torch.cuda.device(dev)
     if isinstance(stream, torch.cuda.Stream):
         return torch.cuda.stream(stream)
     handle = _stream_int(stream)[0]
@@ -227,14 +230,34 @@ def _overlap(t, u) -> bool:
     return a0 < b0 + u.numel() * u.element_size() and b0 < a0 + t.numel() * t.element_size()
 
 
-def overlaps_rest(workspace, need, ts):
-    """Fast-path re-check: do the first ``need`` bytes of ``workspace`` (the last of ``ts``) overlap the others?"""
-    return bool(overlapping(workspace, need, ts[:-1]))
+def footprint(ts, writes, masks=None, sizes=None) -> tuple:
+    """What a cached validation keeps so that :func:`recheck` can redo the per-call checks on integers:
+    each tensor's byte size (None: 0; ``sizes`` {index: bytes} overrides, e.g. the workspace bytes
+    used), its alignment mask (default 15), the indices of the tensors the op writes."""
+    nbytes = [0 if t is None else t.numel() * t.element_size() for t in ts]
+    for i, n in (sizes or {}).items():
+        if ts[i] is not None:
+            nbytes[i] = n
+    return tuple(nbytes), tuple(masks or (15,) * len(ts)), tuple(writes)
 
 
-def misaligned(ts, mask=15):
-    """Whether any tensor of ``ts`` (None allowed) has a data pointer with a bit of ``mask`` set."""
-    return any(t is not None and t.data_ptr() & mask for t in ts)
+def recheck(ts, foot):
+    """The checks a call's signature does not prove, made per call on its data pointers: each aligned to
+    its mask, no written tensor overlapping another's bytes. The pointers when they pass, else None (the
+    full validation then runs and says what is wrong). ``foot``: from :func:`footprint` at validation."""
+    nbytes, masks, writes = foot
+    ptrs = [0 if t is None else t.data_ptr() for t in ts]
+    for p, m in zip(ptrs, masks):
+        if p & m:
+            return None
+    for i in writes:
+        a0, n = ptrs[i], nbytes[i]
+        if n:
+            a1 = a0 + n
+            for j, b0 in enumerate(ptrs):
+                if j != i and nbytes[j] and b0 < a1 and a0 < b0 + nbytes[j]:
+                    return None
+    return ptrs
 
 
 def input_error(problems):
@@ -289,12 +312,9 @@ def cute_args(ptr, shape, dynamic, fully_dynamic=False):
 
 def memset0(ptr, nbytes, stream, dev):
     """Zero ``nbytes`` at device address ``ptr`` of GPU ``dev`` on ``stream`` (32-bit words when they fit)."""
-    from ..runtime.device import on_device
-    from ..runtime.driver import check as ok, drv
-
     if nbytes:
-        d = drv()
-        with on_device(dev):
+        d, ok = _driver.drv(), _driver.check
+        with _device.on_device(dev):
             if nbytes % 4 == 0:
                 ok(d.cuMemsetD32Async(ptr, 0, nbytes // 4, stream), "cuMemsetD32Async")
             else:

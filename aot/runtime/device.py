@@ -133,7 +133,8 @@ DEFAULT_STREAMS = (0, 1, 2)
 
 def stream_on(handle: int, index: int) -> bool:
     """Whether raw stream ``handle`` can carry work for GPU ``index``: a default-stream handle, or a stream
-    of that device's primary context. False for a stream of another device or a handle the driver rejects."""
+    of that device's primary context. False for a stream of another device or a handle the driver rejects.
+    ``handle`` must be a live stream or a default-stream handle: the driver dereferences it."""
     if handle in DEFAULT_STREAMS:
         return True
     d = drv()

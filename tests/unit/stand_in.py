@@ -112,7 +112,11 @@ class Driver:
 
     def cuStreamGetCtx(self, stream):
         dev = self.streams.get(int(stream))
-        return (0, self.ctx_of(dev)) if dev is not None else (400, None)  # CUDA_ERROR_INVALID_HANDLE
+        if dev is not None:
+            return (0, self.ctx_of(dev))
+        # measured on the H200: 2**64-1 -> CUDA_ERROR_INVALID_HANDLE; a made-up handle (0xdead0) crashes the process
+        assert int(stream) == (1 << 64) - 1, f"cuStreamGetCtx({int(stream):#x}): the real driver would crash on a handle that is not a stream"
+        return (400, None)
 
     def _current_device(self):
         stack = self._stack()

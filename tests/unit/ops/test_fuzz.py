@@ -39,7 +39,7 @@ BAD = {
     "topk_length": ["x", [1], 3],
     "device": ["cuda:9", -1, "cpu", 1.5, [0], "gpu"],
 }
-BAD_STREAMS = [-1, 2**64, "s0", 3.5, [0], True, 0xDEAD0]
+BAD_STREAMS = [-1, 2**64, "s0", 3.5, [0], True, 2**64 - 1]  # 2**64-1: the real driver answers INVALID_HANDLE
 NO_MISALIGN = ("cu_seqlens", "cu_seqlens_comp", "lse")  # their required alignment is their element size
 
 

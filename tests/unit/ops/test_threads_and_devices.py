@@ -79,7 +79,7 @@ def test_a_stream_of_another_device_is_refused_before_anything_runs(env, family)
     before = [stand_in.contents(o) for o in outs]
     with pytest.raises(InputError, match="not a stream of cuda:0"):
         fn(*args, **kw)
-    kw["stream"] = 0xDEAD0  # not a stream the driver knows
+    kw["stream"] = 2**64 - 1  # a handle the driver answers CUDA_ERROR_INVALID_HANDLE for
     with pytest.raises(InputError, match="not a stream of cuda:0"):
         fn(*args, **kw)
     assert not env.launches and not env.memsets
