@@ -7,8 +7,8 @@ schedule functions on every build.
 from __future__ import annotations
 
 from ..policy import csa_compressor as policy
-from ._support import (aliasing, alloc_on, allocate, check, require, flag, input_error, integer, launcher, lookup, one_of, overlapping, signature, sm_count_of,
-                       stream_handle)
+from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, lookup, one_of, overlapping, recheck,
+                       require, signature, sm_count_of, stream_handle)
 from .outputs import Outputs
 
 __all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes"]
@@ -92,8 +92,8 @@ def _hint(ratio):
 # --- ops ---------------------------------------------------------------------------------------------
 
 # signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> what a repeated call needs:
-# it proves every check but the per-call ones (pointer alignment, aliasing of out with an input, the
-# stream), which the fast path makes again
+# it proves every check but the per-call ones (pointer alignment, out overlapping an input: recheck();
+# the stream), which the fast path makes again
 _FWD_FAST: dict = {}
 _FAST_MAX = 4096
 
@@ -106,18 +106,14 @@ def compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ra
     sig = signature((out, kv, score, ape, cu_seqlens, cu_seqlens_comp), (ratio, head_dim, coff))
     hit = lookup(_FWD_FAST, sig)
     if hit is not None:
-        p0, p1, p2, p3, p4, p5 = kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(), out.data_ptr()
-        if not ((p0 | p1 | p2 | p5) & 15 or (p3 | p4) & 3) and not _out_aliases(out, kv, score, ape, cu_seqlens, cu_seqlens_comp):
-            launch, total_comp, n_seq, dev = hit
+        ptrs = recheck((out, kv, score, ape, cu_seqlens, cu_seqlens_comp), hit[4])
+        if ptrs is not None:
+            launch, total_comp, n_seq, dev, _ = hit
             s = stream_handle(stream, dev)
             if launch is not None:
-                launch(p0, p1, p2, p3, p4, p5, total_comp, n_seq, s)
+                launch(*ptrs[1:], ptrs[0], total_comp, n_seq, s)
             return out
     return _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
-
-
-def _out_aliases(out, *inputs) -> bool:
-    return bool(aliasing((("out", out),), [("input", t) for t in inputs]))
 
 
 def _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream):
@@ -137,7 +133,8 @@ def _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ra
         launch(kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(), out.data_ptr(),
                total_comp, cu_seqlens.shape[0] - 1, s)
     if sig is not None and len(_FWD_FAST) < _FAST_MAX:
-        _FWD_FAST[sig] = (launch, total_comp, cu_seqlens.shape[0] - 1, dev)
+        foot = footprint((out, kv, score, ape, cu_seqlens, cu_seqlens_comp), writes=(0,), masks=(15, 15, 15, 15, 3, 3))
+        _FWD_FAST[sig] = (launch, total_comp, cu_seqlens.shape[0] - 1, dev, foot)
     return out
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, require, flat_args, input_error, integer, launcher, lookup, memset0,
-                       misaligned, one_of, overlapping, overlaps_rest, scalar_f32, signature, stream_handle, target_sm_count, tensor_args)
+from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, lookup, memset0,
+                       one_of, overlapping, recheck, require, scalar_f32, signature, stream_handle, target_sm_count, tensor_args)
 from .outputs import Outputs
 
 __all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes"]
@@ -57,6 +57,7 @@ class _Call:
     topk: int
     need: int
     kernels: dict | None  # role -> (op, key); None when nothing launches (no rows or no slots)
+    foot: tuple  # byte sizes, alignment masks and written tensors, for recheck()
 
 
 def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
@@ -100,14 +101,14 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
 
     ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
     # the signature proves every check but the per-call ones: the fp32 scalars' values, pointer
-    # alignment, the workspace and the outputs overlapping anything, the stream (made again below)
+    # alignment and the outputs and workspace overlapping anything (recheck), the stream (made again below)
     scalars = []
     scalar_f32(scalars, "sm_scale", sm_scale)
     scalar_f32(scalars, "loss_coeff", loss_coeff)
     sig = signature(ts, (block_I, backend, deterministic, deterministic_dk_planes, topk_indices_global,
                          backend == "sm100_v2" and not scalars and float(sm_scale) > 0.0))
     call = lookup(_VALIDATED, sig)
-    if call is None or scalars or misaligned(ts) or (call.need and overlaps_rest(workspace, call.need, ts)) or _outputs_alias(ts):
+    if call is None or scalars or recheck(ts, call.foot) is None:
         call = _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
                          sm_scale, loss_coeff, block_I, topk_indices_global, backend, workspace, deterministic, deterministic_dk_planes)
         if sig is not None and len(_VALIDATED) < 4096:
@@ -191,13 +192,8 @@ def _cast_into(d_index_k, workspace, shape, stream, dev, offset=0):
         d_index_k.copy_(acc)
 
 
-def _outputs_alias(ts) -> bool:
-    """Fast-path re-check: does a tensor the op writes (the three outputs, attn_score) overlap another tensor it reads or writes?"""
-    return bool(aliasing(tuple(("o", t) for t in (*ts[:3], ts[6])), tuple(("i", t) for t in (*ts[3:6], *ts[7:10]))))
-
-
 # signature (shapes, dtypes, devices, contiguity, options) -> validated plan: a repeated call skips the
-# full validation; pointer alignment, workspace overlap and output aliasing are re-checked per call.
+# full validation; pointer alignment, workspace overlap and output aliasing are re-checked per call (recheck).
 _VALIDATED: dict = {}
 
 
@@ -314,4 +310,7 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
                               ("topk_indices", topk_indices), ("grad_loss", grad_loss)))  # None: allocated, aliases nothing
     if problems:
         raise input_error(problems)
-    return _Call(dev, arch, b, s_q, s_k, h, d, topk, need, ks)
+    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
+    # written: the three outputs, attn_score (the score-grad signal) and the workspace bytes used
+    foot = footprint(ts, writes=(0, 1, 2, 6, 10), masks=(15,) * 10 + ((15,) if need else (0,)), sizes={10: need})
+    return _Call(dev, arch, b, s_q, s_k, h, d, topk, need, ks, foot)

@@ -15,8 +15,9 @@ from ..errors import InputError
 from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, require, cute_args, flag, flat_args, input_error, integer, launcher, lookup, memset0,
-                       misaligned, one_of, overlapping, overlaps_rest, scalar_f32, signature, sm_count_of, stream_handle, target_sm_count, tensor_args)
+from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, lookup,
+                       memset0, one_of, overlapping, recheck, require, scalar_f32, signature, sm_count_of, stream_handle, target_sm_count,
+                       tensor_args)
 from .outputs import Outputs
 
 __all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes"]
@@ -51,7 +52,8 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
 @dataclass(frozen=True)
 class _Call:
     """What validating one call proved: device, arch, extents, the workspace bytes it needs, the entries
-    that serve it, and the pointer-alignment masks the fast path re-checks (lse; workspace)."""
+    that serve it, and what recheck() needs (byte sizes, alignment masks: lse 4 on SM90, 8 on SM100;
+    workspace 32 for the deterministic D576 layout)."""
 
     dev: int
     arch: str
@@ -62,8 +64,7 @@ class _Call:
     topk: int
     need: int
     kernels: dict
-    lse_mask: int
-    ws_mask: int
+    foot: tuple
 
 
 def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None,
@@ -102,16 +103,14 @@ def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_
     """``sparse_attention_backward`` into caller-provided ``dq``, ``dkv``, ``d_sink`` and ``workspace``
     (capture-safe from the first call, see aot.runtime; allocates nothing). Returns (dq, dkv, d_sink)."""
     ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
-    # the signature proves every check but the per-call ones: the scale's value, pointer alignment (lse:
-    # 4 on SM90, 8 on SM100; workspace: 32 for the deterministic D576 layout), the workspace and the
-    # outputs overlapping anything, the stream (made again below)
+    # the signature proves every check but the per-call ones: the scale's value, pointer alignment and
+    # the outputs and workspace overlapping anything (recheck), the stream (made again below)
     scalars = []
     if softmax_scale is not None:
         scalar_f32(scalars, "softmax_scale", softmax_scale)
     sig = signature(ts, (block_tile, deterministic, q_cluster_mode))
     call = lookup(_VALIDATED, sig)
-    if (call is None or scalars or misaligned(ts[:7] + ts[8:]) or lse.data_ptr() & call.lse_mask or workspace.data_ptr() & call.ws_mask
-            or overlaps_rest(workspace, call.need, ts) or _outputs_alias(ts)):
+    if call is None or scalars or recheck(ts, call.foot) is None:
         call = _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic,
                          workspace, q_cluster_mode)
         if sig is not None and len(_VALIDATED) < 4096:
@@ -187,11 +186,6 @@ def _sm100_call(op_key, dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_
 
 # signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> the validated _Call
 _VALIDATED: dict = {}
-
-
-def _outputs_alias(ts) -> bool:
-    """Fast-path re-check: does an output (the first three of ``ts``) overlap another output or an input?"""
-    return bool(aliasing(tuple(("o", t) for t in ts[:3]), tuple(("i", t) for t in ts[3:11])))
 
 
 def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic, workspace,
@@ -271,4 +265,7 @@ def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk
                                                                             ("attn_sink", attn_sink), ("topk_idxs", topk_idxs), ("topk_length", topk_length)))
     if problems:
         raise input_error(problems)
-    return _Call(dev, arch, s_q, s_kv, h, d, topk, need, ks, 7 if sm100 else 3, ws_align - 1)
+    ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
+    masks = (15,) * 7 + ((7 if sm100 else 3),) + (15, 15) + ((3 if sm100 else 15), ws_align - 1)  # as checked above
+    foot = footprint(ts, writes=(0, 1, 2, 11), masks=masks, sizes={11: need})
+    return _Call(dev, arch, s_q, s_kv, h, d, topk, need, ks, foot)

@@ -146,6 +146,7 @@ class LoadedEntry:
         self._get_ctx, self._push, self._pop = d.cuCtxGetCurrent, d.cuCtxPushCurrent, d.cuCtxPopCurrent
         self._lock = threading.Lock()
         self._last_args = self._last_seq = None
+        self._prepared = None  # the last Prepared (read without the lock: replaced whole, never changed)
         self._loops = bool(getattr(mod, "LOOPS", False))
         self._lifted = mod.launch
         self.load_ms = (time.perf_counter() - t0) * 1e3
@@ -203,19 +204,24 @@ class LoadedEntry:
 
     def prepare(self, *args) -> "Prepared":
         """Check a call and keep its launches' bytes, launching nothing: an op that runs several entries
-        (and memsets) prepares them all before it changes anything, then fires them in order."""
+        (and memsets) prepares them all before it changes anything, then fires them in order. The last
+        prepared call is kept (its bytes are immutable): the same arguments again skip the lifted code."""
+        hit = self._prepared
+        if hit is not None and hit.args == args:
+            return hit
         with self._lock:
             self._last_args = None  # the buffers are about to hold this call's bytes, not the cached call's
-            return Prepared(self, self._fill(args, True))
+            p = self._prepared = Prepared(self, self._fill(args, True), args)
+            return p
 
 
 class Prepared:
     """The launches of one call of an entry, checked and with their bytes: ``fire()`` sends them."""
 
-    __slots__ = ("entry", "seq")
+    __slots__ = ("entry", "seq", "args")
 
-    def __init__(self, entry: LoadedEntry, seq: list):
-        self.entry, self.seq = entry, seq
+    def __init__(self, entry: LoadedEntry, seq: list, args: tuple):
+        self.entry, self.seq, self.args = entry, seq, args
 
     def fire(self) -> None:
         le = self.entry
