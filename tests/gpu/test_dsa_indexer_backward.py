@@ -206,14 +206,16 @@ def test_stream_helper_names_the_launch_stream():
     from aot.ops._support import alloc_on as _alloc_on
 
     side = torch.cuda.Stream()
-    with _alloc_on(0):
+    with _alloc_on(0, 0):
         assert torch.cuda.current_stream().cuda_stream == 0
     with torch.cuda.stream(side):
-        with _alloc_on(0):
+        with _alloc_on(0, 0):
             assert torch.cuda.current_stream().cuda_stream == 0
-        with _alloc_on(side.cuda_stream):
+        with _alloc_on(side.cuda_stream, 0):
             assert torch.cuda.current_stream().cuda_stream == side.cuda_stream
-    with _alloc_on(side):
+        with _alloc_on(None, 0):  # None: torch's current stream of the device, where the kernels went
+            assert torch.cuda.current_stream().cuda_stream == side.cuda_stream
+    with _alloc_on(side, 0):
         assert torch.cuda.current_stream().cuda_stream == side.cuda_stream
 
 

@@ -1,7 +1,10 @@
 """The runtime as serving engines and training loops use it, on the GPU (the shipped sm_90a entries):
 
 * 32 threads x 200 calls of each op, each thread on its own stream with its own inputs and outputs:
-  every output bitwise equal to a single-threaded run of the same inputs.
+  every output equal to a single-threaded run of the same inputs: bitwise where the kernels have one
+  writer per element, within 1e-2 relative (l2) where upstream accumulates with fp32 atomics (indexer
+  dW and dK, sparse attention dKV and d_sink), whose order changes from run to run. A call carrying
+  another thread's bytes gives an O(1) error either way (each thread has its own random inputs).
 * Several GPUs (skipped with one): an op on cuda:1 tensors with the current device 0, and the reverse,
   gives the single-GPU result and leaves the other GPU's memory alone; a stream of GPU 1 with tensors
   on GPU 0 is refused.
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 import threading
 
@@ -27,6 +31,14 @@ import ref_sparse_attention  # noqa: E402
 from refutil import generator  # noqa: E402
 
 
+def same(o, w, exact):
+    """``o`` equal to ``w``: bitwise, or (atomics) finite and within 1e-2 relative l2."""
+    if exact:
+        return torch.equal(o, w)
+    o64, w64 = o.double(), w.double()
+    return bool(torch.isfinite(o64).all()) and float((o64 - w64).norm()) <= 1e-2 * float(w64.norm())
+
+
 def _poisoned(t):
     return torch.full_like(t, float("nan")) if t.is_floating_point() else torch.full_like(t, -1)
 
@@ -38,7 +50,7 @@ def csa_forward(dev, seed, nb=300):
     x = ref_csa.random_inputs(cu, cuc, 4, 2, 128, generator(seed), device=f"cuda:{dev}")
     out = torch.full((x["total_comp"], 128), float("nan"), dtype=torch.bfloat16, device=f"cuda:{dev}")
     args = (out, x["kv"], x["score"], x["ape"], x["cu_seqlens"], x["cu_seqlens_comp"])
-    return aot.csa.compressor_forward_into, args, dict(ratio=4, coff=2), (out,)
+    return aot.csa.compressor_forward_into, args, dict(ratio=4, coff=2), (out,), (True,)
 
 
 def csa_backward(dev, seed, nb=300):
@@ -49,7 +61,7 @@ def csa_backward(dev, seed, nb=300):
     gkv, gs, gape = _poisoned(x["kv"]), _poisoned(x["score"]), _poisoned(x["ape"])
     ws = torch.empty(aot.csa.backward_workspace_bytes(x["total_comp"], 4, 128, 2, dev), dtype=torch.uint8, device=f"cuda:{dev}")
     args = (gkv, gs, gape, x["kv"], x["score"], x["ape"], x["cu_seqlens"], x["cu_seqlens_comp"], x["grad_out"])
-    return aot.csa.compressor_backward_into, args, dict(ratio=4, coff=2, deterministic=True, workspace=ws), (gkv, gs, gape)
+    return aot.csa.compressor_backward_into, args, dict(ratio=4, coff=2, deterministic=True, workspace=ws), (gkv, gs, gape), (True, True, True)
 
 
 def indexer_backward(dev, seed, s_q=64, s_k=1024):
@@ -60,7 +72,7 @@ def indexer_backward(dev, seed, s_q=64, s_k=1024):
     ws = torch.empty(aot.dsa.indexer_backward_workspace_bytes(1, s_k, 128), dtype=torch.uint8, device=f"cuda:{dev}")
     args = (dq, dw, dk, x["index_q"], x["weights"], x["index_k"], x["attn_score"], x["index_score"], x["topk_indices"], x["grad_loss"])
     # attn_score is overwritten: each call gets a fresh copy (see _fresh)
-    return aot.dsa.indexer_backward_into, args, dict(sm_scale=0.7, loss_coeff=1.3, workspace=ws), (dq, dw, dk)
+    return aot.dsa.indexer_backward_into, args, dict(sm_scale=0.7, loss_coeff=1.3, workspace=ws), (dq, dw, dk), (True, False, False)
 
 
 def sparse_backward(dev, seed, s_q=64, s_kv=1024):
@@ -70,7 +82,7 @@ def sparse_backward(dev, seed, s_q=64, s_kv=1024):
     dq, dkv, d_sink = _poisoned(x["q"]), _poisoned(x["kv"]), _poisoned(x["attn_sink"])
     ws = torch.empty(aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, 512, 64), dtype=torch.uint8, device=f"cuda:{dev}")
     args = (dq, dkv, d_sink, x["q"], x["kv"], x["out"], x["dout"], x["lse"], x["attn_sink"], x["topk_idxs"])
-    return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=x["softmax_scale"], workspace=ws), (dq, dkv, d_sink)
+    return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=x["softmax_scale"], workspace=ws), (dq, dkv, d_sink), (True, False, False)
 
 
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward}
@@ -89,7 +101,7 @@ def test_32_threads_on_their_own_streams_match_a_single_threaded_run(op):
     threads, calls = 32, 200
     setups = [OPS[op](0, seed=100 + i) for i in range(threads)]
     want = []
-    for fn, args, kw, outs in setups:
+    for fn, args, kw, outs, _ in setups:
         _call(fn, args, kw)
         torch.cuda.synchronize()
         want.append([o.clone() for o in outs])
@@ -99,7 +111,7 @@ def test_32_threads_on_their_own_streams_match_a_single_threaded_run(op):
     errors = []
 
     def worker(i):
-        fn, args, kw, outs = setups[i]
+        fn, args, kw, outs, _ = setups[i]
         try:
             with torch.cuda.stream(streams[i]):
                 for _ in range(calls):
@@ -114,9 +126,9 @@ def test_32_threads_on_their_own_streams_match_a_single_threaded_run(op):
         t.join()
     torch.cuda.synchronize()
     assert not errors, errors[:3]
-    for i, (_, _, _, outs) in enumerate(setups):
-        for o, w in zip(outs, want[i]):
-            assert torch.equal(o, w), f"thread {i}: an output differs from its single-threaded run"
+    for i, (_, _, _, outs, exact) in enumerate(setups):
+        for j, (o, w, e) in enumerate(zip(outs, want[i], exact)):
+            assert same(o, w, e), f"thread {i}: output {j} differs from its single-threaded run"
 
 
 needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (the nvidia-h200-x2 machine)")
@@ -126,8 +138,8 @@ needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two 
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize("current, data", [(0, 1), (1, 0)])
 def test_an_op_runs_on_its_tensors_device_whatever_the_current_device(op, current, data):
-    fn, args, kw, outs = OPS[op](data, seed=7)
-    ref_fn, ref_args, ref_kw, ref_outs = OPS[op](data, seed=7)
+    fn, args, kw, outs, exact = OPS[op](data, seed=7)
+    ref_fn, ref_args, ref_kw, ref_outs, _ = OPS[op](data, seed=7)
     with torch.cuda.device(data):
         _call(ref_fn, ref_args, ref_kw)
     torch.cuda.synchronize(data)
@@ -138,8 +150,8 @@ def test_an_op_runs_on_its_tensors_device_whatever_the_current_device(op, curren
         assert torch.cuda.current_device() == current
     for d in (0, 1):
         torch.cuda.synchronize(d)
-    for o, w in zip(outs, ref_outs):
-        assert torch.equal(o, w)
+    for o, w, e in zip(outs, ref_outs, exact):
+        assert same(o, w, e)
     assert bool((other == 7.0).all())
 
 
@@ -148,7 +160,7 @@ def test_an_op_runs_on_its_tensors_device_whatever_the_current_device(op, curren
 def test_a_stream_of_another_gpu_is_refused(op):
     from aot.errors import InputError
 
-    fn, args, kw, outs = OPS[op](0, seed=3)
+    fn, args, kw, outs, _ = OPS[op](0, seed=3)
     s1 = torch.cuda.Stream(device=1)
     for stream in (s1, s1.cuda_stream):
         with pytest.raises(InputError, match="cuda:1|not a stream of cuda:0"):
@@ -169,7 +181,7 @@ import sys, torch
 sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[2])]!r}
 import test_runtime_safety as t
 import aot.runtime.index as ix
-fn, args, kw, outs = t.OPS[{op!r}](0, seed=11)
+fn, args, kw, outs, exact = t.OPS[{op!r}](0, seed=11)
 ref = t.OPS[{op!r}](0, seed=11)
 assert not ix._INDEX or not ix._INDEX._loaded
 g = torch.cuda.CUDAGraph()
@@ -185,7 +197,7 @@ for o in outs:
     o.fill_(float("nan") if o.is_floating_point() else -1)
 g.replay()
 torch.cuda.synchronize()
-assert all(torch.equal(o, w) for o, w in zip(outs, ref[3])), "replay differs from an eager run"
+assert all(t.same(o, w, e) for o, w, e in zip(outs, ref[3], exact)), "replay differs from an eager run"
 print("ok")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -202,7 +214,8 @@ def test_2000_malformed_calls_change_nothing():
                    "softmax_scale": [1e39, "x"], "deterministic": [2, "yes"], "workspace": ["ws"]}
     counts = {}
     for op, make in OPS.items():
-        fn, args, kw, outs = make(0, seed=5)
+        fn, args, kw, outs, _ = make(0, seed=5)
+        names = list(inspect.signature(fn).parameters)
         tensors = [a for a in args if isinstance(a, torch.Tensor)] + [v for v in kw.values() if isinstance(v, torch.Tensor)]
         before = [t.clone() for t in tensors]
         for _ in range(500):
@@ -215,18 +228,18 @@ def test_2000_malformed_calls_change_nothing():
                 a[i] = a[i].cpu()
             elif what == "strides" and a[i].ndim >= 2 and a[i].shape[-1] > 1 and a[i].shape[-2] > 1:
                 a[i] = a[i].transpose(-1, -2)
-            elif what == "misaligned" and a[i].element_size() < 16:
+            elif what == "misaligned" and a[i].element_size() < 16 and names[i] not in ("cu_seqlens", "cu_seqlens_comp", "lse"):
+                # (those three need only their element's alignment); the same values, so that a call
+                # wrongly accepted computes rather than faulting on garbage
                 flat = torch.empty(a[i].numel() + 1, dtype=a[i].dtype, device=a[i].device)[1:]
-                a[i] = flat.view(a[i].shape)
+                a[i] = flat.view(a[i].shape).copy_(a[i])
             elif what == "alias" and i < len(outs):
                 a[i] = next(x for x in a[len(outs):] if isinstance(x, torch.Tensor))
             elif what == "scalar" and set(bad_scalars) & set(k):
                 name = rng.choice(sorted(set(bad_scalars) & set(k)))
                 k[name] = rng.choice(bad_scalars[name])
             else:
-                k["stream"] = rng.choice([-1, 2**64, "s0", 0xDEAD0])
-            if what == "misaligned" and fn.__name__ == "compressor_forward_into" and i in (4, 5):
-                continue  # cu_seqlens: 4-byte alignment is all they need
+                k["stream"] = rng.choice([-1, 2**64, "s0", 3.5, 2**64 - 1])  # a made-up live-looking handle crashes the driver itself
             with pytest.raises(AotError) as raised:
                 fn(*a, **k)
             counts[raised.type.__name__] = counts.get(raised.type.__name__, 0) + 1
