@@ -14,6 +14,7 @@ __all__ = [
     "stream_handle", "alloc_on", "allocate", "memset0",  # streams and memory
     "check", "scalar_f32", "integer", "one_of", "flag", "aliasing", "overlapping", "input_error",  # validation
     "signature", "footprint", "recheck",  # the fast paths
+    "writes_only",  # torch.library fakes
     "tensor_args", "flat_args", "row_major", "cute_args",  # host-function arguments
 ]  # fmt: skip
 
@@ -136,6 +137,8 @@ _FLT_MAX = 3.4028234663852886e38
 def scalar_f32(problems, name, v, positive=False) -> float:
     """``v`` as the fp32 scalar a kernel receives: a real number, finite and representable in fp32
     (and > 0 with ``positive``); appends the problem otherwise (and returns 0.0)."""
+    if type(v) is float and -_FLT_MAX <= v <= _FLT_MAX and (v > 0.0 or not positive):  # the common case, without the ABC check
+        return v
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         problems.append(f"{name}={v!r} (expected a real number)")
         return 0.0
@@ -230,23 +233,30 @@ def _overlap(t, u) -> bool:
     return a0 < b0 + u.numel() * u.element_size() and b0 < a0 + t.numel() * t.element_size()
 
 
-def footprint(ts, writes, masks=None, sizes=None) -> tuple:
+def footprint(ts, writes, masks=None, sizes=None) -> list:
     """What a cached validation keeps so that :func:`recheck` can redo the per-call checks on integers:
     each tensor's byte size (None: 0; ``sizes`` {index: bytes} overrides, e.g. the workspace bytes
-    used), its alignment mask (default 15), the indices of the tensors the op writes."""
+    used), its alignment mask (default 15), the indices of the tensors the op writes, and the last
+    pointers that passed (the validated call's own)."""
     nbytes = [0 if t is None else t.numel() * t.element_size() for t in ts]
     for i, n in (sizes or {}).items():
         if ts[i] is not None:
             nbytes[i] = n
-    return tuple(nbytes), tuple(masks or (15,) * len(ts)), tuple(writes)
+    return [tuple(nbytes), tuple(masks or (15,) * len(ts)), tuple(writes), tuple(0 if t is None else t.data_ptr() for t in ts)]
 
 
 def recheck(ts, foot):
     """The checks a call's signature does not prove, made per call on its data pointers: each aligned to
     its mask, no written tensor overlapping another's bytes. The pointers when they pass, else None (the
-    full validation then runs and says what is wrong). ``foot``: from :func:`footprint` at validation."""
-    nbytes, masks, writes = foot
-    ptrs = [0 if t is None else t.data_ptr() for t in ts]
+    full validation then runs and says what is wrong). ``foot``: from :func:`footprint` at validation.
+
+    The same pointers as the last call that passed (a training loop's usual case) pass at once: sizes,
+    masks and pointers are all the checks read. Threads may race on that memo; it only ever holds a
+    tuple that passed."""
+    nbytes, masks, writes, last = foot
+    ptrs = tuple([0 if t is None else t.data_ptr() for t in ts])
+    if ptrs == last:
+        return ptrs
     for p, m in zip(ptrs, masks):
         if p & m:
             return None
@@ -257,6 +267,7 @@ def recheck(ts, foot):
             for j, b0 in enumerate(ptrs):
                 if j != i and nbytes[j] and b0 < a1 and a0 < b0 + nbytes[j]:
                     return None
+    foot[3] = ptrs
     return ptrs
 
 
@@ -313,12 +324,15 @@ def cute_args(ptr, shape, dynamic, fully_dynamic=False):
 def memset0(ptr, nbytes, stream, dev):
     """Zero ``nbytes`` at device address ``ptr`` of GPU ``dev`` on ``stream`` (32-bit words when they fit)."""
     if nbytes:
-        d, ok = _driver.drv(), _driver.check
-        with _device.on_device(dev):
-            if nbytes % 4 == 0:
-                ok(d.cuMemsetD32Async(ptr, 0, nbytes // 4, stream), "cuMemsetD32Async")
-            else:
-                ok(d.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async")
+        d = _driver.drv()
+        pushed = _device.push_if_needed(dev)
+        try:
+            err = (d.cuMemsetD32Async(ptr, 0, nbytes // 4, stream) if nbytes % 4 == 0 else d.cuMemsetD8Async(ptr, 0, nbytes, stream))[0]
+            if err:
+                _driver.check((err,), "cuMemsetD32Async" if nbytes % 4 == 0 else "cuMemsetD8Async")
+        finally:
+            if pushed:
+                d.cuCtxPopCurrent()
 
 
 def allocate(fn):
@@ -332,3 +346,8 @@ def allocate(fn):
 
         raise OutOfMemoryError(f"allocating the op's outputs or workspace failed ({str(e).splitlines()[0][:200]}); nothing was launched. "
                                f"Pass preallocated outputs to the *_into form, or free memory") from None
+
+
+def writes_only(*args, **kwargs):
+    """The torch.library fake of an ``_into`` op: it returns nothing (its schema marks what it writes)."""
+    return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, lookup, memset0,
-                       one_of, overlapping, recheck, require, scalar_f32, signature, stream_handle, target_sm_count, tensor_args)
+                       one_of, overlapping, recheck, require, scalar_f32, signature, stream_handle, target_sm_count, tensor_args, writes_only)
 from .outputs import Outputs
 
 __all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes"]
@@ -57,7 +57,7 @@ class _Call:
     topk: int
     need: int
     kernels: dict | None  # role -> (op, key); None when nothing launches (no rows or no slots)
-    foot: tuple  # byte sizes, alignment masks and written tensors, for recheck()
+    foot: list  # byte sizes, alignment masks, written tensors, last pointers that passed: for recheck()
 
 
 def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
@@ -314,3 +314,35 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
     # written: the three outputs, attn_score (the score-grad signal) and the workspace bytes used
     foot = footprint(ts, writes=(0, 1, 2, 6, 10), masks=(15,) * 10 + ((15,) if need else (0,)), sizes={10: need})
     return _Call(dev, arch, b, s_q, s_k, h, d, topk, need, ks, foot)
+
+
+# --- torch.library (aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
+# On torch's current stream. attn_score is overwritten with the score-grad signal: annotated as mutated.
+
+
+def _t_backward(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
+                topk_indices_global=False, backend="default", deterministic=False, deterministic_dk_planes=DEFAULT_PLANES):
+    return tuple(indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale, loss_coeff, block_I,
+                                  topk_indices_global, backend=backend, deterministic=deterministic, deterministic_dk_planes=deterministic_dk_planes))
+
+
+def _f_backward(index_q, weights, index_k, *args, **kwargs):
+    return index_q.new_empty(index_q.shape), weights.new_empty(weights.shape), index_k.new_empty(index_k.shape)
+
+
+def _t_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0,
+                     loss_coeff=1.0, block_I=128, topk_indices_global=False, backend="default", workspace=None, deterministic=False,
+                     deterministic_dk_planes=DEFAULT_PLANES):
+    indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale,
+                          loss_coeff, block_I, topk_indices_global, backend=backend, workspace=workspace, deterministic=deterministic,
+                          deterministic_dk_planes=deterministic_dk_planes)
+
+
+_IN = "Tensor index_q, Tensor weights, Tensor index_k, Tensor(a!) attn_score, Tensor index_score, Tensor topk_indices, Tensor grad_loss"
+_OPTS = ("float sm_scale=1.0, float loss_coeff=1.0, int block_I=128, bool topk_indices_global=False, str backend=\"default\"")
+_DET = f"bool deterministic=False, int deterministic_dk_planes={DEFAULT_PLANES}"
+TORCH_OPS = {
+    "dsa_indexer_backward": (f"({_IN}, {_OPTS}, {_DET}) -> (Tensor, Tensor, Tensor)", _t_backward, _f_backward),
+    "dsa_indexer_backward_into": (f"(Tensor(b!) d_index_q, Tensor(c!) d_weights, Tensor(d!) d_index_k, {_IN}, {_OPTS}, Tensor(e!)? workspace=None, "
+                                  f"{_DET}) -> ()", _t_backward_into, writes_only),
+}  # fmt: skip

@@ -17,7 +17,7 @@ from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, lookup,
                        memset0, one_of, overlapping, recheck, require, scalar_f32, signature, sm_count_of, stream_handle, target_sm_count,
-                       tensor_args)
+                       tensor_args, writes_only)
 from .outputs import Outputs
 
 __all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes"]
@@ -64,7 +64,7 @@ class _Call:
     topk: int
     need: int
     kernels: dict
-    foot: tuple
+    foot: list  # for recheck()
 
 
 def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None,
@@ -269,3 +269,32 @@ def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk
     masks = (15,) * 7 + ((7 if sm100 else 3),) + (15, 15) + ((3 if sm100 else 15), ws_align - 1)  # as checked above
     foot = footprint(ts, writes=(0, 1, 2, 11), masks=masks, sizes={11: need})
     return _Call(dev, arch, s_q, s_kv, h, d, topk, need, ks, foot)
+
+
+# --- torch.library (aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
+# On torch's current stream.
+
+
+def _t_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, block_tile=64, deterministic=False,
+                q_cluster_mode="off"):
+    return tuple(sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile=block_tile,
+                                           deterministic=deterministic, q_cluster_mode=q_cluster_mode))
+
+
+def _f_backward(q, kv, out, dout, lse, attn_sink, *args, **kwargs):
+    return q.new_empty(q.shape), kv.new_empty(kv.shape), attn_sink.new_empty(attn_sink.shape)
+
+
+def _t_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, workspace, softmax_scale=None, topk_length=None, block_tile=64,
+                     deterministic=False, q_cluster_mode="off"):
+    sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile,
+                                   deterministic, None, workspace, q_cluster_mode)
+
+
+_IN = "Tensor q, Tensor kv, Tensor out, Tensor dout, Tensor lse, Tensor attn_sink, Tensor topk_idxs"
+_OPTS = "float? softmax_scale=None, Tensor? topk_length=None, int block_tile=64, bool deterministic=False, str q_cluster_mode=\"off\""
+TORCH_OPS = {
+    "dsa_sparse_attention_backward": (f"({_IN}, {_OPTS}) -> (Tensor, Tensor, Tensor)", _t_backward, _f_backward),
+    "dsa_sparse_attention_backward_into": (f"(Tensor(a!) dq, Tensor(b!) dkv, Tensor(c!) d_sink, {_IN}, Tensor(d!) workspace, {_OPTS}) -> ()",
+                                           _t_backward_into, writes_only),
+}  # fmt: skip

@@ -105,6 +105,19 @@ def primary_context(index: int):
     return ctx
 
 
+def push_if_needed(index: int) -> bool:
+    """Make GPU ``index``'s primary context current in this thread if another is; True when it was
+    pushed (the caller pops it: ``cuCtxPopCurrent``). The cheap form of :class:`on_device` for hot paths."""
+    ctx = _CTX.get(index)
+    if ctx is None:
+        ctx = primary_context(index)
+    d = drv()
+    if int(d.cuCtxGetCurrent()[1]) == int(ctx):
+        return False
+    check(d.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    return True
+
+
 class on_device:
     """Make GPU ``index``'s primary context current in this thread for a block (pushed only when another is)."""
 
