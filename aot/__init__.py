@@ -3,7 +3,8 @@
 Importing ``aot`` does nothing but define names: ops load their cubins on first use (or at
 ``aot.runtime.preload()``). ``aot.csa`` holds the CSA compressor ops, ``aot.dsa`` the DeepSeek sparse
 attention ops, ``aot.errors`` the exceptions (one root, :class:`aot.errors.AotError`), ``aot.policy``
-the pure upstream rules both the build and the ops follow.
+the pure upstream rules both the build and the ops follow; ``import aot.library`` registers the ops
+as ``torch.ops.dsa_aot.*``.
 
 Layout by when code runs: ``aot.policy`` (pure), ``aot.ops`` and ``aot.runtime`` (run time),
 ``aot.toolchain`` (build time; in a source checkout only, the wheel does not ship it).
@@ -11,7 +12,7 @@ Layout by when code runs: ``aot.policy`` (pure), ``aot.ops`` and ``aot.runtime``
 
 __version__ = "0.1.0"
 
-__all__ = ["csa", "dsa", "runtime", "errors", "policy"]
+__all__ = ["csa", "dsa", "runtime", "errors", "policy", "library"]
 
 
 def __getattr__(name):

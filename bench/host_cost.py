@@ -7,7 +7,8 @@ Each (tree, op) runs in its own subprocess (the toolchain blocked), the trees in
 ``--rounds`` rounds so that drift on a shared machine hits both alike. A call is timed alone with
 perf_counter_ns: it only enqueues work; the device is synchronised every 20 calls, outside the timing,
 so the launch queue never fills. The median per call over all rounds is printed, and the ratio of the
-two trees. With 8 threads (this tree only; an older runtime may mix up concurrent calls): the wall
+two trees. Through ``torch.ops.dsa_aot`` (this tree only): the same call through the dispatcher.
+With 8 threads (this tree only; an older runtime may mix up concurrent calls): the wall
 time of 8 x ``--calls`` calls on 8 streams divided by the number of calls.
 
 Shapes: the CSA forward of bench/csa_compressor.py (ratio 128, coff 2, d 128, 1 x 8192 tokens) and the
@@ -45,6 +46,10 @@ def csa_inputs(seed):
     cu = torch.tensor([0, seqlen], device=dev, dtype=torch.int32)
     cuc = torch.tensor([0, seqlen // ratio], device=dev, dtype=torch.int32)
     out = torch.empty(seqlen // ratio, d, device=dev, dtype=torch.bfloat16)
+    if VIA == "torch.ops":
+        import aot.library
+        op = torch.ops.dsa_aot.csa_compressor_forward_into
+        return lambda stream=None: op(out, kv, score, ape, cu, cuc, ratio, coff)
     import aot.csa
     return lambda stream=None: aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff, stream=stream)
 
@@ -60,6 +65,10 @@ def indexer_inputs(seed):
     gl = torch.ones(1, device=dev)
     dq, dw, dk = torch.empty_like(q), torch.empty_like(w), torch.empty_like(k)
     ws = torch.empty(B * S_k * D * 4, dtype=torch.uint8, device=dev)
+    if VIA == "torch.ops":
+        import aot.library
+        op = torch.ops.dsa_aot.dsa_indexer_backward_into
+        return lambda stream=None: op(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, workspace=ws)
     import aot.dsa
     return lambda stream=None: aot.dsa.indexer_backward_into(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, stream=stream, workspace=ws)
 
@@ -109,8 +118,8 @@ print(json.dumps([(time.perf_counter_ns() - t0) / (n * CALLS)]))
 """
 
 
-def run(tree, op, body, calls):
-    code = f"TREE = {tree!r}\nOP = {op!r}\nCALLS = {calls}\n" + PRELUDE + body
+def run(tree, op, body, calls, via="direct"):
+    code = f"TREE = {tree!r}\nOP = {op!r}\nCALLS = {calls}\nVIA = {via!r}\n" + PRELUDE + body
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     if p.returncode:
         raise SystemExit(f"{tree} {op}: {p.stderr.strip()[-2000:]}")
@@ -127,10 +136,12 @@ def main():
     ops = ("csa_forward_into", "indexer_backward_into")
     got = {(t, op): [] for t in trees for op in ops}
     threaded = {op: [] for op in ops}
+    via_torch = {op: [] for op in ops}
     for _ in range(a.rounds):
         for op in ops:
             for t, path in trees.items():
                 got[t, op] += run(path, op, SINGLE, a.calls)
+            via_torch[op] += run(ROOT, op, SINGLE, a.calls, via="torch.ops")
             threaded[op] += run(ROOT, op, THREADS, a.calls)
     med = {k: statistics.median(v) / 1e3 for k, v in got.items()}
     print(json.dumps({f"{t} {op}": v for (t, op), v in med.items()} | {f"8 threads {op}": statistics.median(v) / 1e3 for op, v in threaded.items()}, indent=1))
@@ -139,6 +150,9 @@ def main():
     for op in ops:
         row = [med[t, op] for t in trees]
         print(f"| {op} | " + " | ".join(f"{v:.1f}" for v in row) + (f" | {row[0] / row[1]:.2f} |" if a.against else " |"))
+    for op in ops:
+        v = statistics.median(via_torch[op]) / 1e3
+        print(f"| {op} through torch.ops.dsa_aot (this tree; x direct call) | {v:.1f} ({v / med['this tree', op]:.2f}x) |" + (" - | - |" if a.against else ""))
     for op in ops:
         print(f"| {op}, 8 threads on 8 streams (wall / calls) | {statistics.median(threaded[op]) / 1e3:.1f} |" + (" - | - |" if a.against else ""))
     if a.against:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..policy import csa_compressor as policy
 from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, lookup, one_of, overlapping, recheck,
-                       require, signature, sm_count_of, stream_handle)
+                       require, signature, sm_count_of, stream_handle, writes_only)
 from .outputs import Outputs
 
 __all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes"]
@@ -273,3 +273,45 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
     gkv, gs, gape, ws = allocate(outputs)
     compressor_backward_into(gkv, gs, gape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, head_dim, coff, stream, deterministic, ws)
     return Outputs(grad_kv=gkv, grad_score=gs, grad_ape=gape)
+
+
+# --- torch.library (aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
+# The ops run on torch's current stream. Sizes the fake needs and a tensor cannot give (total_comp,
+# whose value lives on the device) are arguments.
+
+
+def _t_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, total_comp, head_dim=None):
+    return compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)["out"]
+
+
+def _f_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, total_comp, head_dim=None):
+    return kv.new_empty((total_comp, head_dim if head_dim is not None else kv.shape[1] // coff))
+
+
+def _t_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, head_dim=None):
+    compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff)
+
+
+def _t_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, coff, deterministic=False, head_dim=None):
+    return tuple(compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, head_dim, coff, None, deterministic))
+
+
+def _f_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, coff, deterministic=False, head_dim=None):
+    return kv.new_empty(kv.shape), score.new_empty(score.shape), ape.new_empty(ape.shape)
+
+
+def _t_backward_into(grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, coff, deterministic=False,
+                     workspace=None, head_dim=None):
+    compressor_backward_into(grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, head_dim, coff, None,
+                             deterministic, workspace)
+
+
+_IN = "Tensor kv, Tensor score, Tensor ape, Tensor cu_seqlens, Tensor cu_seqlens_comp"
+TORCH_OPS = {
+    "csa_compressor_forward": (f"({_IN}, int ratio, int coff, SymInt total_comp, SymInt? head_dim=None) -> Tensor", _t_forward, _f_forward),
+    "csa_compressor_forward_into": (f"(Tensor(a!) out, {_IN}, int ratio, int coff, SymInt? head_dim=None) -> ()", _t_forward_into, writes_only),
+    "csa_compressor_backward": (f"({_IN}, Tensor grad_out, int ratio, int coff, bool deterministic=False, SymInt? head_dim=None) -> (Tensor, Tensor, Tensor)",
+                                _t_backward, _f_backward),
+    "csa_compressor_backward_into": (f"(Tensor(a!) grad_kv, Tensor(b!) grad_score, Tensor(c!) grad_ape, {_IN}, Tensor grad_out, int ratio, int coff, "
+                                     f"bool deterministic=False, Tensor(d!)? workspace=None, SymInt? head_dim=None) -> ()", _t_backward_into, writes_only),
+}  # fmt: skip

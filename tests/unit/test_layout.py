@@ -87,7 +87,7 @@ def test_imports_point_from_run_time_to_policy_and_never_into_the_toolchain():
 
 
 def test_public_namespaces_import_only_the_ops_and_the_policy():
-    for name in ("csa.py", "dsa.py", "errors.py", "__init__.py"):
+    for name in ("csa.py", "dsa.py", "errors.py", "library.py", "__init__.py"):
         for line, mod in _imports(ROOT / "aot" / name):
             assert not mod.startswith(("aot.toolchain", "aot.runtime")), f"aot/{name}:{line} imports {mod}"
 

@@ -1,0 +1,14 @@
+"""The ops as PyTorch custom ops. ``import aot.library`` registers ``torch.ops.dsa_aot.<name>`` for
+every op (see :mod:`aot.ops.library`): the CSA compressor forward/backward, the DSA indexer and sparse
+attention backward, each as an allocating op and an ``_into`` op that writes its arguments.
+
+They run on torch's current stream, trace under ``torch.compile(fullgraph=True)`` (fake kernels give
+the output shapes) and capture in CUDA graphs. The direct calls (``aot.csa.*``, ``aot.dsa.*``) skip
+the dispatcher and stay the fastest path.
+"""
+
+from .ops.library import NAMESPACE, register
+
+__all__ = ["NAMESPACE", "OPS"]
+
+OPS = register()
