@@ -31,7 +31,7 @@ from ..errors import CompileError
 from .manifest import Entry
 from .sources import REPO, digest
 from .specs import SPECS, spec_digest
-from .zygote import Zygote
+from . import zygote
 
 __all__ = ["compile_entries", "CompiledEntry", "tool_versions", "cache_key"]
 
@@ -102,31 +102,25 @@ def compile_entries(entries, out_dir, cache_dir=None, jobs=None, progress=True, 
         else:
             todo.append((e, edir, key))
     bar = _Progress(len(entries), len(results), enabled=progress)
-    jobs = max(1, jobs or os.cpu_count() or 1)
-    by_arch: dict = {}
-    for item in todo:
-        by_arch.setdefault(item[0].target.arch, []).append(item)
     failures = []
-    for arch, items in sorted(by_arch.items()):
-        queue = list(items)
-        with Zygote(arch, debug_dump) as z:
-            tickets = {}
-            while queue or z.pending:
-                while queue and z.pending < jobs:
-                    e, edir, key = queue.pop(0)
-                    req = {"family": e.family, "op": e.op, "key": e.key, "arch": e.target.arch, "sm_count": e.target.sm_count}
-                    tickets[z.submit(req)] = (e, edir, key)
-                t, art = z.wait_one()
-                e, edir, key = tickets.pop(t)
-                if "error" in art:  # collect, report all failures at once
-                    failures.append(f"{e.id}: {art['error']}")
-                    bar.step(e.id, "FAILED")
-                    continue
-                _write_entry(edir, e, art, versions, key, debug_dump)
-                if cache_dir:
-                    _copy_artifacts(edir, cache_dir / key)
-                results.append(CompiledEntry(e, edir, False, art["seconds"]))
-                bar.step(e.id, f"{art['seconds']:.2f}s")
+
+    def done(item, art):
+        e, edir, key = item
+        if "error" in art:  # collect, report all failures at once
+            failures.append(f"{e.id}: {art['error']}")
+            bar.step(e.id, "FAILED")
+            return
+        _write_entry(edir, e, art, versions, key, debug_dump)
+        if cache_dir:
+            _copy_artifacts(edir, cache_dir / key)
+        results.append(CompiledEntry(e, edir, False, art["seconds"]))
+        bar.step(e.id, f"{art['seconds']:.2f}s")
+
+    def request(item):
+        e = item[0]
+        return {"family": e.family, "op": e.op, "key": e.key, "arch": e.target.arch, "sm_count": e.target.sm_count}
+
+    zygote.run(todo, request, done, jobs=jobs, debug_dump=debug_dump)
     bar.done()
     if failures:
         raise CompileError(f"{len(failures)} of {len(entries)} entries failed to compile:\n" + "\n".join(f"  - {f}" for f in failures))

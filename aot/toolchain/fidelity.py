@@ -6,14 +6,16 @@ mirror what cudnn's wrappers pass. This stage proves the mirror exact: for each 
 real Python path (the spec's ``fidelity`` route: a public wrapper, factory, launch function or
 prepared plan) on tensors that present themselves as CUDA tensors, so upstream's argument conversion,
 policy, compile options and cache keys all run unmodified, and compares the cubin upstream compiled
-with the shipped one. The compiles run as cudnn's JIT runs in production (aot.toolchain.workers): no
-keep or dump files, the DSL's file cache off.
+with the shipped one. The compiles run as cudnn's JIT runs in production, no keep or dump files and
+the DSL's file cache off, in a fork child of the same canonical zygote the compile stage uses
+(aot.toolchain.zygote): for a kernel whose cubin depends on the compiling process the verdict is then
+a function of the sources, as the shipped cubin is, and two builds agree on it.
 
 The engine is generic; each spec brings its route, ``fidelity(op, key, target, up) -> (cache, want,
 calls)``: drive upstream on ``up`` (an :class:`Upstream`), and return the compile cache upstream filled,
 the cache key upstream must have used for the entry, and how often upstream called the compiled
 function (1 for a call that launches, 0 for a plan that only compiles). ``FIDELITY_ROUTES`` names each
-op's route for the report. What :class:`Upstream` stubs, only for the duration of one check in a worker
+op's route for the report. What :class:`Upstream` stubs, only for the duration of one check in a process
 of its own: the device queries (``torch.cuda.*`` answer for the entry's target: capability from the
 arch, SM count from the manifest), ``cute.compile`` (wrapped: what it returns, and what upstream
 caches, is a recorder whose call launches nothing), and whatever the route asks for (its compile
@@ -22,7 +24,8 @@ caches swapped for recording ones, memsets and fast-launch caches made no-ops).
 Verdicts per entry id:
   ``identical``       upstream's cubin is byte-identical to the shipped one.
   ``ptx identical``   the bytes differ, and a second look finds: upstream's PTX for the key
-                      byte-identical to the spec's (workers that keep the PTX), the same compile options,
+                      byte-identical to the spec's (workers that keep the PTX, aot.toolchain.workers),
+                      the same compile options,
                       the shipped cubin made again by the compile stage byte for byte (so it is that
                       compiler's output for that PTX, not a damaged file), and the shipped cubin,
                       upstream's and the spec's equal in size, sections and per-kernel resources,
@@ -54,6 +57,7 @@ from pathlib import Path
 
 from ..errors import FidelityError
 from ..policy.arch import CAPABILITY
+from . import zygote
 from .sources import REPO, closure, digest
 
 __all__ = ["check", "require_identical", "write_verdicts", "load_verdicts", "Upstream", "FidelityError"]
@@ -136,7 +140,12 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
         m = item[1]
         return m["family"], m["op"], m["key"], m["arch"], m["target"]["sm_count"]
 
-    run_per_arch(todo, lambda item: item[1]["arch"], _check_one, args, done, jobs=jobs)
+    def request(item):
+        return dict(zip(("family", "op", "key", "arch", "sm_count"), args(item)), task="fidelity")
+
+    # cudnn's route runs in a fork child of the canonical zygote, like the compile it judges: the
+    # verdict of a kernel whose cubin depends on the process is then as reproducible as that cubin
+    zygote.run(todo, request, lambda item, art: done(item, _Result(art)), jobs=jobs)
     if second:  # the second look: both PTX texts (workers that keep them), and the shipped cubin made again
         first = {id(item): res for item, res in second}
         looks = {}
@@ -185,24 +194,27 @@ def _verdict(fut, d: Path, meta: dict, ssha: str) -> dict:
     return res | {"verdict": "differs", "note": "; ".join(notes), "second_look": True}
 
 
+class _Result:
+    """A zygote's result dict as the future the verdict functions read (``error`` raised)."""
+
+    def __init__(self, art: dict):
+        self.art = art
+
+    def result(self):
+        if "error" in self.art:
+            raise RuntimeError(self.art["error"])
+        return self.art
+
+
 def _recompile(items, jobs) -> dict:
     """id(item) -> the cubin the compile stage makes of the entry now (its canonical compile process), or the error."""
-    from .zygote import Zygote
+    out = {}
 
-    out, by_arch = {}, {}
-    for item in items:
-        by_arch.setdefault(item[1]["arch"], []).append(item)
-    for arch, group in sorted(by_arch.items()):
-        with Zygote(arch) as z:
-            tickets, queue = {}, list(group)
-            while queue or z.pending:
-                while queue and z.pending < max(1, jobs or os.cpu_count() or 1):
-                    item = queue.pop(0)
-                    m = item[1]
-                    req = {"family": m["family"], "op": m["op"], "key": tuple(sorted(m["key"].items())), "arch": arch, "sm_count": m["target"]["sm_count"]}
-                    tickets[z.submit(req)] = item
-                t, art = z.wait_one()
-                out[id(tickets.pop(t))] = art
+    def request(item):
+        m = item[1]
+        return {"family": m["family"], "op": m["op"], "key": tuple(sorted(m["key"].items())), "arch": m["arch"], "sm_count": m["target"]["sm_count"]}
+
+    zygote.run(items, request, lambda item, art: out.__setitem__(id(item), art), jobs=jobs)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Worker pools for the fidelity stage: cudnn's own compile path, run the way its JIT runs in production.
+"""Worker pools for the fidelity stage's second look: cudnn's own compile path and the spec's, run the
+way cudnn's JIT runs in production, keeping the PTX. (The first look runs in the canonical zygote.)
 
 The DSL reads its environment once per process (``CUTE_DSL_ARCH`` among it), so workers are spawned
 per target arch and import the DSL once each (about 2 s). The environment is production mode: no

@@ -23,7 +23,11 @@ entry's cubin depends on its key, the toolchain and the sources, and not on the 
 manifest, the order or the concurrency of the build, or the caller's process
 (tests/unit/toolchain/test_zygote.py).
 
-Public API: :class:`Zygote` (a context manager: ``submit(request)`` / ``results()``).
+The fidelity stage runs cudnn's own route for a key in the same kind of process (request ``task``
+``"fidelity"``), so its verdicts are as reproducible as the cubins they judge.
+
+Public API: :class:`Zygote` (a context manager: ``submit(request)`` / ``wait_one()``) and
+:func:`run` (a queue of requests through one zygote per arch).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from pathlib import Path
 from ..errors import CompileError
 from .sources import REPO
 
-__all__ = ["Zygote", "canonical_dir"]
+__all__ = ["Zygote", "canonical_dir", "run"]
 
 _ADDR_NO_RANDOMIZE = 0x0040000
 _WIDTH = 6  # fork indices are written with a fixed width: every fork message allocates the same
@@ -195,6 +199,26 @@ class Zygote:
         return False
 
 
+def run(items, request_of, on_done, jobs=None, debug_dump=None) -> None:
+    """Send ``request_of(item)`` (family, op, key, arch, sm_count; ``task`` "compile" by default or
+    "fidelity") for every item through one zygote per arch, at most ``jobs`` at a time; call
+    ``on_done(item, result)`` as each finishes (``result`` holds ``error`` on failure)."""
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    by_arch: dict = {}
+    for item in items:
+        by_arch.setdefault(request_of(item)["arch"], []).append(item)
+    for arch, group in sorted(by_arch.items()):
+        queue = list(group)
+        with Zygote(arch, debug_dump) as z:
+            tickets = {}
+            while queue or z.pending:
+                while queue and z.pending < jobs:
+                    item = queue.pop(0)
+                    tickets[z.submit(request_of(item))] = item
+                t, result = z.wait_one()
+                on_done(tickets.pop(t), result)
+
+
 def _become_subreaper():
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
@@ -244,9 +268,12 @@ def _compile_process(msg: bytes, report: int):
     code = 0
     try:
         req = pickle.loads((io / f"req-{ticket}.pickle").read_bytes())
-        from .compile import _compile_one
+        if req.get("task", "compile") == "fidelity":
+            from .fidelity import _check_one as task
+        else:
+            from .compile import _compile_one as task
 
-        out = _compile_one(req["family"], req["op"], req["key"], req["arch"], req["sm_count"])
+        out = task(req["family"], req["op"], req["key"], req["arch"], req["sm_count"])
     except BaseException as e:  # noqa: BLE001  (reported to the build with the entry)
         out, code = {"error": f"{type(e).__name__}: {e}"}, 1
     tmp = io / f".res-{ticket}.pickle"
