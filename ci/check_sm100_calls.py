@@ -21,7 +21,6 @@ import argparse
 import json
 import struct
 import sys
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,26 +62,31 @@ def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int,
         ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
         return seq
 
-    class Launcher:  # the lifted launcher in place of a loaded entry: launching records the launches
-        def __call__(self, *args):
-            runs.append(run(args))
+    from aot.ops.plan import Recorder, Sym
 
-        def prepare(self, *args):
-            seq = run(args)
-            return types.SimpleNamespace(fire=lambda: runs.append(seq))
+    class Launcher:  # the lifted launcher in place of a loaded entry
+        pass
 
-    saved = op_mod.launcher, op_mod.memset0, op_mod.sm_count_of
+    saved = op_mod.launcher, op_mod.sm_count_of
     op_mod.launcher = lambda family, op_, key_, dev, hint="": Launcher()
-    op_mod.memset0 = lambda ptr, nbytes, stream, dev: memsets.append((ptr, nbytes))
     op_mod.sm_count_of = lambda dev: sm_count
     t = {k: Buf(i) for i, k in enumerate(NAMES)}
+    # the op records its call symbolically (pointers in the order of its tensors); replay it with the stand-ins' addresses
+    order = ("dq", "dkv", "d_sink", "q", "kv", "out", "dout", "lse", "attn_sink", "topk_idxs", "topk_length", "workspace")
+    values = {f"p[{i}]": t[k].p for i, k in enumerate(order)} | {"s": STREAM, "x[0]": 0.5}
+
+    def val(a):
+        return values[a.name] + a.off if isinstance(a, Sym) else a
+
     try:
-        op_mod._sm100_call(ks["bwd"], 0, s_q, s_kv, h, dim, topk, t["q"], t["kv"], t["out"], t["dout"], t["lse"], t["attn_sink"], t["topk_idxs"],
-                        t["topk_length"] if tl else None, t["dq"], t["dkv"], t["d_sink"], t["workspace"], 0.5, STREAM)
+        rec = Recorder(len(order), 1)
+        op_mod._sm100_call(rec, ks["bwd"], 0, s_q, s_kv, h, dim, topk, tl)
+        memsets += [(val(ptr), n) for ptr, n in rec.memsets]
+        runs += [run([val(a) for a in args]) for _, args in rec.launches]
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
     finally:
-        op_mod.launcher, op_mod.memset0, op_mod.sm_count_of = saved
+        op_mod.launcher, op_mod.sm_count_of = saved
     (seq,) = runs
     if len({k for k, _, _ in seq}) < 3 or any(dims[7] != STREAM for _, dims, _ in seq):
         problems.append(f"launch sites {[k for k, _, _ in seq]}, streams {sorted({dims[7] for _, dims, _ in seq})}")

@@ -299,16 +299,15 @@ def row_major(shape) -> list:
     return stride[::-1]
 
 
-def tensor_args(t):
-    """A contiguous tensor as the JIT host code takes it: pointer, extents (i32), every stride but the
-    unit innermost one (i64)."""
-    return (t.data_ptr(), *t.shape, *t.stride()[:-1])
+def tensor_args(t, ptr):
+    """A contiguous tensor as the JIT host code takes it: pointer (``ptr``: the tensor's, as a plan
+    records it), extents (i32), every stride but the unit innermost one (i64)."""
+    return (ptr, *t.shape, *t.stride()[:-1])
 
 
-def flat_args(t, shape):
-    """A contiguous tensor (or a raw device pointer) viewed as a compact row-major ``shape``, in the
-    form of :func:`tensor_args`."""
-    return (t if isinstance(t, int) else t.data_ptr(), *shape, *row_major(shape)[:-1])
+def flat_args(ptr, shape):
+    """A device pointer viewed as a compact row-major ``shape``, in the form of :func:`tensor_args`."""
+    return (ptr, *shape, *row_major(shape)[:-1])
 
 
 def cute_args(ptr, shape, dynamic, fully_dynamic=False):

@@ -7,11 +7,13 @@ schedule functions on every build.
 from __future__ import annotations
 
 from ..policy import csa_compressor as policy
-from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, lookup, one_of, overlapping, recheck,
-                       require, signature, sm_count_of, stream_handle, writes_only)
+from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, require, signature,
+                       sm_count_of, stream_handle, writes_only)
 from .outputs import Outputs
+from .plan import Plan, Recorder, cached, compile_call
 
-__all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes"]
+__all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes",
+           "CompressorForward", "CompressorBackward"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31
@@ -91,11 +93,13 @@ def _hint(ratio):
 
 # --- ops ---------------------------------------------------------------------------------------------
 
-# signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> what a repeated call needs:
-# it proves every check but the per-call ones (pointer alignment, out overlapping an input: recheck();
-# the stream), which the fast path makes again
-_FWD_FAST: dict = {}
-_FAST_MAX = 4096
+# signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> the compiled Call: it proves
+# every check but the per-call ones (pointer alignment, outputs overlapping anything: recheck(); the
+# stream), which every call makes again
+_FWD: dict = {}
+_BWD: dict = {}
+_FWD_TENSORS = ("out", "kv", "score", "ape", "cu_seqlens", "cu_seqlens_comp")
+_BWD_TENSORS = ("grad_kv", "grad_score", "grad_ape", "kv", "score", "ape", "cu_seqlens", "cu_seqlens_comp", "grad_out", "workspace")
 
 
 def compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, head_dim=None, coff=2, stream=None):
@@ -103,20 +107,15 @@ def compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ra
 
     Capture-safe from the first call (loading a cubin is not stream work, see aot.runtime);
     ``aot.runtime.preload()`` before capturing keeps the file reads out of the capture."""
-    sig = signature((out, kv, score, ape, cu_seqlens, cu_seqlens_comp), (ratio, head_dim, coff))
-    hit = lookup(_FWD_FAST, sig)
-    if hit is not None:
-        ptrs = recheck((out, kv, score, ape, cu_seqlens, cu_seqlens_comp), hit[4])
-        if ptrs is not None:
-            launch, total_comp, n_seq, dev, _ = hit
-            s = stream_handle(stream, dev)
-            if launch is not None:
-                launch(*ptrs[1:], ptrs[0], total_comp, n_seq, s)
-            return out
-    return _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
+    ts = (out, kv, score, ape, cu_seqlens, cu_seqlens_comp)
+    call, p = cached(_FWD, signature(ts, (ratio, head_dim, coff)), ts,
+                     lambda: _plan_forward(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff))
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+    return out
 
 
-def _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream):
+def _plan_forward(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, head_dim=None, coff=2):
+    """Validate a forward call and compile what it does (:class:`aot.ops.plan.Call`)."""
     import torch
 
     total_comp = out.shape[0] if isinstance(out, torch.Tensor) and out.layout == torch.strided and out.ndim == 2 else None
@@ -126,16 +125,24 @@ def _forward_into_slow(sig, out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ra
         problems += aliasing((("out", out),), (("kv", kv), ("score", score), ("ape", ape), ("cu_seqlens", cu_seqlens), ("cu_seqlens_comp", cu_seqlens_comp)))
     if problems:
         raise input_error(problems)
-    s = stream_handle(stream, dev)
-    launch = None
+    ts = (out, kv, score, ape, cu_seqlens, cu_seqlens_comp)
+    rec = Recorder(len(ts))
+    p = rec.p
     if total_comp:
         launch = launcher(FAMILY, *policy.forward_kernel(ratio, head_dim, coff, total_comp), dev, _hint(ratio))
-        launch(kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(), out.data_ptr(),
-               total_comp, cu_seqlens.shape[0] - 1, s)
-    if sig is not None and len(_FWD_FAST) < _FAST_MAX:
-        foot = footprint((out, kv, score, ape, cu_seqlens, cu_seqlens_comp), writes=(0,), masks=(15, 15, 15, 15, 3, 3))
-        _FWD_FAST[sig] = (launch, total_comp, cu_seqlens.shape[0] - 1, dev, foot)
-    return out
+        rec.launch(launch, p[1], p[2], p[3], p[4], p[5], p[0], total_comp, cu_seqlens.shape[0] - 1, rec.s)
+    foot = footprint(ts, writes=(0,), masks=(15, 15, 15, 15, 3, 3))
+    return compile_call("csa_compressor.fwd", rec, dev, ts, foot)
+
+
+class CompressorForward(Plan):
+    """cudnn's CSACompressorForward shape: ``CompressorForward(out, kv, score, ape, cu_seqlens,
+    cu_seqlens_comp, ratio=4, head_dim=None, coff=2)`` validates and resolves everything once;
+    ``execute(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, stream=None)`` then launches on tensors
+    of the same shapes (see :class:`aot.ops.plan.Plan`)."""
+
+    _build = staticmethod(_plan_forward)
+    _tensors = _FWD_TENSORS
 
 
 def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, head_dim=None, coff=2, total_comp=None, stream=None):
@@ -175,6 +182,37 @@ def compressor_backward_into(grad_kv, grad_score, grad_ape, kv, score, ape, cu_s
     (deterministic=False) and is fully overwritten on the deterministic path, which needs ``workspace``
     of ``backward_workspace_bytes(...)`` uint8 bytes. Nothing is written before every input is checked.
     """
+    ts = (grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, workspace)
+    call, p = cached(_BWD, signature(ts, (ratio, head_dim, coff, deterministic)), ts,
+                     lambda: _plan_backward(*ts[:9], ratio, head_dim, coff, deterministic, workspace))
+    if call.guard is not None:
+        call.guard()
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+    return grad_kv, grad_score, grad_ape
+
+
+def _atomic_guard(launches: bool):
+    """Per call of the atomic (non-deterministic) backward: torch's deterministic mode refuses it (or warns)."""
+    import torch
+
+    def guard():
+        if torch.are_deterministic_algorithms_enabled():
+            if not torch.is_deterministic_algorithms_warn_only_enabled():
+                raise input_error(["deterministic=False: the CSA compressor backward accumulates dAPE with fp32 atomics, and "
+                                   "torch.use_deterministic_algorithms(True) is set; call it with deterministic=True"])
+            if launches:
+                import warnings
+
+                warnings.warn("CSA compressor backward accumulates dAPE with fp32 atomics and is not deterministic; "
+                              "torch.use_deterministic_algorithms(True, warn_only=True) is set. Call it with deterministic=True", RuntimeWarning,
+                              stacklevel=3)
+
+    return guard
+
+
+def _plan_backward(grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=4, head_dim=None, coff=2,
+                   deterministic=False, workspace=None):
+    """Validate a backward call and compile what it does (:class:`aot.ops.plan.Call`)."""
     import torch
 
     total_comp = grad_out.shape[0] if isinstance(grad_out, torch.Tensor) and grad_out.layout == torch.strided and grad_out.ndim == 2 else None
@@ -191,54 +229,60 @@ def compressor_backward_into(grad_kv, grad_score, grad_ape, kv, score, ape, cu_s
     check(problems, grad_ape, "grad_ape", (ratio, width), torch.float32, dev, 16)
     if not deterministic and workspace is not None:
         problems.append("workspace: given, but deterministic=False uses the atomic dAPE path (pass workspace=None)")
-    if not problems and not deterministic and torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
-        problems.append("deterministic=False: the CSA compressor backward accumulates dAPE with fp32 atomics, and "
-                        "torch.use_deterministic_algorithms(True) is set; call it with deterministic=True")
     inputs = (("kv", kv), ("score", score), ("ape", ape), ("cu_seqlens", cu_seqlens), ("cu_seqlens_comp", cu_seqlens_comp), ("grad_out", grad_out))
     outputs = (("grad_kv", grad_kv), ("grad_score", grad_score), ("grad_ape", grad_ape))
     if not problems:
         problems += aliasing(outputs, inputs)
     if problems:
         raise input_error(problems)
-    s = stream_handle(stream, dev)
-    if total_comp == 0:
-        return grad_kv, grad_score, grad_ape
-    if not deterministic and torch.are_deterministic_algorithms_enabled():
-        import warnings
-
-        warnings.warn("CSA compressor backward accumulates dAPE with fp32 atomics and is not deterministic; "
-                      "torch.use_deterministic_algorithms(True, warn_only=True) is set. Call it with deterministic=True", RuntimeWarning, stacklevel=2)
-    ks = policy.backward_kernels(ratio, head_dim, coff, total_comp, deterministic)
-    launch = launcher(FAMILY, *ks["main"], dev, _hint(ratio))
-    rows = policy.rows_r128(total_comp, head_dim, coff, launch.entry["key"]["schedule"], sm_count_of(dev)) if ratio == 128 else None
-    npartials, split, need = policy.backward_workspace(total_comp, ratio, head_dim, coff, rows)
-    reduce_ = None
-    if deterministic:
+    guard = None if deterministic else _atomic_guard(bool(total_comp))
+    if guard is not None:
+        guard()  # refused before anything is resolved
+    ts = (grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, workspace)
+    rec = Recorder(len(ts))
+    p, s = rec.p, rec.s
+    need = 0
+    if total_comp:
+        ks = policy.backward_kernels(ratio, head_dim, coff, total_comp, deterministic)
+        launch = launcher(FAMILY, *ks["main"], dev, _hint(ratio))
+        rows = policy.rows_r128(total_comp, head_dim, coff, launch.entry["key"]["schedule"], sm_count_of(dev)) if ratio == 128 else None
+        npartials, split, need = policy.backward_workspace(total_comp, ratio, head_dim, coff, rows)
+        if deterministic:
+            wp = []
+            check(wp, workspace, "workspace", (workspace.numel() if isinstance(workspace, torch.Tensor) and workspace.layout == torch.strided else need,),
+                  torch.uint8, dev, 16)
+            if not wp and workspace.numel() < need:
+                wp.append(f"workspace: {workspace.numel()} bytes (expected at least {need}; see aot.csa.backward_workspace_bytes)")
+            if not wp:
+                wp += [f"workspace: overlaps {(inputs + outputs)[i][0]}" for i in overlapping(workspace, need, [t for _, t in inputs + outputs])]
+            if wp:
+                raise input_error(wp)
+        partial = p[9] if deterministic else p[2]
+        n_seq = cu_seqlens.shape[0] - 1
+        args = (*p[3:8], p[8], p[0], p[1], partial, total_comp, n_seq, total_tokens, *((rows,) if ratio == 128 else ()), s)
+        rec.launch(launch, *args)
+        if deterministic:
+            nelems = ratio * width
+            stage = partial + (npartials * nelems * 4 if split else 0)
+            rec.launch(launcher(FAMILY, *ks["reduce"], dev), partial, stage, p[2], npartials, nelems, s)
+    elif deterministic and workspace is not None:
         wp = []
-        check(wp, workspace, "workspace", (workspace.numel() if isinstance(workspace, torch.Tensor) and workspace.layout == torch.strided else need,),
+        check(wp, workspace, "workspace", (workspace.numel() if isinstance(workspace, torch.Tensor) and workspace.layout == torch.strided else 0,),
               torch.uint8, dev, 16)
-        if not wp and workspace.numel() < need:
-            wp.append(f"workspace: {workspace.numel()} bytes (expected at least {need}; see aot.csa.backward_workspace_bytes)")
-        if not wp:
-            wp += [f"workspace: overlaps {(inputs + outputs)[i][0]}" for i in overlapping(workspace, need, [t for _, t in inputs + outputs])]
         if wp:
             raise input_error(wp)
-        reduce_ = launcher(FAMILY, *ks["reduce"], dev)
-    partial = workspace.data_ptr() if deterministic else grad_ape.data_ptr()
-    ptrs = (kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(),
-            grad_out.data_ptr(), grad_kv.data_ptr(), grad_score.data_ptr(), partial)
-    n_seq = cu_seqlens.shape[0] - 1
-    args = (*ptrs, total_comp, n_seq, total_tokens, rows, s) if ratio == 128 else (*ptrs, total_comp, n_seq, total_tokens, s)
-    if not deterministic:
-        launch(*args)
-        return grad_kv, grad_score, grad_ape
-    nelems = ratio * width
-    stage = partial + (npartials * nelems * 4 if split else 0)
-    # both launches checked before the first goes out
-    main, reduce_ = launch.prepare(*args), reduce_.prepare(partial, stage, grad_ape.data_ptr(), npartials, nelems, s)
-    main.fire()
-    reduce_.fire()
-    return grad_kv, grad_score, grad_ape
+    foot = footprint(ts, writes=(0, 1, 2, 9), masks=(15, 15, 15, 15, 15, 15, 3, 3, 15, 15), sizes={9: need})
+    return compile_call("csa_compressor.bwd", rec, dev, ts, foot, guard=guard)
+
+
+class CompressorBackward(Plan):
+    """cudnn's CSACompressorBackward shape: ``CompressorBackward(grad_kv, grad_score, grad_ape, kv, score,
+    ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=4, head_dim=None, coff=2, deterministic=False,
+    workspace=None)``; ``execute(grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens,
+    cu_seqlens_comp, grad_out, workspace=None, stream=None)`` (see :class:`aot.ops.plan.Plan`)."""
+
+    _build = staticmethod(_plan_backward)
+    _tensors = _BWD_TENSORS
 
 
 def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=4, head_dim=None, coff=2, stream=None, deterministic=False):

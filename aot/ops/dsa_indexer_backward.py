@@ -8,19 +8,22 @@ every build). Every input is validated before anything is launched or written.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, lookup, memset0,
-                       one_of, overlapping, recheck, require, scalar_f32, signature, stream_handle, target_sm_count, tensor_args, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, one_of,
+                       overlapping, require, scalar_f32, signature, stream_handle, target_sm_count, tensor_args, writes_only)
 from .outputs import Outputs
+from .plan import Plan, Recorder, cached, compile_call
 
-__all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes"]
+__all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "IndexerBackward"]
 
 FAMILY = policy.FAMILY
 DEFAULT_PLANES = policy.DEFAULT_PLANES
 _I32 = 2**31
+_FLT_MAX = 3.4028234663852886e38
 
 
 def indexer_backward_workspace_bytes(batch, seqlen_k, head_dim=policy.DIM, *, d_index_k_dtype=None, backend="default", deterministic=False,
@@ -97,45 +100,79 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
                           sm_scale=1.0, loss_coeff=1.0, block_I=128, topk_indices_global=False, stream=None, *, backend="default",
                           workspace=None, deterministic=False, deterministic_dk_planes=DEFAULT_PLANES):
     """``indexer_backward`` into caller-provided outputs and workspace (capture-safe from the first call, see aot.runtime; allocates nothing)."""
+    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
+    # the signature proves every check but the per-call ones: the fp32 scalars' values (below), pointer
+    # alignment and the outputs and workspace overlapping anything (recheck), the stream
+    sig = signature(ts, (block_I, backend, deterministic, deterministic_dk_planes, topk_indices_global,
+                         backend == "sm100_v2" and _positive(sm_scale)))
+    call, p = cached(_CALLS, sig, ts, lambda: _plan_backward(*ts[:10], sm_scale, loss_coeff, block_I, topk_indices_global, backend=backend,
+                                                             workspace=workspace, deterministic=deterministic,
+                                                             deterministic_dk_planes=deterministic_dk_planes))
+    call.run(p, stream_handle(stream, call.dev), call.scalars(sm_scale=sm_scale, loss_coeff=loss_coeff), ts, stream)
+    return d_index_q, d_weights, d_index_k
+
+
+def _positive(v) -> bool:
+    try:
+        return float(v) > 0.0
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _scalars_of(rows: int, v2: bool):
+    """The per-call scalars (grad_scale = loss_coeff / (B*S_q), sm_scale) of a call with ``rows`` rows, checked."""
+
+    def scalars(sm_scale=1.0, loss_coeff=1.0):
+        if (type(sm_scale) is float and type(loss_coeff) is float and rows and (sm_scale > 0.0 or not v2)  # the common case
+                and -_FLT_MAX <= sm_scale <= _FLT_MAX and -_FLT_MAX <= loss_coeff <= _FLT_MAX):
+            return (loss_coeff / rows, sm_scale)  # |loss_coeff / rows| <= |loss_coeff|
+        problems = []
+        sm = scalar_f32(problems, "sm_scale", sm_scale, positive=v2)
+        lc = scalar_f32(problems, "loss_coeff", loss_coeff)
+        g = lc / rows if rows else 0.0
+        if not problems and not abs(g) <= 3.4028234663852886e38:
+            problems.append(f"loss_coeff / (B*S_q) = {g!r} is not representable in fp32")
+        if problems:
+            raise input_error(problems)
+        return (g, sm)
+
+    return scalars
+
+
+def _plan_backward(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0,
+                   loss_coeff=1.0, block_I=128, topk_indices_global=False, *, backend="default", workspace=None, deterministic=False,
+                   deterministic_dk_planes=DEFAULT_PLANES):
+    """Validate an indexer backward call and compile what it does (:class:`aot.ops.plan.Call`)."""
     import torch
 
-    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
-    # the signature proves every check but the per-call ones: the fp32 scalars' values, pointer
-    # alignment and the outputs and workspace overlapping anything (recheck), the stream (made again below)
-    scalars = []
-    scalar_f32(scalars, "sm_scale", sm_scale)
-    scalar_f32(scalars, "loss_coeff", loss_coeff)
-    sig = signature(ts, (block_I, backend, deterministic, deterministic_dk_planes, topk_indices_global,
-                         backend == "sm100_v2" and not scalars and float(sm_scale) > 0.0))
-    call = lookup(_VALIDATED, sig)
-    if call is None or scalars or recheck(ts, call.foot) is None:
-        call = _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
-                         sm_scale, loss_coeff, block_I, topk_indices_global, backend, workspace, deterministic, deterministic_dk_planes)
-        if sig is not None and len(_VALIDATED) < 4096:
-            _VALIDATED[sig] = call
+    call = _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
+                     sm_scale, loss_coeff, block_I, topk_indices_global, backend, workspace, deterministic, deterministic_dk_planes)
     dev, arch, b, s_q, s_k, h, d, topk = call.dev, call.arch, call.b, call.s_q, call.s_k, call.h, call.d, call.topk
     rows = b * s_q
-    grad_scale = float(loss_coeff) / rows if rows else 0.0
-    if rows and not abs(grad_scale) <= 3.4028234663852886e38:
-        raise input_error([f"loss_coeff / (B*S_q) = {grad_scale!r} is not representable in fp32"])
-    s = stream_handle(stream, dev)
-    sm_scale = float(sm_scale)
+    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
+    scalars = _scalars_of(rows, backend == "sm100_v2")
+    x = scalars(sm_scale=sm_scale, loss_coeff=loss_coeff)
+    defaults = functools.partial(scalars, sm_scale=sm_scale, loss_coeff=loss_coeff)  # a plan's execute overrides some
+    rec = Recorder(len(ts), 2)
+    P, s, (grad_scale, sm_scale) = rec.p, rec.s, rec.x
     dk_dtype_f32 = d_index_k.dtype == torch.float32
     if rows == 0 or topk == 0:
         # nothing reads or writes a slot: dK is all zero, dQ/dW are empty or zero
-        with alloc_on(stream, dev):
-            d_index_k.zero_()
-            d_index_q.zero_()
-            d_weights.zero_()
-        return d_index_q, d_weights, d_index_k
-    gl = grad_loss.detach().reshape(1)
-    q4, w3, k3, dq4, dw3 = tensor_args(index_q), tensor_args(weights), tensor_args(index_k), tensor_args(d_index_q), tensor_args(d_weights)
-    a3, i3, t3, gl1 = tensor_args(attn_score), tensor_args(index_score), tensor_args(topk_indices), tensor_args(gl)
-    ws = workspace.data_ptr() if workspace is not None else 0
+        def zero(ts, stream):
+            with alloc_on(stream, dev):
+                for t in ts[:3]:
+                    t.zero_()
+
+        rec.then(zero)
+        return compile_call("dsa_indexer_backward", rec, dev, ts, call.foot, x, defaults)
+    q4, w3, k3 = tensor_args(index_q, P[3]), tensor_args(weights, P[4]), tensor_args(index_k, P[5])
+    dq4, dw3 = tensor_args(d_index_q, P[0]), tensor_args(d_weights, P[1])
+    a3, i3, t3 = tensor_args(attn_score, P[6]), tensor_args(index_score, P[7]), tensor_args(topk_indices, P[8])
+    gl1 = tensor_args(grad_loss.detach().reshape(1), P[9])
+    ws = P[10] if workspace is not None else 0
     kbytes = b * s_k * d * 4
 
     planes = int(deterministic_dk_planes)
-    sm100 = is_sm100(arch)
     ks = call.kernels
     sg = launcher(FAMILY, *ks["score_grad"], dev)
     gemm = launcher(FAMILY, *ks["gemm"], dev)
@@ -143,8 +180,8 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
 
     # each path: the memsets, the entry calls in order, where the bf16 cast reads the fp32 dK (None: no cast)
     cast = None if dk_dtype_f32 else 0
-    if not sm100:  # SM90 twins: zero fp32 dK, score-grad, GEMM, cast
-        dk = d_index_k.data_ptr() if dk_dtype_f32 else ws
+    if not is_sm100(arch):  # SM90 twins: zero fp32 dK, score-grad, GEMM, cast
+        dk = P[2] if dk_dtype_f32 else ws
         memsets = [(dk, kbytes)]
         calls = [(sg, (*a3, *i3, *gl1, grad_scale, s)), (gemm, (*q4, *w3, *k3, *dq4, *dw3, *flat_args(dk, (b, s_k, d)), *a3, *t3, sm_scale, s, s_q, s_k))]
     elif backend == "sm100_v2":
@@ -153,32 +190,34 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
             memsets, cast = [(ws, planes * kbytes)], None
         else:
             cnt = (ws, 2)
-            dk_ptr = d_index_k.data_ptr() if dk_dtype_f32 else ws + policy.V2_COUNTER_CHUNK
+            dk_ptr = P[2] if dk_dtype_f32 else ws + policy.V2_COUNTER_CHUNK
             dk_rows = b * s_k
             memsets = [(ws, 8), (dk_ptr, kbytes)]
             cast = None if dk_dtype_f32 else policy.V2_COUNTER_CHUNK
         calls = [(sg, (*a3, *i3, *gl1, *gl1, grad_scale, s)),
-                 (gemm, (*flat_args(index_q, (rows, h, d)), *flat_args(index_k, (b * s_k, d)), *flat_args(weights, (rows, h)),
-                         *flat_args(topk_indices, (rows, topk)), *flat_args(attn_score, (rows, topk)), *flat_args(d_index_q, (rows, h, d)),
-                         *flat_args(d_weights, (rows, h)), *flat_args(dk_ptr, (dk_rows, d)), sm_scale, s_q, s_k, s, *cnt))]
+                 (gemm, (*flat_args(P[3], (rows, h, d)), *flat_args(P[5], (b * s_k, d)), *flat_args(P[4], (rows, h)),
+                         *flat_args(P[8], (rows, topk)), *flat_args(P[6], (rows, topk)), *flat_args(P[0], (rows, h, d)),
+                         *flat_args(P[1], (rows, h)), *flat_args(dk_ptr, (dk_rows, d)), sm_scale, s_q, s_k, s, *cnt))]
         if deterministic:
-            calls.append((red, (*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s)))
+            calls.append((red, (*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k, P[2]), s)))
     elif deterministic:  # zero planes, score-grad, GEMM on fixed-owner planes, fixed-order reduction
         memsets, cast = [(ws, planes * kbytes)], None
         calls = [(sg, (*a3, *i3, *gl1, *gl1, grad_scale, s)), (gemm, (*q4, *w3, *k3, *dq4, *dw3, *flat_args(ws, (planes, b * s_k, d)), *a3, *t3, sm_scale, s)),
-                 (red, (*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k), s))]
+                 (red, (*flat_args(ws, (planes, b * s_k, d)), *tensor_args(d_index_k, P[2]), s))]
     else:  # default: score-grad clears the fp32 dK in the same launch, GEMM (PDL), cast
-        dk = flat_args(d_index_k.data_ptr() if dk_dtype_f32 else ws, (b, s_k, d))
+        dk = flat_args(P[2] if dk_dtype_f32 else ws, (b, s_k, d))
         memsets = []
         calls = [(sg, (*a3, *i3, *gl1, *dk, grad_scale, s)), (gemm, (*q4, *w3, *k3, *dq4, *dw3, *dk, *a3, *t3, sm_scale, s))]
-    prepared = [le.prepare(*args) for le, args in calls]  # every launch checked before anything is written
     for ptr, n in memsets:
-        memset0(ptr, n, s, dev)
-    for launch in prepared:
-        launch.fire()
+        rec.memset(ptr, n)
+    for le, args in calls:
+        rec.launch(le, *args)
     if cast is not None:
-        _cast_into(d_index_k, workspace, (b, s_k, d), stream, dev, offset=cast)
-    return d_index_q, d_weights, d_index_k
+        def cast_dk(ts, stream, offset=cast, shape=(b, s_k, d)):
+            _cast_into(ts[2], ts[10], shape, stream, dev, offset)
+
+        rec.then(cast_dk)
+    return compile_call("dsa_indexer_backward", rec, dev, ts, call.foot, x, defaults)
 
 
 def _cast_into(d_index_k, workspace, shape, stream, dev, offset=0):
@@ -192,9 +231,22 @@ def _cast_into(d_index_k, workspace, shape, stream, dev, offset=0):
         d_index_k.copy_(acc)
 
 
-# signature (shapes, dtypes, devices, contiguity, options) -> validated plan: a repeated call skips the
+class IndexerBackward(Plan):
+    """cudnn's IndexerBackward shape: ``IndexerBackward(d_index_q, d_weights, d_index_k, index_q, weights,
+    index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
+    topk_indices_global=False, *, backend, workspace, deterministic, deterministic_dk_planes)``;
+    ``execute(d_index_q, ..., grad_loss, workspace=None, stream=None, sm_scale=..., loss_coeff=...)``
+    (the scalars default to the plan's; see :class:`aot.ops.plan.Plan`)."""
+
+    _build = staticmethod(_plan_backward)
+    _tensors = ("d_index_q", "d_weights", "d_index_k", "index_q", "weights", "index_k", "attn_score", "index_score", "topk_indices", "grad_loss",
+                "workspace")
+    _scalars = ("sm_scale", "loss_coeff")
+
+
+# signature (shapes, dtypes, devices, contiguity, options) -> the compiled Call: a repeated call skips the
 # full validation; pointer alignment, workspace overlap and output aliasing are re-checked per call (recheck).
-_VALIDATED: dict = {}
+_CALLS: dict = {}
 
 
 def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,

@@ -8,6 +8,7 @@ layouts are :mod:`aot.policy.dsa_sparse_attention_backward`, checked against cud
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -15,12 +16,12 @@ from ..errors import InputError
 from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, lookup,
-                       memset0, one_of, overlapping, recheck, require, scalar_f32, signature, sm_count_of, stream_handle, target_sm_count,
-                       tensor_args, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, one_of,
+                       overlapping, require, scalar_f32, signature, sm_count_of, stream_handle, target_sm_count, tensor_args, writes_only)
 from .outputs import Outputs
+from .plan import Plan, Recorder, cached, compile_call
 
-__all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes"]
+__all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes", "SparseAttentionBackward"]
 
 FAMILY = policy.FAMILY
 HEAD_DIM_V = policy.HEAD_DIM_V
@@ -103,89 +104,115 @@ def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_
     """``sparse_attention_backward`` into caller-provided ``dq``, ``dkv``, ``d_sink`` and ``workspace``
     (capture-safe from the first call, see aot.runtime; allocates nothing). Returns (dq, dkv, d_sink)."""
     ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
-    # the signature proves every check but the per-call ones: the scale's value, pointer alignment and
-    # the outputs and workspace overlapping anything (recheck), the stream (made again below)
-    scalars = []
-    if softmax_scale is not None:
-        scalar_f32(scalars, "softmax_scale", softmax_scale)
-    sig = signature(ts, (block_tile, deterministic, q_cluster_mode))
-    call = lookup(_VALIDATED, sig)
-    if call is None or scalars or recheck(ts, call.foot) is None:
-        call = _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic,
-                         workspace, q_cluster_mode)
-        if sig is not None and len(_VALIDATED) < 4096:
-            _VALIDATED[sig] = call
-    dev, s_q, s_kv, h, d, topk, ks = call.dev, call.s_q, call.s_kv, call.h, call.d, call.topk, call.kernels
-    s = stream_handle(stream, dev)
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
-    if s_q == 0:  # no query: nothing flows back
-        with alloc_on(stream, dev):
-            dkv.zero_()
-            d_sink.zero_()
-        return dq, dkv, d_sink
-    if "bwd" in ks:
-        _sm100_call(ks["bwd"], dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, dq, dkv, d_sink,
-                    workspace, scale, s)
-        return dq, dkv, d_sink
-    pre, main, post = (launcher(FAMILY, *ks[r], dev) for r in ("pre", "main", "post"))
-    sqr, skr, dr = round_up(s_q, policy.SM90_TILE_M), round_up(s_kv, policy.SM90_TILE_N), round_up(d, policy.SM90_DIM_MULTIPLE)
-    stats = round_up(sqr * h * 4, policy.WS_ALIGN)
-    ws = workspace.data_ptr()
-    dpsum, lse_log2, acc = (ws, 1, sqr, h), (ws + stats, 1, sqr, h), ws + 2 * stats
-    dpsum, lse_log2 = flat_args(dpsum[0], dpsum[1:]), flat_args(lse_log2[0], lse_log2[1:])
-    acc3 = flat_args(acc, (1, 1, skr * dr))
-    o4, do4 = tensor_args(out.unsqueeze(0)), tensor_args(dout.unsqueeze(0))
-    tl = tensor_args(topk_length.unsqueeze(0)) if topk_length is not None else ()
-    launches = [  # every launch checked before anything is written
-        pre.prepare(*o4, *do4, *dpsum, *tensor_args(lse.unsqueeze(0)), *lse_log2, *tensor_args(attn_sink), *tensor_args(d_sink), s),
-        main.prepare(*tensor_args(q.unsqueeze(0)), *tensor_args(kv.unsqueeze(0).unsqueeze(2)), *do4, *lse_log2, *dpsum, *tensor_args(dq.unsqueeze(0)),
-                     *acc3, *tensor_args(topk_idxs.unsqueeze(0)), *tl, scale, s),
-        post.prepare(*acc3, *tensor_args(dkv.unsqueeze(0).unsqueeze(2)), s_kv, s),
-    ]  # fmt: skip
-    # upstream's order: clear the dKV accumulator and d_sink (both are atomically accumulated)
-    memset0(acc, skr * dr * 4, s, dev)
-    memset0(d_sink.data_ptr(), h * 4, s, dev)
-    for launch in launches:
-        launch.fire()
+    # the signature proves every check but the per-call ones: the scale's value (below), pointer
+    # alignment and the outputs and workspace overlapping anything (recheck), the stream
+    call, p = cached(_CALLS, signature(ts, (block_tile, deterministic, q_cluster_mode)), ts,
+                     lambda: _plan_backward(*ts[:10], softmax_scale, topk_length, block_tile, deterministic, workspace, q_cluster_mode))
+    call.run(p, stream_handle(stream, call.dev), call.scalars(softmax_scale=softmax_scale), ts, stream)
     return dq, dkv, d_sink
 
 
-def _sm100_call(op_key, dev, s_q, s_kv, h, d, topk, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, dq, dkv, d_sink, workspace,
-                scale, s):
+def _scalars_of(d: int):
+    def scalars(softmax_scale=None):
+        if softmax_scale is None:
+            return (1.0 / math.sqrt(d),)
+        if type(softmax_scale) is float and -3.4028234663852886e38 <= softmax_scale <= 3.4028234663852886e38:
+            return (softmax_scale,)
+        problems = []
+        v = scalar_f32(problems, "softmax_scale", softmax_scale)
+        if problems:
+            raise input_error(problems)
+        return (v,)
+
+    return scalars
+
+
+def _plan_backward(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, block_tile=64,
+                   deterministic=False, workspace=None, q_cluster_mode="off"):
+    """Validate a sparse attention backward call and compile what it does (:class:`aot.ops.plan.Call`)."""
+    call = _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic,
+                     workspace, q_cluster_mode)
+    dev, s_q, s_kv, h, d, topk, ks = call.dev, call.s_q, call.s_kv, call.h, call.d, call.topk, call.kernels
+    ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
+    scalars = _scalars_of(d)
+    x = scalars(softmax_scale=softmax_scale)
+    defaults = functools.partial(scalars, softmax_scale=softmax_scale)  # a plan's execute may override it
+    rec = Recorder(len(ts), 1)
+    P, s, scale = rec.p, rec.s, rec.x[0]
+    if s_q == 0:  # no query: nothing flows back
+        def zero(ts, stream):
+            with alloc_on(stream, dev):
+                ts[1].zero_()
+                ts[2].zero_()
+
+        rec.then(zero)
+    elif "bwd" in ks:
+        _sm100_call(rec, ks["bwd"], dev, s_q, s_kv, h, d, topk, topk_length is not None)
+    else:
+        pre, main, post = (launcher(FAMILY, *ks[r], dev) for r in ("pre", "main", "post"))
+        sqr, skr, dr = round_up(s_q, policy.SM90_TILE_M), round_up(s_kv, policy.SM90_TILE_N), round_up(d, policy.SM90_DIM_MULTIPLE)
+        stats = round_up(sqr * h * 4, policy.WS_ALIGN)
+        ws = P[11]
+        dpsum, lse_log2, acc = flat_args(ws, (1, sqr, h)), flat_args(ws + stats, (1, sqr, h)), ws + 2 * stats
+        acc3 = flat_args(acc, (1, 1, skr * dr))
+        o4, do4 = tensor_args(out.unsqueeze(0), P[5]), tensor_args(dout.unsqueeze(0), P[6])
+        tl = tensor_args(topk_length.unsqueeze(0), P[10]) if topk_length is not None else ()
+        # upstream's order: clear the dKV accumulator and d_sink (both are atomically accumulated)
+        rec.memset(acc, skr * dr * 4)
+        rec.memset(P[2], h * 4)
+        rec.launch(pre, *o4, *do4, *dpsum, *tensor_args(lse.unsqueeze(0), P[7]), *lse_log2, *tensor_args(attn_sink, P[8]), *tensor_args(d_sink, P[2]), s)
+        rec.launch(main, *tensor_args(q.unsqueeze(0), P[3]), *tensor_args(kv.unsqueeze(0).unsqueeze(2), P[4]), *do4, *lse_log2, *dpsum,
+                   *tensor_args(dq.unsqueeze(0), P[0]), *acc3, *tensor_args(topk_idxs.unsqueeze(0), P[9]), *tl, scale, s)
+        rec.launch(post, *acc3, *tensor_args(dkv.unsqueeze(0).unsqueeze(2), P[1]), s_kv, s)
+    return compile_call("dsa_sparse_attention_backward", rec, dev, ts, call.foot, x, defaults)
+
+
+def _sm100_call(rec, op_key, dev, s_q, s_kv, h, d, topk, has_topk_length):
     """One SM100 call: upstream's d_sink clear where its kernels accumulate into it, then the one
     artifact whose host function launches every kernel (zero-init, sum_OdO, backward, convert,
     sum_dSink, shard fold) on stream ``s``."""
     op, key = op_key
+    P, s, scale = rec.p, rec.s, rec.x[0]
     fn = launcher(FAMILY, op, key, dev)
     det, wide = key["deterministic"], key["wide"]
     dv = HEAD_DIM_V
-    c = lambda t, shape, dyn: cute_args(t if isinstance(t, int) else t.data_ptr(), shape, tuple(range(len(shape))) if wide else dyn, wide)  # noqa: E731
+    c = lambda ptr, shape, dyn: cute_args(ptr, shape, tuple(range(len(shape))) if wide else dyn, wide)  # noqa: E731
     tensors = [
-        c(q, (s_q, h, d), (0,)), c(kv, (s_kv, d), (0,)), c(out, (s_q, h, dv), (0,)), c(dout, (s_q, h, dv), (0,)), c(lse, (s_q, h), (0,)),
-        c(attn_sink, (h,), ()), cute_args(topk_idxs.data_ptr(), (s_q, topk), (0,), wide),  # topk is a static extent even when wide
+        c(P[3], (s_q, h, d), (0,)), c(P[4], (s_kv, d), (0,)), c(P[5], (s_q, h, dv), (0,)), c(P[6], (s_q, h, dv), (0,)), c(P[7], (s_q, h), (0,)),
+        c(P[8], (h,), ()), cute_args(P[9], (s_q, topk), (0,), wide),  # topk is a static extent even when wide
     ]  # fmt: skip
-    if topk_length is not None:
-        tensors.append(c(topk_length, (s_q,), (0,)))
-    tensors += [c(dq, (s_q, h, d), (0,)), c(dkv, (s_kv, d), (0,)), c(d_sink, (h,), ())]
+    if has_topk_length:
+        tensors.append(c(P[10], (s_q,), (0,)))
+    tensors += [c(P[0], (s_q, h, d), (0,)), c(P[1], (s_kv, d), (0,)), c(P[2], (h,), ())]
     backend = policy.select_backend(h, d, "bf16", topk, det)[0]
     lse_shape, dkv_shape = policy.sm100_workspace_shapes(s_q, s_kv, d, h, det, backend)
-    ws = workspace.data_ptr()
+    ws = P[11]
     ws_dkv = ws + round_up(prod(lse_shape), policy.WS_ALIGN)
     problem = (s_q, s_kv, d, h, 1)
     if op == "bwd_d576":
         # flat byte workspaces; split_count is a run-time argument (1 when deterministic)
         split = 1 if det else policy.d576_split_count(s_q, topk, sm_count_of(dev))
         flat = ((ws, prod(lse_shape)), (ws_dkv, prod(dkv_shape)))
-        fn(*problem, *(a for t in tensors for a in t), *(a for t in flat for a in t), scale, split, s)
+        rec.launch(fn, *problem, *(a for t in tensors for a in t), *(a for t in flat for a in t), scale, split, s)
         return
-    launch = fn.prepare(*problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
     if backend != "h128_2cta_m64" and not det:
-        memset0(d_sink.data_ptr(), h * 4, s, dev)  # ordinary sum_dSink accumulates atomically
-    launch.fire()
+        rec.memset(P[2], h * 4)  # ordinary sum_dSink accumulates atomically
+    rec.launch(fn, *problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
 
 
-# signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> the validated _Call
-_VALIDATED: dict = {}
+class SparseAttentionBackward(Plan):
+    """cudnn's SparseAttentionBackward shape: ``SparseAttentionBackward(dq, dkv, d_sink, q, kv, out, dout,
+    lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, block_tile=64, deterministic=False,
+    workspace=None, q_cluster_mode="off")``; ``execute(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink,
+    topk_idxs, topk_length=None, workspace=None, stream=None, softmax_scale=...)`` (see :class:`aot.ops.plan.Plan`)."""
+
+    _build = staticmethod(_plan_backward)
+    _tensors = ("dq", "dkv", "d_sink", "q", "kv", "out", "dout", "lse", "attn_sink", "topk_idxs", "topk_length", "workspace")
+    _scalars = ("softmax_scale",)
+
+
+# signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> the compiled Call
+_CALLS: dict = {}
 
 
 def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic, workspace,

@@ -13,6 +13,6 @@ def env(small_build, monkeypatch) -> stand_in.Driver:
     import aot.ops.dsa_indexer_backward as ib
     import aot.ops.dsa_sparse_attention_backward as sab
 
-    for mod, name in ((csa, "_FWD_FAST"), (ib, "_VALIDATED"), (sab, "_VALIDATED")):
+    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS")):
         monkeypatch.setattr(mod, name, {})
     return stand_in.install(monkeypatch, Index(small_build))

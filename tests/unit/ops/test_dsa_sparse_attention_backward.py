@@ -48,7 +48,11 @@ def test_sparse_attention_sm100_call_feeds_the_lifted_host_function(name, sm100_
     # a call that passes q where kv belongs is caught
     real = sparse._sm100_call
     try:
-        sparse._sm100_call = lambda op_key, dev, s_q, s_kv, h, d, topk, q, kv, *rest: real(op_key, dev, s_q, s_kv, h, d, topk, q, q, *rest)
+        def q_for_kv(rec, *rest):
+            rec.p = (*rec.p[:4], rec.p[3], *rec.p[5:])  # kv's pointer replaced by q's
+            return real(rec, *rest)
+
+        sparse._sm100_call = q_for_kv
         problems = chk.check_call(ns, meta["op"], key, "sm_100a", 148, 300, 1000)
     finally:
         sparse._sm100_call = real

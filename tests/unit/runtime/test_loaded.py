@@ -28,6 +28,7 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
     import stand_in
 
     import aot.ops.dsa_sparse_attention_backward as sparse
+    from aot.ops.plan import Recorder, Sym
     from aot.policy import dsa_sparse_attention_backward as policy
     from aot.toolchain import verify
 
@@ -42,12 +43,15 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
     real_prepare = le.prepare
     monkeypatch.setattr(le, "prepare", lambda *args: (calls.append(args), real_prepare(*args))[1])
     monkeypatch.setattr(sparse, "launcher", lambda family, op, key, dev, hint="": le)
-    monkeypatch.setattr(sparse, "memset0", lambda *a: None)
     monkeypatch.setattr(sparse, "sm_count_of", lambda dev: 148)
     t = [sm100_calls.Buf(i) for i in range(12)]
     s_q, s_kv = 5000, 3000
     op_key = policy.kernels("sm_100a", 128, 512, 512, deterministic=True, s_q=s_q, s_kv=s_kv)["bwd"]
-    sparse._sm100_call(op_key, 0, s_q, s_kv, 128, 512, 512, *t[:7], None, *t[8:], 0.5, 7)
+    rec = Recorder(12, 1)
+    sparse._sm100_call(rec, op_key, 0, s_q, s_kv, 128, 512, 512, False)
+    values = {f"p[{i}]": b.p for i, b in enumerate(t)} | {"s": 7, "x[0]": 0.5}
+    ((entry_, args),) = rec.launches
+    le.prepare(*(values[a.name] + a.off if isinstance(a, Sym) else a for a in args)).fire()
     bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
     want = []
     ns["launch"](lambda k, dims: want.append((sites[k]["kernel"], b"".join(bytes(bufs[k][o : o + n]) for o, n in sites[k]["params"]))), *bufs, *calls[0])

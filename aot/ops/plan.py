@@ -1,0 +1,236 @@
+"""Plans: one validated call of an op, compiled to straight-line code that later calls run.
+
+An op validates a call completely once (its module's ``_validate``), resolves the entries the call
+needs on its device, and records what the call does on a :class:`Recorder`: which entries it
+launches with which arguments, which bytes it zeroes first, which torch steps follow. Arguments are
+recorded symbolically: tensor data pointers as ``p[i]`` (plus a constant byte offset), the stream as
+``s``, per-call fp32 scalars as ``x[j]``; extents, strides and every choice the call's shapes fix are
+constants. :func:`compile_call` turns the record into one Python function, ``run(p, s, x, ts,
+stream)``, whose body is the launches with those constants written in (``Call.source`` shows it): a
+repeated call reads its pointers and its stream, writes them and launches.
+
+Two users, one object (:class:`Call`): the functional ops keep a cache of calls keyed by the call's
+signature (a repeated call with the same shapes and options re-checks only what its pointers can
+change: alignment and overlap, :func:`aot.ops._support.recheck`), and the plan classes
+(``aot.csa.CompressorForward``, ``aot.dsa.IndexerBackward``, ...) hold one, in cudnn's class shape:
+built once from sample tensors and options, ``check_support()``, ``execute(...)``.
+"""
+
+from __future__ import annotations
+
+from ._support import input_error, lookup, memset0, recheck, stream_handle
+
+__all__ = ["Sym", "Recorder", "Call", "compile_call", "cached", "Plan"]
+
+_CACHE_MAX = 4096  # calls per op kept by signature (a process sees a handful of shapes)
+
+
+class Sym:
+    """A value only a call knows: a data pointer (plus a constant byte offset), the stream, or a scalar."""
+
+    __slots__ = ("name", "off")
+
+    def __init__(self, name: str, off: int = 0):
+        self.name, self.off = name, off
+
+    def __add__(self, n):
+        if type(n) is not int:
+            raise TypeError(f"{self!r} + {n!r}: only a constant byte offset can be added to a per-call value")
+        return Sym(self.name, self.off + n) if n else self
+
+    __radd__ = __add__
+
+    def __repr__(self):
+        return f"({self.name} + {self.off})" if self.off else self.name
+
+    def _refuse(self, *_):
+        raise TypeError(f"{self!r} is a per-call value: a plan cannot branch on it or compute with it")
+
+    __bool__ = __int__ = __index__ = __float__ = __mul__ = __rmul__ = __sub__ = __eq__ = __lt__ = _refuse
+    __hash__ = None
+
+
+class Recorder:
+    """What one call does, recorded with symbolic pointers ``p``, stream ``s`` and scalars ``x``.
+
+    Order is fixed, as every op runs: memsets, then the launches (each checked, bytes and dims, before
+    the first memset), then torch steps on the call's stream (a cast, zeroing an empty result)."""
+
+    def __init__(self, n_ptrs: int, n_scalars: int = 0):
+        self.p = tuple(Sym(f"p[{i}]") for i in range(n_ptrs))
+        self.s = Sym("s")
+        self.x = tuple(Sym(f"x[{j}]") for j in range(n_scalars))
+        self.memsets, self.launches, self.after = [], [], []
+
+    def memset(self, ptr, nbytes: int) -> None:
+        if self.launches or self.after:
+            raise RuntimeError("a plan zeroes memory before its launches")
+        if nbytes:
+            self.memsets.append((ptr, nbytes))
+
+    def launch(self, entry, *args) -> None:
+        if self.after:
+            raise RuntimeError("a plan's torch steps follow its launches")
+        self.launches.append((entry, args))
+
+    def then(self, fn) -> None:
+        """``fn(ts, stream)`` after the launches: torch work on the call's stream (see _support.alloc_on)."""
+        self.after.append(fn)
+
+
+class Call:
+    """One validated call of an op, compiled: ``run(p, s, x, ts, stream)``.
+
+    ``foot``: what :func:`recheck` needs; ``meta``: per tensor (dtype, shape, strides) or None, what a
+    plan's execute() matches its tensors against; ``x``: the scalars of the validating call;
+    ``scalars(**kw)``: the per-call scalars from keyword values (InputError otherwise); ``guard()``:
+    per-call checks of process state (torch's deterministic mode) or None."""
+
+    __slots__ = ("op", "dev", "foot", "run", "x", "source", "meta", "scalars", "guard")
+
+    def __init__(self, op, dev, foot, run, x, source, meta, scalars=None, guard=None):
+        self.op, self.dev, self.foot, self.run, self.x, self.source = op, dev, foot, run, x, source
+        self.meta, self.scalars, self.guard = meta, scalars, guard
+
+
+def _lit(v, env) -> str:
+    if isinstance(v, Sym) or type(v) is int:
+        return repr(v)
+    name = f"C{len(env)}"  # floats and anything else: bound by name, no round trip through text
+    env[name] = v
+    return name
+
+
+def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None, guard=None) -> Call:
+    """The :class:`Call` that replays ``rec`` (recorded for tensors ``ts`` on GPU ``dev``)."""
+    env = {"memset0": memset0, "DEV": dev}
+    lines = ["def run(p, s, x, ts, stream):"]
+    for k, (entry, _) in enumerate(rec.launches):
+        env[f"E{k}"] = entry
+    if len(rec.launches) == 1 and not rec.memsets:
+        lines.append(f"    E0({', '.join(_lit(a, env) for a in rec.launches[0][1])})")  # the entry's own last-call memo
+    else:
+        for k, (_, args) in enumerate(rec.launches):
+            lines.append(f"    l{k} = E{k}.prepare({', '.join(_lit(a, env) for a in args)})")
+        for ptr, n in rec.memsets:
+            lines.append(f"    memset0({_lit(ptr, env)}, {n}, s, DEV)")
+        lines += [f"    l{k}.fire()" for k in range(len(rec.launches))]
+    for j, fn in enumerate(rec.after):
+        env[f"T{j}"] = fn
+        lines.append(f"    T{j}(ts, stream)")
+    if len(lines) == 1:
+        lines.append("    pass  # nothing to do for this call's shapes")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<aot plan: {op}>", "exec"), env)  # noqa: S102  (our own text: constants and names)
+    meta = tuple(None if t is None else (t.dtype, tuple(t.shape), tuple(t.stride())) for t in ts)
+    return Call(op, dev, foot, env["run"], tuple(x), source, meta, scalars, guard)
+
+
+def cached(cache: dict, sig, ts, build):
+    """The functional ops' path: (call, pointers) for tensors ``ts`` with signature ``sig`` (None: not
+    cacheable). A cached call whose recheck passes is used as is; otherwise ``build()`` validates in
+    full (raising what is wrong) and its call is kept."""
+    call = lookup(cache, sig)
+    if call is not None:
+        p = recheck(ts, call.foot)
+        if p is not None:
+            return call, p
+    call = build()
+    if sig is not None and len(cache) < _CACHE_MAX:
+        cache[sig] = call
+    return call, recheck(ts, call.foot)
+
+
+class Plan:
+    """cudnn's plan shape: built once from sample tensors and options (every check the op makes, every
+    entry resolved and loaded), ``check_support()``, then ``execute(...)`` with tensors of the same
+    shapes, dtypes, strides and device, as often as wanted, from any thread.
+
+    A subclass names its op's plan function (``_build``: the ``_into`` op's arguments -> :class:`Call`),
+    the tensors ``execute`` takes in order (``_tensors``; optional ones last) and its per-call scalars
+    (``_scalars``, keyword-only in ``execute``)."""
+
+    _build = None
+    _tensors: tuple = ()
+    _scalars: tuple = ()
+
+    def __init__(self, *args, **kwargs):
+        self._call = type(self)._build(*args, **kwargs)
+
+    def check_support(self) -> bool:
+        """True: construction validated the call and found every entry it needs (it raises otherwise)."""
+        return True
+
+    @property
+    def source(self) -> str:
+        """The code ``execute`` runs after its checks (launches with this plan's constants)."""
+        return self._call.source
+
+    def execute(self, *tensors, stream=None, **kw):
+        """Run the plan on ``tensors`` (positional in ``_tensors`` order, or by name) on ``stream`` (None:
+        torch's current stream of the plan's device). Each tensor must match the sample's dtype, shape,
+        strides and device; alignment and overlap are checked on the pointers; InputError before
+        anything runs otherwise."""
+        c = self._call
+        names = self._tensors
+        if len(tensors) > len(names):
+            raise input_error([f"{type(self).__name__}.execute takes {len(names)} tensors ({', '.join(names)}), got {len(tensors)}"])
+        x = c.x
+        if kw:
+            ts = list(tensors) + [None] * (len(names) - len(tensors))
+            sc = {}
+            for k, v in kw.items():
+                if k in names and names.index(k) >= len(tensors):
+                    ts[names.index(k)] = v
+                elif k in self._scalars:
+                    sc[k] = v
+                else:
+                    raise input_error([f"{type(self).__name__}.execute: unexpected argument {k}= (tensors: {', '.join(names)}; scalars: "
+                                       f"{', '.join(self._scalars) or 'none'})"])
+            tensors = tuple(ts)
+            if sc:
+                x = c.scalars(**sc)
+        elif len(tensors) < len(names):
+            tensors = tuple(tensors) + (None,) * (len(names) - len(tensors))
+        dev = c.dev
+        for t, m in zip(tensors, c.meta):
+            if m is None:
+                if t is not None:
+                    break
+            elif t is None or t.dtype is not m[0] or t.get_device() != dev or t.shape != m[1] or t.stride() != m[2]:
+                break
+        else:
+            p = recheck(tensors, c.foot)
+            if p is not None:
+                if c.guard is not None:
+                    c.guard()
+                c.run(p, stream_handle(stream, dev), x, tensors, stream)
+                return
+        raise input_error(self._mismatch(tensors))
+
+    def _mismatch(self, tensors) -> list:
+        """What is wrong with ``tensors`` against the plan (the slow path of execute)."""
+        import torch
+
+        out = []
+        c = self._call
+        for name, t, m in zip(self._tensors, tensors, c.meta):
+            if m is None:
+                if t is not None:
+                    out.append(f"{name}: given, but the plan was built without it")
+                continue
+            if not isinstance(t, torch.Tensor):
+                out.append(f"{name}: got {type(t).__name__} (expected a torch.Tensor like the plan's sample)")
+                continue
+            try:
+                got = (t.dtype, tuple(t.shape), tuple(t.stride()))
+            except RuntimeError:
+                got = (t.dtype, tuple(t.shape), None)
+            if got != m or t.get_device() != c.dev:
+                out.append(f"{name}: {got[0]} {got[1]} strides {got[2]} on {t.device} (the plan was built for {m[0]} {m[1]} strides {m[2]} "
+                           f"on cuda:{c.dev}; build another plan for other shapes)")
+            elif t.data_ptr() & c.foot[1][self._tensors.index(name)]:
+                out.append(f"{name}: data pointer 0x{t.data_ptr():x} is not aligned as the kernels need (clone() the tensor)")
+        if not out:
+            out.append("an output or the workspace overlaps another tensor of the call (outputs must not alias the inputs or each other)")
+        return out
