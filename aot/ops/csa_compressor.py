@@ -7,7 +7,7 @@ schedule functions on every build.
 from __future__ import annotations
 
 from ..policy import csa_compressor as policy
-from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, require, signature,
+from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, require,
                        sm_count_of, stream_handle, writes_only)
 from .outputs import Outputs
 from .plan import Plan, Recorder, cached, compile_call
@@ -108,7 +108,7 @@ def compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ra
     Capture-safe from the first call (loading a cubin is not stream work, see aot.runtime);
     ``aot.runtime.preload()`` before capturing keeps the file reads out of the capture."""
     ts = (out, kv, score, ape, cu_seqlens, cu_seqlens_comp)
-    call, p = cached(_FWD, signature(ts, (ratio, head_dim, coff)), ts,
+    call, p = cached(_FWD, ts, (ratio, head_dim, coff),
                      lambda: _plan_forward(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff))
     call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
     return out
@@ -183,7 +183,7 @@ def compressor_backward_into(grad_kv, grad_score, grad_ape, kv, score, ape, cu_s
     of ``backward_workspace_bytes(...)`` uint8 bytes. Nothing is written before every input is checked.
     """
     ts = (grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, workspace)
-    call, p = cached(_BWD, signature(ts, (ratio, head_dim, coff, deterministic)), ts,
+    call, p = cached(_BWD, ts, (ratio, head_dim, coff, deterministic),
                      lambda: _plan_backward(*ts[:9], ratio, head_dim, coff, deterministic, workspace))
     if call.guard is not None:
         call.guard()

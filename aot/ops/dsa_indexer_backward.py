@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, one_of,
-                       overlapping, require, scalar_f32, signature, stream_handle, target_sm_count, tensor_args, writes_only)
+                       overlapping, require, scalar_f32, stream_handle, target_sm_count, tensor_args, writes_only)
 from .outputs import Outputs
 from .plan import Plan, Recorder, cached, compile_call
 
@@ -103,9 +103,8 @@ def indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, ind
     ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
     # the signature proves every check but the per-call ones: the fp32 scalars' values (below), pointer
     # alignment and the outputs and workspace overlapping anything (recheck), the stream
-    sig = signature(ts, (block_I, backend, deterministic, deterministic_dk_planes, topk_indices_global,
-                         backend == "sm100_v2" and _positive(sm_scale)))
-    call, p = cached(_CALLS, sig, ts, lambda: _plan_backward(*ts[:10], sm_scale, loss_coeff, block_I, topk_indices_global, backend=backend,
+    extra = (block_I, backend, deterministic, deterministic_dk_planes, topk_indices_global, backend == "sm100_v2" and _positive(sm_scale))
+    call, p = cached(_CALLS, ts, extra, lambda: _plan_backward(*ts[:10], sm_scale, loss_coeff, block_I, topk_indices_global, backend=backend,
                                                              workspace=workspace, deterministic=deterministic,
                                                              deterministic_dk_planes=deterministic_dk_planes))
     call.run(p, stream_handle(stream, call.dev), call.scalars(sm_scale=sm_scale, loss_coeff=loss_coeff), ts, stream)

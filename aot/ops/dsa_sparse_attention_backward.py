@@ -17,7 +17,7 @@ from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, one_of,
-                       overlapping, require, scalar_f32, signature, sm_count_of, stream_handle, target_sm_count, tensor_args, writes_only)
+                       overlapping, require, scalar_f32, sm_count_of, stream_handle, target_sm_count, tensor_args, writes_only)
 from .outputs import Outputs
 from .plan import Plan, Recorder, cached, compile_call
 
@@ -106,7 +106,7 @@ def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_
     ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
     # the signature proves every check but the per-call ones: the scale's value (below), pointer
     # alignment and the outputs and workspace overlapping anything (recheck), the stream
-    call, p = cached(_CALLS, signature(ts, (block_tile, deterministic, q_cluster_mode)), ts,
+    call, p = cached(_CALLS, ts, (block_tile, deterministic, q_cluster_mode),
                      lambda: _plan_backward(*ts[:10], softmax_scale, topk_length, block_tile, deterministic, workspace, q_cluster_mode))
     call.run(p, stream_handle(stream, call.dev), call.scalars(softmax_scale=softmax_scale), ts, stream)
     return dq, dkv, d_sink

@@ -18,9 +18,9 @@ built once from sample tensors and options, ``check_support()``, ``execute(...)`
 
 from __future__ import annotations
 
-from ._support import input_error, lookup, memset0, recheck, stream_handle
+from ._support import input_error, lookup, memset0, recheck, signature, stream_handle
 
-__all__ = ["Sym", "Recorder", "Call", "compile_call", "cached", "Plan"]
+__all__ = ["Sym", "Recorder", "Call", "compile_call", "matches", "cached", "Plan"]
 
 _CACHE_MAX = 4096  # calls per op kept by signature (a process sees a handful of shapes)
 
@@ -81,7 +81,7 @@ class Recorder:
 class Call:
     """One validated call of an op, compiled: ``run(p, s, x, ts, stream)``.
 
-    ``foot``: what :func:`recheck` needs; ``meta``: per tensor (dtype, shape, strides) or None, what a
+    ``foot``: what :func:`recheck` needs; ``meta``: per tensor (dtype, shape) or None, what a
     plan's execute() matches its tensors against; ``x``: the scalars of the validating call;
     ``scalars(**kw)``: the per-call scalars from keyword values (InputError otherwise); ``guard()``:
     per-call checks of process state (torch's deterministic mode) or None."""
@@ -122,23 +122,56 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
         lines.append("    pass  # nothing to do for this call's shapes")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<aot plan: {op}>", "exec"), env)  # noqa: S102  (our own text: constants and names)
-    meta = tuple(None if t is None else (t.dtype, tuple(t.shape), tuple(t.stride())) for t in ts)
+    meta = tuple(None if t is None else (t.dtype, t.shape) for t in ts)
     return Call(op, dev, foot, env["run"], tuple(x), source, meta, scalars, guard)
 
 
-def cached(cache: dict, sig, ts, build):
-    """The functional ops' path: (call, pointers) for tensors ``ts`` with signature ``sig`` (None: not
-    cacheable). A cached call whose recheck passes is used as is; otherwise ``build()`` validates in
-    full (raising what is wrong) and its call is kept."""
-    call = lookup(cache, sig)
-    if call is not None:
+_LAST = ("last call",)  # a cache key no signature can equal (see _support.signature)
+
+
+def matches(call: Call, ts) -> bool:
+    """``ts`` are tensors like the ones ``call`` was validated for: same dtype, shape and device, contiguous
+    (the samples were, as every op requires: shape and contiguity fix the strides), None where they were None."""
+    dev = call.dev
+    try:
+        for t, m in zip(ts, call.meta):
+            if m is None:
+                if t is not None:
+                    return False
+            elif t is None or t.shape != m[1] or t.dtype is not m[0] or not t.is_contiguous() or t.get_device() != dev:
+                return False
+    except (AttributeError, TypeError, RuntimeError):  # not a tensor (or a sparse one): the caller's full check says so
+        return False
+    return True
+
+
+def cached(cache: dict, ts, extra, build):
+    """The functional ops' path: (call, pointers) for tensors ``ts`` and options ``extra``.
+
+    The op's last call is tried first (same options, :func:`matches`: what a loop calling one shape
+    pays), then the call cached under the full signature (:func:`aot.ops._support.signature`); a call
+    whose pointers pass :func:`recheck` is used as is. Otherwise ``build()`` validates in full (raising
+    what is wrong) and its call is kept. Threads may race on the last-call memo: it is replaced whole,
+    and only ever holds a call that was validated."""
+    last = cache.get(_LAST)
+    if last is not None and last[1] == tuple(map(type, extra)) and last[0] == extra and matches(last[2], ts):  # types first: no odd __eq__
+        call = last[2]
+    else:
+        sig = signature(ts, extra)
+        call = lookup(cache, sig)
+        if call is None:
+            call = build()
+            if sig is not None and len(cache) < _CACHE_MAX:
+                cache[sig] = call
+            if sig is not None:
+                cache[_LAST] = (extra, tuple(map(type, extra)), call)
+            return call, recheck(ts, call.foot)
+        cache[_LAST] = (extra, tuple(map(type, extra)), call)
+    p = recheck(ts, call.foot)
+    if p is None:  # the pointers fail a per-call check: the full validation says which
+        call = build()
         p = recheck(ts, call.foot)
-        if p is not None:
-            return call, p
-    call = build()
-    if sig is not None and len(cache) < _CACHE_MAX:
-        cache[sig] = call
-    return call, recheck(ts, call.foot)
+    return call, p
 
 
 class Plan:
@@ -168,8 +201,8 @@ class Plan:
 
     def execute(self, *tensors, stream=None, **kw):
         """Run the plan on ``tensors`` (positional in ``_tensors`` order, or by name) on ``stream`` (None:
-        torch's current stream of the plan's device). Each tensor must match the sample's dtype, shape,
-        strides and device; alignment and overlap are checked on the pointers; InputError before
+        torch's current stream of the plan's device). Each tensor must match the sample's dtype, shape
+        and device and be contiguous; alignment and overlap are checked on the pointers; InputError before
         anything runs otherwise."""
         c = self._call
         names = self._tensors
@@ -192,19 +225,12 @@ class Plan:
                 x = c.scalars(**sc)
         elif len(tensors) < len(names):
             tensors = tuple(tensors) + (None,) * (len(names) - len(tensors))
-        dev = c.dev
-        for t, m in zip(tensors, c.meta):
-            if m is None:
-                if t is not None:
-                    break
-            elif t is None or t.dtype is not m[0] or t.get_device() != dev or t.shape != m[1] or t.stride() != m[2]:
-                break
-        else:
+        if matches(c, tensors):
             p = recheck(tensors, c.foot)
             if p is not None:
                 if c.guard is not None:
                     c.guard()
-                c.run(p, stream_handle(stream, dev), x, tensors, stream)
+                c.run(p, stream_handle(stream, c.dev), x, tensors, stream)
                 return
         raise input_error(self._mismatch(tensors))
 
@@ -222,13 +248,10 @@ class Plan:
             if not isinstance(t, torch.Tensor):
                 out.append(f"{name}: got {type(t).__name__} (expected a torch.Tensor like the plan's sample)")
                 continue
-            try:
-                got = (t.dtype, tuple(t.shape), tuple(t.stride()))
-            except RuntimeError:
-                got = (t.dtype, tuple(t.shape), None)
-            if got != m or t.get_device() != c.dev:
-                out.append(f"{name}: {got[0]} {got[1]} strides {got[2]} on {t.device} (the plan was built for {m[0]} {m[1]} strides {m[2]} "
-                           f"on cuda:{c.dev}; build another plan for other shapes)")
+            contiguous = t.layout == torch.strided and t.is_contiguous()
+            if (t.dtype, tuple(t.shape)) != m[:2] or not contiguous or t.get_device() != c.dev:
+                out.append(f"{name}: {t.dtype} {tuple(t.shape)}{'' if contiguous else ' (not contiguous)'} on {t.device} (the plan was built for "
+                           f"{m[0]} {m[1]}, contiguous, on cuda:{c.dev}; build another plan for other shapes)")
             elif t.data_ptr() & c.foot[1][self._tensors.index(name)]:
                 out.append(f"{name}: data pointer 0x{t.data_ptr():x} is not aligned as the kernels need (clone() the tensor)")
         if not out:

@@ -80,6 +80,10 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
     assert "build another plan" in refused(*args[:i], other[i], *args[i + 1 :], **xkw)  # an input of another shape
     assert "build another plan" in refused(args[0].to(torch.float16) if args[0].dtype != torch.float16 else args[0].float(), *args[1:], **xkw)
     assert "build another plan" in refused(*args[:3], stand_in.cuda_tensor(args[3].clone(), 1), *args[4:], **xkw)  # on another device
+    t = args[i]
+    transposed = stand_in.cuda_tensor(torch.empty(list(reversed(t.shape)), dtype=t.dtype).permute(*reversed(range(t.ndim))))
+    assert transposed.shape == t.shape and not transposed.is_contiguous()
+    assert "not contiguous" in refused(*args[:i], transposed, *args[i + 1 :], **xkw)
     assert "torch.Tensor" in refused(None, *args[1:], **xkw)
     t = args[3]
     shifted = stand_in.cuda_tensor(torch.empty(t.numel() + 8, dtype=t.dtype)[1 : t.numel() + 1].view(t.shape))
