@@ -7,10 +7,10 @@ schedule functions on every build.
 from __future__ import annotations
 
 from ..policy import csa_compressor as policy
-from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, require,
+from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, recheck, require,
                        sm_count_of, stream_handle, writes_only)
 from .outputs import Outputs
-from .plan import Plan, Recorder, cached, compile_call
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, remember, remembered
 
 __all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes",
            "CompressorForward", "CompressorBackward"]
@@ -152,22 +152,30 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
     """
     import torch
 
-    if total_comp is not None:
-        bad = []
-        integer(bad, "total_comp", total_comp, 0, _I32 - 1)
-        if bad:
-            raise input_error(bad)
-    problems, dev, hd, *_ = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)
-    if problems:
-        raise input_error(problems)
-    stream_handle(stream, dev)  # refuse a bad stream before allocating on it
-    if total_comp is None:  # a device sync: what cudnn's wrapper does too
-        total_comp = int(cu_seqlens_comp[-1].item())
-        problems = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)[0]
-        if total_comp < 0 or problems:
-            raise input_error(problems or [f"cu_seqlens_comp[-1] = {total_comp} (expected >= 0)"])
-    if total_comp:
-        require(FAMILY, {"main": policy.forward_kernel(ratio, hd, coff, total_comp)}, dev, {"main": _hint(ratio)})
+    ins, extra = (kv, score, ape, cu_seqlens, cu_seqlens_comp), (ratio, head_dim, coff, total_comp)
+    hit = remembered(_FWD, ALLOC, ins, extra) if total_comp is not None else None
+    if hit is not None and recheck(ins, hit[2]) is not None:  # the same options, inputs like the last validated call's, aligned
+        dev, hd, _ = hit
+        stream_handle(stream, dev)
+    else:
+        if total_comp is not None:
+            bad = []
+            integer(bad, "total_comp", total_comp, 0, _I32 - 1)
+            if bad:
+                raise input_error(bad)
+        problems, dev, hd, *_ = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)
+        if problems:
+            raise input_error(problems)
+        stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+        if total_comp is None:  # a device sync: what cudnn's wrapper does too
+            total_comp = int(cu_seqlens_comp[-1].item())
+            problems = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)[0]
+            if total_comp < 0 or problems:
+                raise input_error(problems or [f"cu_seqlens_comp[-1] = {total_comp} (expected >= 0)"])
+        if total_comp:
+            require(FAMILY, {"main": policy.forward_kernel(ratio, hd, coff, total_comp)}, dev, {"main": _hint(ratio)})
+        if extra[3] is not None:
+            remember(_FWD, ALLOC, ins, extra, dev, (dev, hd, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3))))
     with alloc_on(stream, dev):
         out = allocate(lambda: torch.empty(total_comp, hd, dtype=torch.bfloat16, device=kv.device))
     compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
@@ -285,8 +293,8 @@ class CompressorBackward(Plan):
     _tensors = _BWD_TENSORS
 
 
-def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=4, head_dim=None, coff=2, stream=None, deterministic=False):
-    """cudnn's csa_compressor_backward_wrapper: returns {'grad_kv', 'grad_score', 'grad_ape'}."""
+def _validate_backward_allocating(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, head_dim, coff, stream, deterministic):
+    """The allocating backward's checks before it allocates: (device, total_comp, workspace bytes, deterministic)."""
     import torch
 
     problems = []
@@ -305,6 +313,21 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
     if total_comp:
         require(FAMILY, policy.backward_kernels(ratio, head_dim, coff, total_comp, deterministic), dev, {"main": _hint(ratio)})
     n = backward_workspace_bytes(total_comp, ratio, head_dim, coff, dev) if deterministic and total_comp else 0
+    return dev, total_comp, n, deterministic
+
+
+def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=4, head_dim=None, coff=2, stream=None, deterministic=False):
+    """cudnn's csa_compressor_backward_wrapper: returns {'grad_kv', 'grad_score', 'grad_ape'}."""
+    import torch
+
+    ins, extra = (kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out), (ratio, head_dim, coff, deterministic)
+    hit = remembered(_BWD, ALLOC, ins, extra)
+    if hit is not None and recheck(ins, hit[4]) is not None:  # the same options, inputs like the last validated call's, aligned
+        dev, total_comp, n, deterministic, _ = hit
+        stream_handle(stream, dev)
+    else:
+        dev, total_comp, n, deterministic = _validate_backward_allocating(*ins, ratio, head_dim, coff, stream, deterministic)
+        remember(_BWD, ALLOC, ins, extra, dev, (dev, total_comp, n, deterministic, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3, 15))))
 
     def outputs():
         with alloc_on(stream, dev):

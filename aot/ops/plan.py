@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ._support import input_error, lookup, memset0, recheck, signature, stream_handle
 
-__all__ = ["Sym", "Recorder", "Call", "compile_call", "matches", "cached", "Plan"]
+__all__ = ["Sym", "Recorder", "Call", "compile_call", "matches", "remembered", "remember", "ALLOC", "cached", "Plan"]
 
 _CACHE_MAX = 4096  # calls per op kept by signature (a process sees a handful of shapes)
 
@@ -122,19 +122,22 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
         lines.append("    pass  # nothing to do for this call's shapes")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<aot plan: {op}>", "exec"), env)  # noqa: S102  (our own text: constants and names)
-    meta = tuple(None if t is None else (t.dtype, t.shape) for t in ts)
-    return Call(op, dev, foot, env["run"], tuple(x), source, meta, scalars, guard)
+    return Call(op, dev, foot, env["run"], tuple(x), source, _meta(ts), scalars, guard)
 
 
-_LAST = ("last call",)  # a cache key no signature can equal (see _support.signature)
+_LAST = ("last call",)  # cache keys no signature can equal (see _support.signature)
+ALLOC = ("last allocating call",)
 
 
-def matches(call: Call, ts) -> bool:
-    """``ts`` are tensors like the ones ``call`` was validated for: same dtype, shape and device, contiguous
-    (the samples were, as every op requires: shape and contiguity fix the strides), None where they were None."""
-    dev = call.dev
+def _meta(ts) -> tuple:
+    return tuple(None if t is None else (t.dtype, t.shape) for t in ts)
+
+
+def _match(dev, meta, ts) -> bool:
+    """``ts`` like the tensors ``meta`` was taken from: same dtype, shape and device, contiguous (the samples
+    were, as every op requires: shape and contiguity fix the strides), None where they were None."""
     try:
-        for t, m in zip(ts, call.meta):
+        for t, m in zip(ts, meta):
             if m is None:
                 if t is not None:
                     return False
@@ -142,21 +145,37 @@ def matches(call: Call, ts) -> bool:
                 return False
     except (AttributeError, TypeError, RuntimeError):  # not a tensor (or a sparse one): the caller's full check says so
         return False
-    return True
+    return len(ts) == len(meta)
+
+
+def matches(call: Call, ts) -> bool:
+    """``ts`` are tensors like the ones ``call`` was validated for (see :func:`_match`)."""
+    return _match(call.dev, call.meta, ts)
+
+
+def remembered(cache: dict, key, ts, extra):
+    """What :func:`remember` kept under ``key`` for a call with the same options ``extra`` (compared by type,
+    then value) and tensors like ``ts``; None otherwise. Threads may race on it: it is replaced whole."""
+    v = cache.get(key)
+    if v is not None and v[1] == tuple(map(type, extra)) and v[0] == extra and _match(v[2], v[3], ts):
+        return v[4]
+    return None
+
+
+def remember(cache: dict, key, ts, extra, dev, value) -> None:
+    """Keep ``value``, what validating a call with tensors ``ts`` on GPU ``dev`` and options ``extra`` proved."""
+    cache[key] = (extra, tuple(map(type, extra)), dev, _meta(ts), value)
 
 
 def cached(cache: dict, ts, extra, build):
     """The functional ops' path: (call, pointers) for tensors ``ts`` and options ``extra``.
 
-    The op's last call is tried first (same options, :func:`matches`: what a loop calling one shape
-    pays), then the call cached under the full signature (:func:`aot.ops._support.signature`); a call
-    whose pointers pass :func:`recheck` is used as is. Otherwise ``build()`` validates in full (raising
-    what is wrong) and its call is kept. Threads may race on the last-call memo: it is replaced whole,
-    and only ever holds a call that was validated."""
-    last = cache.get(_LAST)
-    if last is not None and last[1] == tuple(map(type, extra)) and last[0] == extra and matches(last[2], ts):  # types first: no odd __eq__
-        call = last[2]
-    else:
+    The op's last call is tried first (:func:`remembered`: what a loop calling one shape pays), then the
+    call cached under the full signature (:func:`aot.ops._support.signature`); a call whose pointers
+    pass :func:`recheck` is used as is. Otherwise ``build()`` validates in full (raising what is wrong)
+    and its call is kept."""
+    call = remembered(cache, _LAST, ts, extra)
+    if call is None:
         sig = signature(ts, extra)
         call = lookup(cache, sig)
         if call is None:
@@ -164,9 +183,9 @@ def cached(cache: dict, ts, extra, build):
             if sig is not None and len(cache) < _CACHE_MAX:
                 cache[sig] = call
             if sig is not None:
-                cache[_LAST] = (extra, tuple(map(type, extra)), call)
+                remember(cache, _LAST, ts, extra, call.dev, call)
             return call, recheck(ts, call.foot)
-        cache[_LAST] = (extra, tuple(map(type, extra)), call)
+        remember(cache, _LAST, ts, extra, call.dev, call)
     p = recheck(ts, call.foot)
     if p is None:  # the pointers fail a per-call check: the full validation says which
         call = build()

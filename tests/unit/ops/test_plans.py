@@ -148,3 +148,36 @@ def test_a_plan_serves_many_threads_each_with_its_own_tensors_and_stream(env):
     assert set(got) == set(want)
     for s, launches in got.items():
         assert len(launches) == 200 * len(want[s]) and set(launches) == set(want[s])
+
+
+def test_the_allocating_forms_skip_validation_only_for_calls_like_the_last_valid_one(env, monkeypatch):
+    """A repeated allocating call with the same options and inputs like the last validated one skips the full
+    validation (what a training loop pays per layer), and its per-call checks still refuse before any launch.
+    (The outputs are given and the workspace is not needed: nothing is allocated on the CPU stand-in.)"""
+    import contextlib
+
+    import aot.dsa
+    import aot.ops.dsa_indexer_backward as ib
+
+    fn, args, kw, _ = op_calls.indexer_backward(0, env.new_stream(0))
+    validated = []
+    real = ib._validate
+    monkeypatch.setattr(ib, "_validate", lambda *a, **k: (validated.append(k.get("allocating", False)), real(*a, **k))[1])
+    monkeypatch.setattr(ib, "alloc_on", lambda *a: contextlib.nullcontext())
+    outs = dict(zip(("d_index_q", "d_weights", "d_index_k"), args[:3]))
+    ins = args[3:]
+
+    def call(*i, **k):
+        return aot.dsa.indexer_backward(*i, **dict(dict(sm_scale=0.1, loss_coeff=1.0, stream=kw["stream"], **outs), **k))
+
+    first = _record(env, lambda: call(*ins))
+    assert first[0] and validated == [True, False]  # the allocating form's checks, then its _into call's
+    assert _record(env, lambda: call(*ins)) == first
+    assert validated == [True, False]  # nothing validated again
+    t = ins[0]
+    shifted = stand_in.cuda_tensor(torch.empty(t.numel() + 8, dtype=t.dtype)[1 : t.numel() + 1].view(t.shape))
+    for bad_ins, bad_kw in (((shifted, *ins[1:]), {}), (ins, dict(sm_scale=1e39)), (ins, dict(loss_coeff=float("inf")))):
+        env.launches.clear()
+        with pytest.raises(InputError):
+            call(*bad_ins, **bad_kw)
+        assert not env.launches
