@@ -323,15 +323,15 @@ def cute_args(ptr, shape, dynamic, fully_dynamic=False):
 def memset0(ptr, nbytes, stream, dev):
     """Zero ``nbytes`` at device address ``ptr`` of GPU ``dev`` on ``stream`` (32-bit words when they fit)."""
     if nbytes:
-        f = _driver.fast()
+        d = _driver.drv()
         pushed = _device.push_if_needed(dev)
         try:
-            err = f.memset32(ptr, 0, nbytes // 4, stream) if nbytes % 4 == 0 else f.memset8(ptr, 0, nbytes, stream)
+            err = (d.cuMemsetD32Async(ptr, 0, nbytes // 4, stream) if nbytes % 4 == 0 else d.cuMemsetD8Async(ptr, 0, nbytes, stream))[0]
             if err:
-                _driver.check((_driver.drv().CUresult(err),), "cuMemsetD32Async" if nbytes % 4 == 0 else "cuMemsetD8Async")
+                _driver.check((err,), "cuMemsetD32Async" if nbytes % 4 == 0 else "cuMemsetD8Async")
         finally:
             if pushed:
-                _driver.drv().cuCtxPopCurrent()
+                d.cuCtxPopCurrent()
 
 
 def allocate(fn):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import LaunchError
 from ..policy.launch import CLUSTER_DIM, COOPERATIVE, PDL, PREFERRED_CLUSTER_DIM
-from .driver import check, drv, fast
+from .driver import check, drv
 
 __all__ = ["LoadedEntry", "Prepared", "read_checked"]
 
@@ -142,9 +142,7 @@ class LoadedEntry:
             self.cfgs.append(cfg)
             self.funcs.append(d.CUfunction(int(self.kernels[L["kernel"]])))
             self.last.append(None)
-        self._c_launch, self._result = fast().launch, d.CUresult
-        self._cfg_ptrs = [cfg.getPtr() for cfg in self.cfgs]  # the C structs cuda-python holds (and keeps alive with self.cfgs)
-        self._func_ptrs = [int(f) for f in self.funcs]
+        self._launch_ex = d.cuLaunchKernelEx
         self._get_ctx, self._push, self._pop = d.cuCtxGetCurrent, d.cuCtxPushCurrent, d.cuCtxPopCurrent
         self._lock = threading.Lock()
         self._last_args = self._last_seq = None
@@ -182,9 +180,9 @@ class LoadedEntry:
                     self.last[i] = dims
                 if snap is not None:  # this firing's bytes back into the site's buffer: the launch copies them
                     ctypes.memmove(self.bufs[i], snap, len(snap))
-                err = self._c_launch(self._cfg_ptrs[i], self._func_ptrs[i], self._param_addrs[i], None)
+                err = self._launch_ex(cfg, self.funcs[i], self._param_addrs[i], 0)[0]
                 if err:
-                    check((self._result(err),), f"cuLaunchKernelEx({self.mod.LAUNCHES[i]['kernel'][:60]}…, entry {self.entry['id']})")
+                    check((err,), f"cuLaunchKernelEx({self.mod.LAUNCHES[i]['kernel'][:60]}…, entry {self.entry['id']})")
         finally:
             if pushed:
                 self._pop()

@@ -48,7 +48,7 @@ class Driver:
         self._next = 0x7000
         # the types cuda-python gives (and checks assignments to)
         for name in ("CUlaunchConfig", "CUlaunchAttribute", "CUlaunchAttributeID", "CUfunction", "CUdevice_attribute", "CUfunction_attribute",
-                     "CUstream", "CUcontext", "CUresult"):
+                     "CUstream", "CUcontext"):
             setattr(self, name, getattr(real, name))
 
     # --- devices and contexts
@@ -122,14 +122,13 @@ class Driver:
         stack = self._stack()
         return self.dev_of(stack[-1]) if stack else None
 
-    # the hot path's calls (aot.runtime.driver.fast()): plain ints, CUresult as an int
-    def memset32(self, ptr, value, n, stream):
-        self.memsets.append((int(ptr), 4 * n, int(stream or 0), self._current_device()))
-        return 0
+    def cuMemsetD32Async(self, ptr, value, n, stream):
+        self.memsets.append((int(ptr), 4 * n, int(stream), self._current_device()))
+        return (0,)
 
-    def memset8(self, ptr, value, n, stream):
-        self.memsets.append((int(ptr), n, int(stream or 0), self._current_device()))
-        return 0
+    def cuMemsetD8Async(self, ptr, value, n, stream):
+        self.memsets.append((int(ptr), n, int(stream), self._current_device()))
+        return (0,)
 
     # --- libraries and kernels
     def cuLibraryLoadData(self, data, *a):
@@ -147,17 +146,15 @@ class Driver:
     def cuKernelSetAttribute(self, attr, value, kernel, dev):
         return (0,)
 
-    def launch(self, cfg_ptr, f, params_addr, extra):
-        """cuLaunchKernelEx as the runtime calls it: the CUlaunchConfig read from its C struct (CUDA's layout:
-        grid xyz, block xyz, shared memory as u32 at 0..24, the stream at 32, attributes at 40, their count at 48)."""
+    def cuLaunchKernelEx(self, cfg, f, params_addr, extra):
         time.sleep(0)  # release the GIL in the middle of the call, as the real driver does
         symbol = self.kernels[int(f)]
         sizes = self.param_sizes[symbol]
         ptrs = (ctypes.c_void_p * max(1, len(sizes))).from_address(params_addr)
         data = b"".join(ctypes.string_at(p, n) for p, n in zip(ptrs, sizes))
-        dims = (*(ctypes.c_uint32 * 7).from_address(cfg_ptr), ctypes.c_uint64.from_address(cfg_ptr + 32).value)
+        dims = (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, int(cfg.hStream))
         self.launches.append(Launch(symbol, dims, self._current_device(), data))
-        return 0
+        return (0,)
 
     def cuGetErrorName(self, err):
         return (0, f"CUDA_ERROR_{int(err)}".encode())
@@ -174,8 +171,6 @@ def install(monkeypatch, index, devices=2) -> Driver:
     d.param_sizes = {k: v for e in index.entries for k, v in e["params"].items()}
     for mod in (driver, device, loaded):
         monkeypatch.setattr(mod, "drv", lambda: d)
-    for mod in (driver, loaded):
-        monkeypatch.setattr(mod, "fast", lambda: d)
     monkeypatch.setattr(device, "_INFO", {})
     monkeypatch.setattr(device, "_CTX", {})
     monkeypatch.setattr(index_mod, "_INDEX", index)
