@@ -3,6 +3,7 @@ pure (py3-none-any); it ships the run-time layers and the build, no toolchain mo
 a clean venv without cutlass, cudnn or torch, `import aot` there loads no toolchain and every op imports."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -62,8 +63,14 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
         "assert importlib.util.find_spec('aot.toolchain') is None\n"
         "assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch') or m.startswith('aot.toolchain') for m in sys.modules)\n"
         "ix = json.load(open(os.path.join(os.path.dirname(aot.__file__), '_generated', 'index.json')))\n"
-        "print(sorted(e['arch'] for e in ix['entries']), sum(map(len, ops.values())))\n"
+        "print(json.dumps([sorted(e['arch'] for e in ix['entries']), {ns: sorted(v) for ns, v in ops.items()}]))\n"
     )
     p = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "['sm_100a', 'sm_90a'] 11"
+    import aot.csa
+    import aot.dsa
+
+    archs, ops = json.loads(p.stdout.strip().splitlines()[-1])
+    assert archs == ["sm_100a", "sm_90a"]
+    assert ops == {"csa": sorted(aot.csa.__all__), "dsa": sorted(aot.dsa.__all__)}  # every op and plan class of the tree, from the wheel
+    assert len(ops["csa"]) + len(ops["dsa"]) == 15
