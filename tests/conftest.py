@@ -11,3 +11,8 @@ if UNIT_TESTS not in sys.path:
     sys.path.insert(0, UNIT_TESTS)
 if GPU_TESTS not in sys.path:
     sys.path.insert(0, GPU_TESTS)
+# compiled launchers go to a cache of this test session, not the user's (aot/runtime/bytecode.py)
+if "AOT_BYTECODE_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["AOT_BYTECODE_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-bytecode-")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import LaunchError
 from ..policy.launch import CLUSTER_DIM, COOPERATIVE, PDL, PREFERRED_CLUSTER_DIM
+from .bytecode import code_for
 from .driver import check, drv
 
 __all__ = ["LoadedEntry", "Prepared", "read_checked"]
@@ -79,7 +80,7 @@ def _launcher_module(root: Path, entry: dict):
     mod = types.ModuleType(f"aot_launcher_{name.replace('.', '_')}")
     mod.__file__ = str(Path(root) / entry["launcher"])
     try:
-        exec(compile(source, mod.__file__, "exec"), mod.__dict__)  # noqa: S102  (generated at build time; sha256 checked above)
+        exec(code_for(source, entry["launcher_sha256"], mod.__file__), mod.__dict__)  # noqa: S102  (generated at build time; sha256 checked above)
     except Exception as e:  # noqa: BLE001
         raise LaunchError(f"launcher of {name} does not load ({type(e).__name__}: {e}). Reinstall or rebuild the wheel") from None
     params = entry.get("params") or {}

@@ -1,0 +1,105 @@
+"""Start-up: ``aot.runtime.preload()`` of every entry of this build for GPU 0, and where its time goes.
+
+    python bench/preload.py        # on a GPU; each measurement in a fresh process, the toolchain blocked
+
+First three fresh processes time ``preload()`` whole (import included, as a server's start-up pays it;
+the first with an empty bytecode cache, aot/runtime/bytecode.py, the next two reading it). Then
+another fresh process loads every entry step by step, timing each step summed over the entries: the
+cubin read and its sha256, the launcher read, sha256 check and compile to bytecode, its execution, the
+library load (cuLibraryLoadData) and the kernel handles; then the whole LoadedEntry again (files in
+the page cache; its per-device set-up and launch state included). Prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PRELUDE = r"""
+import sys, time, json
+sys.path.insert(0, ROOT)
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("cutlass", "cudnn", "tvm_ffi"):
+            raise ImportError("blocked: the AOT side must not import the toolchain")
+sys.meta_path.insert(0, _Block())
+"""
+
+WHOLE = PRELUDE + r"""
+t0 = time.perf_counter()
+import aot.runtime
+ms = aot.runtime.preload(0)
+t1 = time.perf_counter()
+print(json.dumps({"entries": len(ms), "preload_ms": (t1 - t0) * 1e3, "sum_load_ms": sum(ms.values())}))
+"""
+
+STEPS = PRELUDE + r"""
+import hashlib, types
+from pathlib import Path
+from aot.runtime.index import index
+from aot.runtime.driver import drv, check
+from aot.runtime import loaded as L
+ix = index()
+arch = ix.arch_for(0)
+es = [e for e in ix.entries if e["arch"] == arch]
+d = drv()
+dev = check(d.cuDeviceGet(0), "cuDeviceGet")
+ctx = check(d.cuDevicePrimaryCtxRetain(dev), "retain")
+d.cuCtxPushCurrent(ctx)
+t = dict.fromkeys(["cubin read + sha256", "launcher read + sha256", "launcher compile (what the bytecode cache saves)",
+                   "launcher read, check, code from the cache, exec, index checks",
+                   "cuLibraryLoadData", "cuLibraryGetKernel per kernel", "whole LoadedEntry (again, files cached)"], 0.0)
+for e in es:
+    root = ix.root
+    t0 = time.perf_counter(); data = L.read_checked(root, e["cubin"], e["sha256"], "cubin")
+    t1 = time.perf_counter(); src = L.read_checked(root, e["launcher"], e["launcher_sha256"], "launcher")
+    t2 = time.perf_counter(); code = compile(src, e["launcher"], "exec")
+    t3 = time.perf_counter(); L._launcher_module(root, e)  # read, check, code (from the bytecode cache), exec, index checks
+    t4 = time.perf_counter(); lib = check(d.cuLibraryLoadData(data, None, None, 0, None, None, 0), "load")
+    t5 = time.perf_counter()
+    for sym in e.get("kernels") or ():
+        check(d.cuLibraryGetKernel(lib, sym.encode()), "kernel")
+    t6 = time.perf_counter(); L.LoadedEntry(root, e, 0)
+    t7 = time.perf_counter()
+    t["cubin read + sha256"] += t1 - t0
+    t["launcher read + sha256"] += t2 - t1
+    t["launcher compile (what the bytecode cache saves)"] += t3 - t2
+    t["launcher read, check, code from the cache, exec, index checks"] += t4 - t3
+    t["cuLibraryLoadData"] += t5 - t4
+    t["cuLibraryGetKernel per kernel"] += t6 - t5
+    t["whole LoadedEntry (again, files cached)"] += t7 - t6
+print(json.dumps({"entries": len(es), "cubin_mb": sum((ix.root / e["cubin"]).stat().st_size for e in es) / 1e6} | {k: v * 1e3 for k, v in t.items()}))
+"""
+
+
+def run(code):
+    p = subprocess.run([sys.executable, "-c", f"ROOT = {ROOT!r}\n" + code], capture_output=True, text=True, cwd="/")
+    if p.returncode:
+        raise SystemExit(p.stderr.strip()[-3000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main():
+    import tempfile
+
+    os.environ["AOT_BYTECODE_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-bytecode-bench-")  # empty at the first run
+    whole = [run(WHOLE) for _ in range(3)]
+    steps = run(STEPS)
+    print(json.dumps({"whole": whole, "steps": steps}, indent=1))
+    print(f"\n| preload() of {whole[0]['entries']} entries, fresh process, import included | ms |")
+    print("|---|---:|")
+    for i, w in enumerate(whole):
+        print(f"| run {i + 1}{' (bytecode cache empty)' if i == 0 else ''} | {w['preload_ms']:.1f} (entries' own load times: {w['sum_load_ms']:.1f}) |")
+    print(f"\n| step, summed over {steps['entries']} entries ({steps['cubin_mb']:.1f} MB of cubins) | ms |")
+    print("|---|---:|")
+    for k, v in steps.items():
+        if k not in ("entries", "cubin_mb"):
+            print(f"| {k} | {v:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
