@@ -1,6 +1,8 @@
 """Start-up: ``aot.runtime.preload()`` of every entry of this build for GPU 0, and where its time goes.
 
-    python bench/preload.py        # on a GPU; each measurement in a fresh process, the toolchain blocked
+    python bench/preload.py [--profile]   # on a GPU; each measurement in a fresh process, the toolchain blocked
+
+``--profile`` prints cProfile's view of one fresh process's ``preload()`` instead (cache warmed first).
 
 First three fresh processes time ``preload()`` whole (import included, as a server's start-up pays it;
 the first with an empty bytecode cache, aot/runtime/bytecode.py, the next two reading it). Then
@@ -83,8 +85,28 @@ def run(code):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+PROFILE = PRELUDE + r"""
+import cProfile, io, pstats
+import aot.runtime
+pr = cProfile.Profile()
+pr.enable()
+aot.runtime.preload(0)
+pr.disable()
+s = io.StringIO()
+pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
+print(s.getvalue())
+"""
+
+
 def main():
     import tempfile
+
+    if "--profile" in sys.argv[1:]:  # where a fresh process's preload() goes (bytecode cache warmed first)
+        os.environ.setdefault("AOT_BYTECODE_CACHE", tempfile.mkdtemp(prefix="dsa-aot-bytecode-bench-"))
+        run(WHOLE)
+        p = subprocess.run([sys.executable, "-c", f"ROOT = {ROOT!r}\n" + PROFILE], capture_output=True, text=True, cwd="/")
+        print(p.stdout or p.stderr[-3000:])
+        return
 
     os.environ["AOT_BYTECODE_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-bytecode-bench-")  # empty at the first run
     whole = [run(WHOLE) for _ in range(3)]
