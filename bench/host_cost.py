@@ -29,12 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PRELUDE = r"""
 import sys, json, time, threading, math
-sys.path.insert(0, TREE)
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("cutlass", "cudnn", "tvm_ffi"):
-            raise ImportError("blocked: the AOT side must not import the toolchain")
-sys.meta_path.insert(0, _Block())
+sys.path[:0] = [TREE, BENCH]
+from _harness import block_toolchain, per_call
+block_toolchain()
 import torch
 dev = torch.device("cuda", 0)
 
@@ -76,19 +73,7 @@ make = {"csa_forward_into": csa_inputs, "indexer_backward_into": indexer_inputs}
 """
 
 SINGLE = r"""
-call = make(0)
-for _ in range(20):
-    call()
-torch.cuda.synchronize()
-ns = []
-for i in range(CALLS):
-    t0 = time.perf_counter_ns()
-    call()
-    ns.append(time.perf_counter_ns() - t0)
-    if i % 20 == 19:
-        torch.cuda.synchronize()
-torch.cuda.synchronize()
-print(json.dumps(ns))
+print(json.dumps(per_call(make(0), CALLS)))
 """
 
 THREADS = r"""
@@ -119,7 +104,7 @@ print(json.dumps([(time.perf_counter_ns() - t0) / (n * CALLS)]))
 
 
 def run(tree, op, body, calls, via="direct"):
-    code = f"TREE = {tree!r}\nOP = {op!r}\nCALLS = {calls}\nVIA = {via!r}\n" + PRELUDE + body
+    code = f"TREE = {tree!r}\nBENCH = {os.path.join(ROOT, 'bench')!r}\nOP = {op!r}\nCALLS = {calls}\nVIA = {via!r}\n" + PRELUDE + body
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     if p.returncode:
         raise SystemExit(f"{tree} {op}: {p.stderr.strip()[-2000:]}")

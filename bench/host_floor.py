@@ -29,30 +29,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PRELUDE = r"""
 import sys, json, time, math, os
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+from _harness import block_toolchain, per_call
 if SIDE == "aot":
-    class _Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("cutlass", "cudnn", "tvm_ffi"):
-                raise ImportError("blocked: the AOT side must not import the toolchain")
-    sys.meta_path.insert(0, _Block())
+    block_toolchain()
 import torch
 dev = torch.device("cuda", 0)
 torch.manual_seed(0)
-
-def per_call(fn, calls):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    ns = []
-    for i in range(calls):
-        t0 = time.perf_counter_ns()
-        fn()
-        ns.append(time.perf_counter_ns() - t0)
-        if i % 20 == 19:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return ns
 
 rows = {}
 """

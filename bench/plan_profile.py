@@ -9,28 +9,18 @@ import math
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("cutlass", "cudnn", "tvm_ffi"):
-            raise ImportError("blocked")
-sys.meta_path.insert(0, _Block())
-import torch
+from _harness import block_toolchain, per_call  # noqa: E402  (bench/, this script's directory)
+
+block_toolchain()
+import torch  # noqa: E402
 import aot.csa, aot.dsa
 from aot.ops._support import recheck, stream_handle, memset0
 dev = torch.device("cuda", 0)
 
 def med(fn, n=2000):
-    for _ in range(20): fn()
-    torch.cuda.synchronize()
-    ns = []
-    for i in range(n):
-        t0 = time.perf_counter_ns(); fn(); ns.append(time.perf_counter_ns() - t0)
-        if i % 20 == 19: torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return round(statistics.median(ns) / 1e3, 2)
+    return round(statistics.median(per_call(fn, n)) / 1e3, 2)
 
 def pieces(P, ts, label):
     c = P._call

@@ -22,13 +22,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PRELUDE = r"""
-import sys, time, json
-sys.path.insert(0, ROOT)
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("cutlass", "cudnn", "tvm_ffi"):
-            raise ImportError("blocked: the AOT side must not import the toolchain")
-sys.meta_path.insert(0, _Block())
+import sys, time, json, os
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+from _harness import block_toolchain
+block_toolchain()
 """
 
 WHOLE = PRELUDE + r"""

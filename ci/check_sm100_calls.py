@@ -64,19 +64,16 @@ def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int,
 
     from aot.ops.plan import Recorder, Sym
 
-    class Launcher:  # the lifted launcher in place of a loaded entry
-        pass
-
     saved = op_mod.launcher, op_mod.sm_count_of
-    op_mod.launcher = lambda family, op_, key_, dev, hint="": Launcher()
+    op_mod.launcher = lambda family, op_, key_, dev, hint="": None  # recorded, never called
     op_mod.sm_count_of = lambda dev: sm_count
     t = {k: Buf(i) for i, k in enumerate(NAMES)}
     # the op records its call symbolically (pointers in the order of its tensors); replay it with the stand-ins' addresses
-    order = ("dq", "dkv", "d_sink", "q", "kv", "out", "dout", "lse", "attn_sink", "topk_idxs", "topk_length", "workspace")
+    order = op_mod.SparseAttentionBackward._tensors
     values = {f"p[{i}]": t[k].p for i, k in enumerate(order)} | {"s": STREAM, "x[0]": 0.5}
 
     def val(a):
-        return values[a.name] + a.off if isinstance(a, Sym) else a
+        return a.value(values) if isinstance(a, Sym) else a
 
     try:
         rec = Recorder(len(order), 1)

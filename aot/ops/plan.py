@@ -43,6 +43,10 @@ class Sym:
     def __repr__(self):
         return f"({self.name} + {self.off})" if self.off else self.name
 
+    def value(self, values: dict) -> int:
+        """This value given ``values`` {name: int} ("p[0]", "s", "x[0]", ...): what a replay passes."""
+        return values[self.name] + self.off
+
     def _refuse(self, *_):
         raise TypeError(f"{self!r} is a per-call value: a plan cannot branch on it or compute with it")
 
@@ -176,17 +180,15 @@ def cached(cache: dict, ts, extra, build):
     and its call is kept."""
     call = remembered(cache, _LAST, ts, extra)
     if call is None:
-        sig = signature(ts, extra)
+        sig = signature(ts, extra)  # None: an argument that is not a tensor; build() says what is wrong
         call = lookup(cache, sig)
         if call is None:
             call = build()
             if sig is not None and len(cache) < _CACHE_MAX:
                 cache[sig] = call
-            if sig is not None:
-                remember(cache, _LAST, ts, extra, call.dev, call)
-            return call, recheck(ts, call.foot)
-        remember(cache, _LAST, ts, extra, call.dev, call)
-    p = recheck(ts, call.foot)
+        if sig is not None:
+            remember(cache, _LAST, ts, extra, call.dev, call)
+    p = recheck(ts, call.foot)  # a fresh call's own pointers pass at once (its footprint holds them)
     if p is None:  # the pointers fail a per-call check: the full validation says which
         call = build()
         p = recheck(ts, call.foot)

@@ -5,22 +5,17 @@ whatever the current device. The calls are those of test_runtime_safety.py."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
-from test_runtime_safety import OPS, needs_two, same  # noqa: E402
+from op_calls import plan_class  # noqa: E402 - tests/unit is on sys.path (tests/conftest.py)
+from test_runtime_safety import OPS, in_threads, needs_two, same  # noqa: E402
 
 
 def _plan(fn, args, kw):
-    import aot.csa
-    import aot.dsa
-
-    cls = {aot.csa.compressor_forward_into: aot.csa.CompressorForward, aot.csa.compressor_backward_into: aot.csa.CompressorBackward,
-           aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward, aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward}[fn]
+    cls = plan_class(fn)
     plan = cls(*args, **kw)
     xkw = {k: v for k, v in kw.items() if k in cls._tensors}
     return plan, xkw
@@ -116,22 +111,13 @@ def test_one_plan_from_8_threads_each_with_its_tensors_and_stream():
     plan, _ = _plan(*new[0][:3])
     assert isinstance(plan, aot.csa.CompressorBackward)
     streams = [torch.cuda.Stream() for _ in new]
-    errors = []
 
-    def worker(i):
+    def work(i):
         _, args, kw, _, _ = new[i]
-        try:
-            for _ in range(100):
-                plan.execute(*args, workspace=kw["workspace"], stream=streams[i])
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+        for _ in range(100):
+            plan.execute(*args, workspace=kw["workspace"], stream=streams[i])
 
-    ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(new))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    torch.cuda.synchronize()
+    errors = in_threads(work, len(new))
     assert not errors, errors[:3]
     for i, (_, _, _, outs, exact) in enumerate(new):
         for o, w, e in zip(outs, want[i], exact):

@@ -96,6 +96,26 @@ def _call(fn, args, kw, stream=None):
     fn(*args, **kw, **({"stream": stream} if stream is not None else {}))
 
 
+def in_threads(work, n) -> list:
+    """Run ``work(i)`` for i < n, each in its own thread, all at once; the exceptions they raised, once
+    every thread has ended and the devices are synchronised."""
+    errors = []
+
+    def run(i):
+        try:
+            work(i)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    torch.cuda.synchronize()
+    return errors
+
+
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_32_threads_on_their_own_streams_match_a_single_threaded_run(op):
     threads, calls = 32, 200
@@ -108,23 +128,14 @@ def test_32_threads_on_their_own_streams_match_a_single_threaded_run(op):
         for o in outs:
             o.fill_(float("nan") if o.is_floating_point() else -1)
     streams = [torch.cuda.Stream() for _ in range(threads)]
-    errors = []
 
-    def worker(i):
-        fn, args, kw, outs, _ = setups[i]
-        try:
-            with torch.cuda.stream(streams[i]):
-                for _ in range(calls):
-                    _call(fn, args, kw, streams[i])
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+    def work(i):
+        fn, args, kw, _, _ = setups[i]
+        with torch.cuda.stream(streams[i]):
+            for _ in range(calls):
+                _call(fn, args, kw, streams[i])
 
-    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    torch.cuda.synchronize()
+    errors = in_threads(work, threads)
     assert not errors, errors[:3]
     for i, (_, _, _, outs, exact) in enumerate(setups):
         for j, (o, w, e) in enumerate(zip(outs, want[i], exact)):

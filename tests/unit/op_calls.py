@@ -18,14 +18,20 @@ def _t(shape, dtype, dev, fill=None):
     return cuda_tensor(x, dev)
 
 
-def csa_forward(dev, stream, nb=32):
-    import aot.csa
-
-    ratio, d, coff = 4, 128, 2
+def _csa_inputs(dev, nb, ratio=4, d=128, coff=2):
+    """kv, score, ape, cu_seqlens, cu_seqlens_comp of one sequence of ``ratio * nb`` tokens."""
     tokens = ratio * nb
     kv, score = _t((tokens, coff * d), torch.bfloat16, dev), _t((tokens, coff * d), torch.bfloat16, dev)
     ape = _t((ratio, coff * d), torch.float32, dev)
     cu, cuc = cuda_tensor(torch.tensor([0, tokens], dtype=torch.int32), dev), cuda_tensor(torch.tensor([0, nb], dtype=torch.int32), dev)
+    return kv, score, ape, cu, cuc
+
+
+def csa_forward(dev, stream, nb=32):
+    import aot.csa
+
+    ratio, d, coff = 4, 128, 2
+    kv, score, ape, cu, cuc = _csa_inputs(dev, nb, ratio, d, coff)
     out = _t((nb, d), torch.bfloat16, dev)
     return aot.csa.compressor_forward_into, (out, kv, score, ape, cu, cuc), dict(ratio=ratio, coff=coff, stream=stream), (out,)
 
@@ -35,9 +41,7 @@ def csa_backward(dev, stream, nb=32, deterministic=True):
 
     ratio, d, coff = 4, 128, 2
     tokens = ratio * nb
-    kv, score = _t((tokens, coff * d), torch.bfloat16, dev), _t((tokens, coff * d), torch.bfloat16, dev)
-    ape = _t((ratio, coff * d), torch.float32, dev)
-    cu, cuc = cuda_tensor(torch.tensor([0, tokens], dtype=torch.int32), dev), cuda_tensor(torch.tensor([0, nb], dtype=torch.int32), dev)
+    kv, score, ape, cu, cuc = _csa_inputs(dev, nb, ratio, d, coff)
     go = _t((nb, d), torch.bfloat16, dev)
     gkv, gs, gape = _t((tokens, coff * d), torch.bfloat16, dev), _t((tokens, coff * d), torch.bfloat16, dev), _t((ratio, coff * d), torch.float32, dev)
     ws = _t((aot.csa.backward_workspace_bytes(nb, ratio, d, coff),), torch.uint8, dev) if deterministic else None
@@ -71,6 +75,16 @@ def sparse_backward(dev, stream, s_q=16, s_kv=256):
     ws = _t((aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h),), torch.uint8, dev)
     args = (dq, dkv, d_sink, q, kv, out, dout, lse, sink, idx)
     return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=0.05, stream=stream, workspace=ws), (dq, dkv, d_sink, ws)
+
+
+def plan_class(fn):
+    """The plan class of an ``_into`` op (its tensors in the op's order)."""
+    import aot.csa
+    import aot.dsa
+
+    return {aot.csa.compressor_forward_into: aot.csa.CompressorForward, aot.csa.compressor_backward_into: aot.csa.CompressorBackward,
+            aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward,
+            aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward}[fn]
 
 
 FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward}

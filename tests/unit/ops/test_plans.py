@@ -12,17 +12,8 @@ import stand_in
 from aot.errors import InputError
 
 
-def _plan_class(fn):
-    import aot.csa
-    import aot.dsa
-
-    return {aot.csa.compressor_forward_into: aot.csa.CompressorForward, aot.csa.compressor_backward_into: aot.csa.CompressorBackward,
-            aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward,
-            aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward}[fn]
-
-
 def _build(fn, args, kw):
-    cls = _plan_class(fn)
+    cls = op_calls.plan_class(fn)
     return cls(*args, **{k: v for k, v in kw.items() if k != "stream"})
 
 

@@ -51,7 +51,7 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
     sparse._sm100_call(rec, op_key, 0, s_q, s_kv, 128, 512, 512, False)
     values = {f"p[{i}]": b.p for i, b in enumerate(t)} | {"s": 7, "x[0]": 0.5}
     ((entry_, args),) = rec.launches
-    le.prepare(*(values[a.name] + a.off if isinstance(a, Sym) else a for a in args)).fire()
+    le.prepare(*(a.value(values) if isinstance(a, Sym) else a for a in args)).fire()
     bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
     want = []
     ns["launch"](lambda k, dims: want.append((sites[k]["kernel"], b"".join(bytes(bufs[k][o : o + n]) for o, n in sites[k]["params"]))), *bufs, *calls[0])
