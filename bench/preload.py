@@ -4,8 +4,10 @@
 
 ``--profile`` prints cProfile's view of one fresh process's ``preload()`` instead (cache warmed first).
 
-First three fresh processes time ``preload()`` whole (import included, as a server's start-up pays it;
-the first with an empty bytecode cache, aot/runtime/bytecode.py, the next two reading it). Then
+Fresh processes time ``preload()`` whole (``import aot.runtime`` included, as a server's start-up pays
+it): the first with an empty bytecode cache (aot/runtime/bytecode.py), the others reading it; as the
+process's first CUDA user (it pays cuInit and GPU 0's context) and after torch initialised CUDA (a
+server's usual order); loading one entry at a time and with 8 threads. Then
 another fresh process loads every entry step by step, timing each step summed over the entries: the
 cubin read and its sha256, the launcher read, sha256 check and compile to bytecode, its execution, the
 library load (cuLibraryLoadData) and the kernel handles; then the whole LoadedEntry again (files in
@@ -29,12 +31,20 @@ block_toolchain()
 """
 
 WHOLE = PRELUDE + r"""
+if TORCH_FIRST:  # a server's usual order: torch has initialised CUDA (driver and GPU 0's context) already
+    import torch
+    torch.zeros(1, device="cuda:0")
 t0 = time.perf_counter()
 import aot.runtime
-ms = aot.runtime.preload(0)
+ms = aot.runtime.preload(0, threads=THREADS)
 t1 = time.perf_counter()
 print(json.dumps({"entries": len(ms), "preload_ms": (t1 - t0) * 1e3, "sum_load_ms": sum(ms.values())}))
 """
+
+
+def whole(threads, torch_first):
+    return run(f"THREADS = {threads}\nTORCH_FIRST = {torch_first}\n" + WHOLE)
+
 
 STEPS = PRELUDE + r"""
 import hashlib, types
@@ -100,19 +110,23 @@ def main():
 
     if "--profile" in sys.argv[1:]:  # where a fresh process's preload() goes (bytecode cache warmed first)
         os.environ.setdefault("AOT_BYTECODE_CACHE", tempfile.mkdtemp(prefix="dsa-aot-bytecode-bench-"))
-        run(WHOLE)
+        whole(8, False)
         p = subprocess.run([sys.executable, "-c", f"ROOT = {ROOT!r}\n" + PROFILE], capture_output=True, text=True, cwd="/")
         print(p.stdout or p.stderr[-3000:])
         return
 
     os.environ["AOT_BYTECODE_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-bytecode-bench-")  # empty at the first run
-    whole = [run(WHOLE) for _ in range(3)]
+    runs = [("bytecode cache empty, 8 threads", whole(8, False))]
+    for torch_first in (False, True):
+        for threads in (1, 8):
+            for _ in range(2):
+                runs.append((f"{'after torch initialised CUDA' if torch_first else 'first CUDA user'}, {threads} thread(s)", whole(threads, torch_first)))
     steps = run(STEPS)
-    print(json.dumps({"whole": whole, "steps": steps}, indent=1))
-    print(f"\n| preload() of {whole[0]['entries']} entries, fresh process, import included | ms |")
-    print("|---|---:|")
-    for i, w in enumerate(whole):
-        print(f"| run {i + 1}{' (bytecode cache empty)' if i == 0 else ''} | {w['preload_ms']:.1f} (entries' own load times: {w['sum_load_ms']:.1f}) |")
+    print(json.dumps({"whole": runs, "steps": steps}, indent=1))
+    print(f"\n| preload() of {runs[0][1]['entries']} entries, fresh process each, `import aot.runtime` included | ms | entries' own load ms, summed |")
+    print("|---|---:|---:|")
+    for label, w in runs:
+        print(f"| {label} | {w['preload_ms']:.1f} | {w['sum_load_ms']:.1f} |")
     print(f"\n| step, summed over {steps['entries']} entries ({steps['cubin_mb']:.1f} MB of cubins) | ms |")
     print("|---|---:|")
     for k, v in steps.items():

@@ -13,7 +13,7 @@ __all__ = [
     "arch_of", "sm_count_of", "target_sm_count", "require", "launcher", "lookup",  # devices and entries
     "stream_handle", "alloc_on", "allocate", "memset0",  # streams and memory
     "check", "scalar_f32", "integer", "one_of", "flag", "aliasing", "overlapping", "input_error",  # validation
-    "signature", "footprint", "recheck",  # the fast paths
+    "signature", "footprint", "recheck", "recheck_ptrs",  # the fast paths
     "writes_only",  # torch.library fakes
     "tensor_args", "flat_args", "row_major", "cute_args",  # host-function arguments
 ]  # fmt: skip
@@ -246,15 +246,20 @@ def footprint(ts, writes, masks=None, sizes=None) -> list:
 
 
 def recheck(ts, foot):
-    """The checks a call's signature does not prove, made per call on its data pointers: each aligned to
-    its mask, no written tensor overlapping another's bytes. The pointers when they pass, else None (the
-    full validation then runs and says what is wrong). ``foot``: from :func:`footprint` at validation.
+    """The checks a call's signature does not prove, made per call on its data pointers (see
+    :func:`recheck_ptrs`): the pointers of ``ts`` when they pass, else None."""
+    return recheck_ptrs(tuple([0 if t is None else t.data_ptr() for t in ts]), foot)
+
+
+def recheck_ptrs(ptrs, foot):
+    """``ptrs`` (a call's data pointers, 0 for an absent tensor) when each is aligned to its mask and no
+    written tensor overlaps another's bytes; else None (the full validation then runs and says what is
+    wrong). ``foot``: from :func:`footprint` at validation.
 
     The same pointers as the last call that passed (a training loop's usual case) pass at once: sizes,
     masks and pointers are all the checks read. Threads may race on that memo; it only ever holds a
     tuple that passed."""
     nbytes, masks, writes, last = foot
-    ptrs = tuple([0 if t is None else t.data_ptr() for t in ts])
     if ptrs == last:
         return ptrs
     for p, m in zip(ptrs, masks):

@@ -7,10 +7,10 @@ schedule functions on every build.
 from __future__ import annotations
 
 from ..policy import csa_compressor as policy
-from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, recheck, require,
+from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, require,
                        sm_count_of, stream_handle, writes_only)
 from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, remember, remembered
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
 __all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes",
            "CompressorForward", "CompressorBackward"]
@@ -154,8 +154,8 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
 
     ins, extra = (kv, score, ape, cu_seqlens, cu_seqlens_comp), (ratio, head_dim, coff, total_comp)
     hit = remembered(_FWD, ALLOC, ins, extra) if total_comp is not None else None
-    if hit is not None and recheck(ins, hit[2]) is not None:  # the same options, inputs like the last validated call's, aligned
-        dev, hd, _ = hit
+    if hit is not None:  # the same options, inputs like the last validated call's, aligned
+        dev, hd = hit[0]
         stream_handle(stream, dev)
     else:
         if total_comp is not None:
@@ -175,7 +175,7 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
         if total_comp:
             require(FAMILY, {"main": policy.forward_kernel(ratio, hd, coff, total_comp)}, dev, {"main": _hint(ratio)})
         if extra[3] is not None:
-            remember(_FWD, ALLOC, ins, extra, dev, (dev, hd, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3))))
+            remember(_FWD, ALLOC, extra, probe_for(ins, dev, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3))), (dev, hd))
     with alloc_on(stream, dev):
         out = allocate(lambda: torch.empty(total_comp, hd, dtype=torch.bfloat16, device=kv.device))
     compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
@@ -322,12 +322,12 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
 
     ins, extra = (kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out), (ratio, head_dim, coff, deterministic)
     hit = remembered(_BWD, ALLOC, ins, extra)
-    if hit is not None and recheck(ins, hit[4]) is not None:  # the same options, inputs like the last validated call's, aligned
-        dev, total_comp, n, deterministic, _ = hit
+    if hit is not None:  # the same options, inputs like the last validated call's, aligned
+        dev, total_comp, n, deterministic = hit[0]
         stream_handle(stream, dev)
     else:
         dev, total_comp, n, deterministic = _validate_backward_allocating(*ins, ratio, head_dim, coff, stream, deterministic)
-        remember(_BWD, ALLOC, ins, extra, dev, (dev, total_comp, n, deterministic, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3, 15))))
+        remember(_BWD, ALLOC, extra, probe_for(ins, dev, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3, 15))), (dev, total_comp, n, deterministic))
 
     def outputs():
         with alloc_on(stream, dev):

@@ -15,9 +15,9 @@ from ..errors import InputError
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, one_of,
-                       overlapping, recheck, require, scalar_f32, stream_handle, target_sm_count, tensor_args, writes_only)
+                       overlapping, require, scalar_f32, stream_handle, target_sm_count, tensor_args, writes_only)
 from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, remember, remembered
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
 __all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "IndexerBackward"]
 
@@ -81,16 +81,17 @@ def indexer_backward(index_q, weights, index_k, attn_score, index_score, topk_in
         # everything given is known to be valid (the missing outputs and workspace are checked after)
         ins = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, workspace)
         extra = (block_I, topk_indices_global, backend, deterministic, deterministic_dk_planes)
-        call = remembered(_CALLS, ALLOC, ins, extra)  # the same options and tensors like the last validated call's
-        if call is not None and call.b * call.s_q:  # and the per-call checks pass: pointers, scalars
+        hit = remembered(_CALLS, ALLOC, ins, extra)  # the same options, tensors like the last validated call's, pointers that pass
+        call = hit and hit[0]
+        if call is not None and call.b * call.s_q:  # and the scalars pass their per-call checks
             try:
                 _scalars_of(call.b * call.s_q, backend == "sm100_v2")(sm_scale=sm_scale, loss_coeff=loss_coeff)
             except InputError:
                 call = None
-        if call is None or recheck(ins, call.foot) is None:
+        if call is None:
             call = _validate(*ins[:10], sm_scale, loss_coeff, block_I, topk_indices_global, backend, workspace, deterministic,
                              deterministic_dk_planes, allocating=True)
-            remember(_CALLS, ALLOC, ins, extra, call.dev, call)
+            remember(_CALLS, ALLOC, extra, probe_for(ins, call.dev, call.foot), call)
         dev = call.dev
         stream_handle(stream, dev)  # refuse a bad stream before allocating on it (the _into call checks the rest, scalars and pointers)
 

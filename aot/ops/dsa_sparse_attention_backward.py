@@ -17,9 +17,9 @@ from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, one_of,
-                       overlapping, recheck, require, scalar_f32, sm_count_of, stream_handle, target_sm_count, tensor_args, writes_only)
+                       overlapping, require, scalar_f32, sm_count_of, stream_handle, target_sm_count, tensor_args, writes_only)
 from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, remember, remembered
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
 __all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes", "SparseAttentionBackward"]
 
@@ -85,16 +85,17 @@ def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softm
     # workspace are checked after)
     ins = (dq, dkv, None, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)  # d_sink is always allocated
     extra = (block_tile, deterministic, q_cluster_mode)
-    call = remembered(_CALLS, ALLOC, ins, extra)  # the same options and tensors like the last validated call's
-    if call is not None:  # and the per-call checks pass: pointers, the scale
+    hit = remembered(_CALLS, ALLOC, ins, extra)  # the same options, tensors like the last validated call's, pointers that pass
+    call = hit and hit[0]
+    if call is not None:  # and the scale passes its per-call check
         try:
             _scalars_of(call.d)(softmax_scale=softmax_scale)
         except InputError:
             call = None
-    if call is None or recheck(ins, call.foot) is None:
+    if call is None:
         call = _validate(dq, dkv, None, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic,
                          workspace, q_cluster_mode, allocating=True)
-        remember(_CALLS, ALLOC, ins, extra, call.dev, call)
+        remember(_CALLS, ALLOC, extra, probe_for(ins, call.dev, call.foot), call)
     dev = call.dev
     stream_handle(stream, dev)  # refuse a bad stream before allocating on it (the _into call checks the rest, the scale and pointers)
 

@@ -18,9 +18,10 @@ built once from sample tensors and options, ``check_support()``, ``execute(...)`
 
 from __future__ import annotations
 
-from ._support import input_error, lookup, memset0, recheck, signature, stream_handle
+from ..errors import LaunchError
+from ._support import input_error, lookup, memset0, recheck_ptrs, signature, stream_handle
 
-__all__ = ["Sym", "Recorder", "Call", "compile_call", "matches", "remembered", "remember", "ALLOC", "cached", "Plan"]
+__all__ = ["Sym", "Recorder", "Call", "compile_call", "probe_for", "matches", "remembered", "remember", "ALLOC", "cached", "Plan"]
 
 _CACHE_MAX = 4096  # calls per op kept by signature (a process sees a handful of shapes)
 
@@ -90,11 +91,11 @@ class Call:
     ``scalars(**kw)``: the per-call scalars from keyword values (InputError otherwise); ``guard()``:
     per-call checks of process state (torch's deterministic mode) or None."""
 
-    __slots__ = ("op", "dev", "foot", "run", "x", "source", "meta", "scalars", "guard")
+    __slots__ = ("op", "dev", "foot", "run", "x", "source", "meta", "scalars", "guard", "probe")
 
-    def __init__(self, op, dev, foot, run, x, source, meta, scalars=None, guard=None):
+    def __init__(self, op, dev, foot, run, x, source, meta, probe, scalars=None, guard=None):
         self.op, self.dev, self.foot, self.run, self.x, self.source = op, dev, foot, run, x, source
-        self.meta, self.scalars, self.guard = meta, scalars, guard
+        self.meta, self.probe, self.scalars, self.guard = meta, probe, scalars, guard
 
 
 def _lit(v, env) -> str:
@@ -126,7 +127,7 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
         lines.append("    pass  # nothing to do for this call's shapes")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<aot plan: {op}>", "exec"), env)  # noqa: S102  (our own text: constants and names)
-    return Call(op, dev, foot, env["run"], tuple(x), source, _meta(ts), scalars, guard)
+    return Call(op, dev, foot, env["run"], tuple(x), source, _meta(ts), probe_for(ts, dev, foot), scalars, guard)
 
 
 _LAST = ("last call",)  # cache keys no signature can equal (see _support.signature)
@@ -137,61 +138,88 @@ def _meta(ts) -> tuple:
     return tuple(None if t is None else (t.dtype, t.shape) for t in ts)
 
 
-def _match(dev, meta, ts) -> bool:
-    """``ts`` like the tensors ``meta`` was taken from: same dtype, shape and device, contiguous (the samples
-    were, as every op requires: shape and contiguity fix the strides), None where they were None."""
-    try:
-        for t, m in zip(ts, meta):
-            if m is None:
-                if t is not None:
-                    return False
-            elif t is None or t.shape != m[1] or t.dtype is not m[0] or not t.is_contiguous() or t.get_device() != dev:
-                return False
-    except (AttributeError, TypeError, RuntimeError):  # not a tensor (or a sparse one): the caller's full check says so
-        return False
-    return len(ts) == len(meta)
+def probe_for(ts, dev: int, foot):
+    """A function ``probe(ts)`` compiled for tensors like ``ts`` on GPU ``dev``: the data pointers of
+    tensors with the samples' dtypes, shapes and device, contiguous (as every op requires: shape and
+    contiguity fix the strides), None where the samples were None, whose pointers pass the per-call
+    checks of ``foot`` (:func:`aot.ops._support.recheck_ptrs`); None for anything else (the caller's
+    full check then says what is wrong).
+
+    Straight-line code with the samples' metadata bound as constants: a repeated call pays the torch
+    attribute reads and little else (a loop over metadata tuples cost 2.4 µs for six tensors on the
+    H200, see docs/gpu-results.md)."""
+    env = {"F": foot, "RC": recheck_ptrs, "DEV": dev}
+    conds, ptrs = [], []
+    for i, t in enumerate(ts):
+        if t is None:
+            conds.append(f"t{i} is None")
+            ptrs.append("0")
+        else:
+            env[f"D{i}"], env[f"S{i}"] = t.dtype, t.shape
+            conds.append(f"t{i}.dtype is D{i} and t{i}.shape == S{i} and t{i}.is_contiguous() and t{i}.get_device() == DEV")
+            ptrs.append(f"t{i}.data_ptr()")
+    names = "".join(f"t{i}, " for i in range(len(ts)))
+    source = (
+        "def probe(ts):\n"
+        "    try:\n"
+        f"        {names}= ts\n"
+        f"        if {' and '.join(conds) or 'True'}:\n"
+        f"            p = ({''.join(x + ', ' for x in ptrs)})\n"
+        "            return p if p == F[3] else RC(p, F)\n"
+        "    except (AttributeError, TypeError, RuntimeError, ValueError):  # not a tensor, or not as many\n"
+        "        pass\n"
+        "    return None\n"
+    )
+    exec(compile(source, "<aot probe>", "exec"), env)  # noqa: S102  (our own text: names and bound constants)
+    return env["probe"]
 
 
 def matches(call: Call, ts) -> bool:
-    """``ts`` are tensors like the ones ``call`` was validated for (see :func:`_match`)."""
-    return _match(call.dev, call.meta, ts)
+    """``ts`` are tensors like the ones ``call`` was validated for, with pointers that pass its per-call checks."""
+    return call.probe(ts) is not None
 
 
 def remembered(cache: dict, key, ts, extra):
-    """What :func:`remember` kept under ``key`` for a call with the same options ``extra`` (compared by type,
-    then value) and tensors like ``ts``; None otherwise. Threads may race on it: it is replaced whole."""
+    """(value, pointers) for what :func:`remember` kept under ``key``, for a call with the same options
+    ``extra`` (compared by value, then type) and tensors its probe accepts; None otherwise. Threads may
+    race on it: it is replaced whole."""
     v = cache.get(key)
-    if v is not None and v[1] == tuple(map(type, extra)) and v[0] == extra and _match(v[2], v[3], ts):
-        return v[4]
+    if v is not None and v[0] == extra and v[1] == tuple(map(type, extra)):
+        p = v[2](ts)
+        if p is not None:
+            return v[3], p
     return None
 
 
-def remember(cache: dict, key, ts, extra, dev, value) -> None:
-    """Keep ``value``, what validating a call with tensors ``ts`` on GPU ``dev`` and options ``extra`` proved."""
-    cache[key] = (extra, tuple(map(type, extra)), dev, _meta(ts), value)
+def remember(cache: dict, key, extra, probe, value) -> None:
+    """Keep ``value``, what validating a call with options ``extra`` proved for the tensors ``probe`` accepts."""
+    cache[key] = (extra, tuple(map(type, extra)), probe, value)
 
 
 def cached(cache: dict, ts, extra, build):
     """The functional ops' path: (call, pointers) for tensors ``ts`` and options ``extra``.
 
     The op's last call is tried first (:func:`remembered`: what a loop calling one shape pays), then the
-    call cached under the full signature (:func:`aot.ops._support.signature`); a call whose pointers
-    pass :func:`recheck` is used as is. Otherwise ``build()`` validates in full (raising what is wrong)
+    call cached under the full signature (:func:`aot.ops._support.signature`); a call whose probe
+    accepts the tensors is used as is. Otherwise ``build()`` validates in full (raising what is wrong)
     and its call is kept."""
-    call = remembered(cache, _LAST, ts, extra)
+    hit = remembered(cache, _LAST, ts, extra)
+    if hit is not None:
+        return hit
+    sig = signature(ts, extra)  # None: an argument that is not a tensor; build() says what is wrong
+    call = lookup(cache, sig)
     if call is None:
-        sig = signature(ts, extra)  # None: an argument that is not a tensor; build() says what is wrong
-        call = lookup(cache, sig)
-        if call is None:
-            call = build()
-            if sig is not None and len(cache) < _CACHE_MAX:
-                cache[sig] = call
-        if sig is not None:
-            remember(cache, _LAST, ts, extra, call.dev, call)
-    p = recheck(ts, call.foot)  # a fresh call's own pointers pass at once (its footprint holds them)
+        call = build()
+        if sig is not None and len(cache) < _CACHE_MAX:
+            cache[sig] = call
+    p = call.probe(ts)  # a fresh call's own pointers pass at once (its footprint holds them)
     if p is None:  # the pointers fail a per-call check: the full validation says which
         call = build()
-        p = recheck(ts, call.foot)
+        p = call.probe(ts)
+        if p is None:
+            raise LaunchError(f"{call.op}: a call that passed validation fails its own per-call checks; please report this")
+    if sig is not None:
+        remember(cache, _LAST, extra, call.probe, call)
     return call, p
 
 
@@ -226,34 +254,34 @@ class Plan:
         and device and be contiguous; alignment and overlap are checked on the pointers; InputError before
         anything runs otherwise."""
         c = self._call
-        names = self._tensors
+        if kw or len(tensors) != len(self._tensors):
+            tensors, x = self._bind(tensors, kw)
+        else:
+            x = c.x
+        p = c.probe(tensors)
+        if p is not None:
+            if c.guard is not None:
+                c.guard()
+            c.run(p, stream_handle(stream, c.dev), x, tensors, stream)
+            return
+        raise input_error(self._mismatch(tensors))
+
+    def _bind(self, tensors, kw):
+        """(tensors in ``_tensors`` order, None for those not given; the call's scalars) from execute's arguments."""
+        c, names = self._call, self._tensors
         if len(tensors) > len(names):
             raise input_error([f"{type(self).__name__}.execute takes {len(names)} tensors ({', '.join(names)}), got {len(tensors)}"])
-        x = c.x
-        if kw:
-            ts = list(tensors) + [None] * (len(names) - len(tensors))
-            sc = {}
-            for k, v in kw.items():
-                if k in names and names.index(k) >= len(tensors):
-                    ts[names.index(k)] = v
-                elif k in self._scalars:
-                    sc[k] = v
-                else:
-                    raise input_error([f"{type(self).__name__}.execute: unexpected argument {k}= (tensors: {', '.join(names)}; scalars: "
-                                       f"{', '.join(self._scalars) or 'none'})"])
-            tensors = tuple(ts)
-            if sc:
-                x = c.scalars(**sc)
-        elif len(tensors) < len(names):
-            tensors = tuple(tensors) + (None,) * (len(names) - len(tensors))
-        if matches(c, tensors):
-            p = recheck(tensors, c.foot)
-            if p is not None:
-                if c.guard is not None:
-                    c.guard()
-                c.run(p, stream_handle(stream, c.dev), x, tensors, stream)
-                return
-        raise input_error(self._mismatch(tensors))
+        ts = list(tensors) + [None] * (len(names) - len(tensors))
+        sc = {}
+        for k, v in kw.items():
+            if k in names and names.index(k) >= len(tensors):
+                ts[names.index(k)] = v
+            elif k in self._scalars:
+                sc[k] = v
+            else:
+                raise input_error([f"{type(self).__name__}.execute: unexpected argument {k}= (tensors: {', '.join(names)}; scalars: "
+                                   f"{', '.join(self._scalars) or 'none'})"])
+        return tuple(ts), (c.scalars(**sc) if sc else c.x)
 
     def _mismatch(self, tensors) -> list:
         """What is wrong with ``tensors`` against the plan (the slow path of execute)."""

@@ -84,6 +84,7 @@ class Index:
         self.arches = sorted({e["arch"] for e in self.entries})
         self._sms = {e["arch"]: e["target"]["sm_count"] for e in self.entries if "target" in e}
         self._loaded: dict = {}
+        self._loading: dict = {}
         self._lock = threading.Lock()
 
     def target_sm_count(self, arch) -> int:
@@ -118,7 +119,9 @@ class Index:
         if le is None:
             from .loaded import LoadedEntry
 
-            with self._lock:
+            with self._lock:  # one lock per (entry, device): different entries load in parallel
+                lock = self._loading.setdefault(k, threading.Lock())
+            with lock:
                 le = self._loaded.get(k)
                 if le is None:
                     le = LoadedEntry(self.root, entry, dev)
