@@ -10,7 +10,7 @@ from ..policy import csa_compressor as policy
 from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, require,
                        sm_count_of, stream_handle, writes_only)
 from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
 __all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes",
            "CompressorForward", "CompressorBackward"]
@@ -155,8 +155,8 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
     ins, extra = (kv, score, ape, cu_seqlens, cu_seqlens_comp), (ratio, head_dim, coff, total_comp)
     hit = remembered(_FWD, ALLOC, ins, extra) if total_comp is not None else None
     if hit is not None:  # the same options, inputs like the last validated call's, aligned
-        dev, hd = hit[0]
-        stream_handle(stream, dev)
+        dev, hd, box = hit[0]
+        s = stream_handle(stream, dev)
     else:
         if total_comp is not None:
             bad = []
@@ -166,7 +166,8 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
         problems, dev, hd, *_ = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)
         if problems:
             raise input_error(problems)
-        stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+        s = stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+        box = [None]  # the _into call, once known (plan.fresh)
         if total_comp is None:  # a device sync: what cudnn's wrapper does too
             total_comp = int(cu_seqlens_comp[-1].item())
             problems = _common(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)[0]
@@ -175,10 +176,12 @@ def compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, hea
         if total_comp:
             require(FAMILY, {"main": policy.forward_kernel(ratio, hd, coff, total_comp)}, dev, {"main": _hint(ratio)})
         if extra[3] is not None:
-            remember(_FWD, ALLOC, extra, probe_for(ins, dev, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3))), (dev, hd))
+            remember(_FWD, ALLOC, extra, probe_for(ins, dev, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3))), (dev, hd, box))
     with alloc_on(stream, dev):
         out = allocate(lambda: torch.empty(total_comp, hd, dtype=torch.bfloat16, device=kv.device))
-    compressor_forward_into(out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, stream)
+    ts = (out, *ins)
+    call, p = fresh(box, _FWD, ts, (ratio, head_dim, coff), lambda: _plan_forward(*ts, ratio, head_dim, coff))
+    call.run(p, s, call.x, ts, stream)
     return Outputs(out=out)
 
 
@@ -323,11 +326,12 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
     ins, extra = (kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out), (ratio, head_dim, coff, deterministic)
     hit = remembered(_BWD, ALLOC, ins, extra)
     if hit is not None:  # the same options, inputs like the last validated call's, aligned
-        dev, total_comp, n, deterministic = hit[0]
-        stream_handle(stream, dev)
+        dev, total_comp, n, deterministic, box = hit[0]
     else:
         dev, total_comp, n, deterministic = _validate_backward_allocating(*ins, ratio, head_dim, coff, stream, deterministic)
-        remember(_BWD, ALLOC, extra, probe_for(ins, dev, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3, 15))), (dev, total_comp, n, deterministic))
+        box = [None]  # the _into call, once known (plan.fresh)
+        remember(_BWD, ALLOC, extra, probe_for(ins, dev, footprint(ins, writes=(), masks=(15, 15, 15, 3, 3, 15))), (dev, total_comp, n, deterministic, box))
+    s = stream_handle(stream, dev)
 
     def outputs():
         with alloc_on(stream, dev):
@@ -338,7 +342,12 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
         return gkv, gs, gape, ws
 
     gkv, gs, gape, ws = allocate(outputs)
-    compressor_backward_into(gkv, gs, gape, kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, head_dim, coff, stream, deterministic, ws)
+    ts = (gkv, gs, gape, *ins, ws)
+    call, p = fresh(box, _BWD, ts, (ratio, head_dim, coff, deterministic),
+                    lambda: _plan_backward(*ts[:9], ratio, head_dim, coff, deterministic, ws))
+    if call.guard is not None:
+        call.guard()
+    call.run(p, s, call.x, ts, stream)
     return Outputs(grad_kv=gkv, grad_score=gs, grad_ape=gape)
 
 

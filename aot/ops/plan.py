@@ -19,9 +19,9 @@ built once from sample tensors and options, ``check_support()``, ``execute(...)`
 from __future__ import annotations
 
 from ..errors import LaunchError
-from ._support import input_error, lookup, memset0, recheck_ptrs, signature, stream_handle
+from ._support import input_error, lookup, memset0, recheck, recheck_ptrs, signature, stream_handle
 
-__all__ = ["Sym", "Recorder", "Call", "compile_call", "probe_for", "matches", "remembered", "remember", "ALLOC", "cached", "Plan"]
+__all__ = ["Sym", "Recorder", "Call", "compile_call", "probe_for", "matches", "remembered", "remember", "ALLOC", "cached", "fresh", "Plan"]
 
 _CACHE_MAX = 4096  # calls per op kept by signature (a process sees a handful of shapes)
 
@@ -114,9 +114,16 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
         env[f"E{k}"] = entry
     if len(rec.launches) == 1 and not rec.memsets:
         lines.append(f"    E0({', '.join(_lit(a, env) for a in rec.launches[0][1])})")  # the entry's own last-call memo
-    else:
+    elif rec.launches:
+        # the last call's prepared launches are kept whole (immutable): the same pointers, stream and
+        # scalars again skip building and comparing each entry's arguments (1.1-1.4 µs an entry on the H200)
+        ls = "".join(f"l{k}, " for k in range(len(rec.launches)))
+        env["M"] = [(None, ())]
+        lines += ["    m = M[0]", "    if m[0] == (p, s, x):", f"        {ls}= m[1]", "    else:"]
         for k, (_, args) in enumerate(rec.launches):
-            lines.append(f"    l{k} = E{k}.prepare({', '.join(_lit(a, env) for a in args)})")
+            lines.append(f"        l{k} = E{k}.prepare({', '.join(_lit(a, env) for a in args)})")
+        lines.append(f"        M[0] = ((p, s, x), ({ls}))")
+    if not (len(rec.launches) == 1 and not rec.memsets):
         for ptr, n in rec.memsets:
             lines.append(f"    memset0({_lit(ptr, env)}, {n}, s, DEV)")
         lines += [f"    l{k}.fire()" for k in range(len(rec.launches))]
@@ -220,6 +227,22 @@ def cached(cache: dict, ts, extra, build):
             raise LaunchError(f"{call.op}: a call that passed validation fails its own per-call checks; please report this")
     if sig is not None:
         remember(cache, _LAST, extra, call.probe, call)
+    return call, p
+
+
+def fresh(box: list, cache: dict, ts, extra, build):
+    """The allocating forms' path: (call, pointers) for ``ts``, the inputs their own memo (:func:`remembered`)
+    just matched and the outputs (and workspace) they just allocated, whose dtypes, shapes and device are
+    theirs by construction. ``box[0]``: the ``_into`` op's call kept with that memo, so only the pointers
+    are checked again (:func:`recheck`); otherwise :func:`cached` (``extra``, ``build``: the ``_into``
+    op's) and the call is kept in the box."""
+    call = box[0]
+    if call is not None:
+        p = recheck(ts, call.foot)
+        if p is not None:
+            return call, p
+    call, p = cached(cache, ts, extra, build)
+    box[0] = call
     return call, p
 
 
