@@ -42,6 +42,17 @@ def test_two_packs_in_different_places_are_byte_identical(tmp_path):
     assert index["manifest"] == "m.toml" and all("compile_seconds" not in e and "note" not in e["fidelity"] for e in index["entries"])
 
 
+def test_the_index_holds_what_the_runtime_reads_and_the_build_records_sit_beside_it(tmp_path):
+    dirs = _entries(tmp_path)
+    full = pack.pack(dirs, tmp_path / "gen")
+    index = json.loads((tmp_path / "gen" / "index.json").read_text())
+    verify = json.loads((tmp_path / "gen" / "verify.json").read_text())
+    rows = json.loads((tmp_path / "gen" / "report.json").read_text())
+    assert index["entries"] and all("verify" not in e and "resources" not in e and "fidelity" in e for e in index["entries"])
+    assert verify == {e["id"]: e["verify"] for e in full["entries"]} and all(v["verdict"] == "ok" for v in verify.values())
+    assert {r["id"] for r in rows} == set(verify) and all("registers" in r for r in rows)
+
+
 def test_the_build_report_keeps_timings_and_notes(tmp_path):
     dirs = _entries(tmp_path)
     index = pack.pack(dirs, tmp_path / "gen")
