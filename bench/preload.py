@@ -2,7 +2,8 @@
 
     python bench/preload.py [--profile]   # on a GPU; each measurement in a fresh process, the toolchain blocked
 
-``--profile`` prints cProfile's view of one fresh process's ``preload()`` instead (cache warmed first).
+``--profile`` prints cProfile's view of one fresh process's ``preload()`` instead (cache warmed first,
+after torch initialised CUDA).
 
 Fresh processes time ``preload()`` whole (``import aot.runtime`` included, as a server's start-up pays
 it): the first with an empty bytecode cache (aot/runtime/bytecode.py), the others reading it; as the
@@ -103,6 +104,8 @@ def run(code):
 
 PROFILE = PRELUDE + r"""
 import cProfile, io, pstats
+import torch
+torch.zeros(1, device="cuda:0")  # torch initialised CUDA first, as in a server: the profile is preload's own
 import aot.runtime
 pr = cProfile.Profile()
 pr.enable()
