@@ -22,7 +22,7 @@ from ..errors import AotError, PolicyError, VerifyError
 from . import compile as compile_stage
 from . import fidelity as fidelity_stage
 from . import lift, manifest, pack, verify
-from .sources import REPO, closure, digest
+from .sources import REPO, stage_digest
 
 __all__ = ["build", "lift_and_verify", "check_policies"]
 
@@ -64,8 +64,8 @@ def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
 
 # what a lift+verify result depends on besides the entry's own artifacts: the lifter, the verifier (and
 # what they import), and the run-time helpers the launchers call
-_STAGE_SHA = digest(sorted({*closure(REPO / "aot/toolchain/lift/__init__.py"), *closure(REPO / "aot/toolchain/verify.py"),
-                            *REPO.joinpath("aot/toolchain/lift").glob("*.py"), REPO / "aot/runtime/lifted.py"}))
+_STAGE_SHA = stage_digest("aot/toolchain/lift/__init__.py", "aot/toolchain/verify.py", "aot/runtime/lifted.py",
+                          *(str(p.relative_to(REPO)) for p in REPO.joinpath("aot/toolchain/lift").glob("*.py")))
 
 
 def _lv(args):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..errors import CompileError
 from .manifest import Entry
-from .sources import REPO, digest
+from .sources import REPO, stage_digest
 from .specs import SPECS, spec_digest
 from . import zygote
 
@@ -62,7 +62,8 @@ def tool_versions() -> dict:
 _PINS = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": "4.8.1", "nvidia-cudnn-frontend": "1.32.0"}
 
 
-# the stage's own sources: what turns a spec's compile into the artifacts' bytes
+# the stage's own sources: what turns a spec's compile into the artifacts' bytes, with everything they
+# import (all of it is in the compile process's heap, which the cubins of some kernels depend on)
 STAGE_SOURCES = ("aot/toolchain/compile.py", "aot/toolchain/zygote.py", "aot/toolchain/ir.py", "aot/toolchain/cubin.py")
 
 
@@ -76,7 +77,7 @@ def cache_key(entry: Entry, versions: dict, root: Path = REPO) -> str:
         "sm_count": entry.target.sm_count,
         "spec": spec_digest(entry.family, root),
         "tools": versions,
-        "stage": digest([root / f for f in STAGE_SOURCES], root),
+        "stage": stage_digest(*STAGE_SOURCES, root=root),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -58,7 +58,7 @@ from pathlib import Path
 from ..errors import FidelityError
 from ..policy.arch import CAPABILITY
 from . import zygote
-from .sources import REPO, closure, digest
+from .sources import stage_digest
 
 __all__ = ["check", "require_identical", "write_verdicts", "load_verdicts", "Upstream", "FidelityError"]
 
@@ -96,7 +96,7 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
-    stage = digest(sorted({p for f in _STAGE for p in closure(REPO / f)}))
+    stage = stage_digest(*_STAGE)
     cache = Path(cache_dir) / "fidelity" if cache_dir else None
     results, todo = {}, []
     for d in map(Path, entry_dirs):

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..errors import ManifestError
 from ..policy.arch import KNOWN as KNOWN_ARCHES
-from ..policy.families import FAMILIES, family_policy
 
 __all__ = ["Target", "Entry", "Manifest", "load", "loads"]
 
@@ -92,6 +91,10 @@ def loads(text: str, path="<string>") -> Manifest:
         problems.append(f"format = {doc.get('format')!r} (expected 1)")
 
     targets = _targets(doc.get("target"), problems)
+    # imported here, not at the top: a compile process imports this module and must not import the
+    # registry (aot.toolchain.zygote: its state depends on its own family only)
+    from ..policy.families import FAMILIES, family_policy
+
     entries: list[Entry] = []
     seen: dict[tuple, str] = {}
     buckets = doc.get("bucket", [])

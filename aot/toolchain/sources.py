@@ -12,7 +12,7 @@ import hashlib
 import os
 from pathlib import Path
 
-__all__ = ["REPO", "closure", "digest"]
+__all__ = ["REPO", "closure", "digest", "stage_digest"]
 
 # the source checkout (aot/, kernels/, manifests/), as imported: not resolved, so that a compile process
 # that reaches it through a canonical symlink (aot.toolchain.zygote) keeps the canonical path
@@ -85,3 +85,16 @@ def digest(paths, root: Path = REPO) -> str:
             name = p.name
         h.update(name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+# The family registry: a build stage's per-entry key carries the entry's family (its spec and what the
+# spec imports, specs.spec_digest), and no compile process imports the registry (aot.toolchain.zygote),
+# so registering a family must not re-key the other families' artifacts.
+REGISTRY = "aot/policy/families.py"
+
+
+def stage_digest(*files: str, root: Path = REPO) -> str:
+    """Digest of a stage's sources ``files`` (relative to ``root``) and the aot modules they import,
+    the family registry excepted."""
+    paths = {p for f in files for p in closure(Path(root) / f, root)}
+    return digest(sorted(p for p in paths if p != Path(root) / REGISTRY), root)

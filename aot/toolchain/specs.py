@@ -14,7 +14,8 @@ cudnn (its functions do). It imports ``aot.policy`` only. What the toolchain rea
                                      route per op for the report.
 
 Families come from the fixed registry :data:`aot.policy.families.FAMILIES`, never from a name found
-in a manifest.
+in a manifest. A compile process loads its one family's spec with :meth:`_Specs.pin` and never imports
+the registry (aot.toolchain.zygote: what else is registered must not change its state).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..policy.families import FAMILIES
 from .sources import REPO, closure, digest
 
 __all__ = ["SPECS", "kernels_dir", "spec_path", "spec_digest"]
@@ -36,8 +36,14 @@ def kernels_dir(root: Path = REPO) -> Path:
     return Path(env) if env else Path(root) / "kernels"
 
 
+def _registered(family: str) -> bool:
+    from ..policy.families import FAMILIES
+
+    return family in FAMILIES
+
+
 def spec_path(family: str, root: Path = REPO) -> Path:
-    if family not in FAMILIES:
+    if not _registered(family):
         raise KeyError(family)
     return kernels_dir(root) / f"{family}.py"
 
@@ -54,10 +60,16 @@ class _Specs(Mapping):
         self._mods = {}
 
     def __getitem__(self, name):
-        if name not in FAMILIES:
-            raise KeyError(name)
         if name not in self._mods:
-            path = spec_path(name)
+            if not _registered(name):
+                raise KeyError(name)
+            self.pin(name)
+        return self._mods[name]
+
+    def pin(self, name):
+        """Load ``name``'s spec without reading the registry (the caller checked it is registered)."""
+        if name not in self._mods:
+            path = kernels_dir() / f"{name}.py"
             if not path.is_file():
                 from ..errors import CompileError
 
@@ -69,9 +81,13 @@ class _Specs(Mapping):
         return self._mods[name]
 
     def __iter__(self):
+        from ..policy.families import FAMILIES
+
         return iter(FAMILIES)
 
     def __len__(self):
+        from ..policy.families import FAMILIES
+
         return len(FAMILIES)
 
 

@@ -7,21 +7,25 @@ Python's hash seed, the heap history of everything the process did before). For 
 changes nothing; for the two-CTA sparse attention backward kernels it picks one of several register
 assignments (the D576 kernel: a different cubin at nearly every compile).
 
-So the compile stage does not compile in a process of its own making. Per arch it starts one
-**zygote** in a canonical state: the interpreter started through fixed symlinks under a fixed path
-(``/tmp/dsa-aot-canonical-<uid>``, held under a lock: the repository, every site directory and the
-interpreter itself are reached through it, so their real locations do not reach the heap), ``-S``
+So the compile stage does not compile in a process of its own making. Per (arch, family) it starts
+one **zygote** in a canonical state: the interpreter started through fixed symlinks under a fixed path
+(``/tmp/dsa-aot-canonical-<uid>``, held under a lock: a copy of the package's and the specs' sources,
+every site directory and the interpreter itself are reached through it, so their real locations and
+whatever else lies in the checkout do not reach the heap), ``-S``
 with the site directories added in the build's order, an empty environment but for
 ``PYTHONHASHSEED=0`` and the DSL's settings, working directory ``/``, address-space randomisation off
-(``personality(ADDR_NO_RANDOMIZE)``). It imports the DSL, cudnn and every registered spec once, then
-forks one compile process per entry. It never imports from cached bytecode (``-B`` and an empty
+(``personality(ADDR_NO_RANDOMIZE)``). It imports the DSL, its family's spec and the cudnn modules the
+spec names (``PRELOAD``) once, then forks one compile process per entry. Nothing in it reads the family
+registry or another family's spec: when a zygote served every family, registering a family changed the
+heap its compiles start from, and with it the cubins of the two-CTA kernels of another family (measured:
+37 sparse attention backward entries), so an entry's cache key would have had to cover every family. It never imports from cached bytecode (``-B`` and an empty
 ``PYTHONPYCACHEPREFIX``: whether a ``.pyc`` existed would change what the import allocated), and its
 loop between forks leaves no state behind: it reads a fixed-size ticket, forks a child that forks the
 compile process and exits, and reaps that child (a warm-up round first, so every real fork sees the
 steady state). The compile process reports to the build, which is its subreaper, directly. So an
 entry's cubin depends on its key, the toolchain and the sources, and not on the build directory, the
-manifest, the order or the concurrency of the build, or the caller's process
-(tests/unit/toolchain/test_zygote.py).
+manifest, the other registered families, the order or the concurrency of the build, or the caller's
+process (tests/unit/toolchain/test_zygote.py).
 
 The fidelity stage runs cudnn's own route for a key in the same kind of process (request ``task``
 ``"fidelity"``), so its verdicts are as reproducible as the cubins they judge.
@@ -85,8 +89,24 @@ for p in {sites!r}:
     site.addsitedir(p)
 sys.path.insert(0, {src!r})
 from aot.toolchain.zygote import _serve
-_serve()
+_serve({family!r})
 """
+
+
+def _copy_sources(dst: Path) -> None:
+    """The package's and the specs' Python files, and nothing else, under ``dst``: the import system
+    caches the listing of every directory it searches, so untracked entries of a checkout (``.venv``,
+    ``.cache``, a built ``aot/_generated``) reached the heap (measured: a D576 cubin changed with the
+    checkout root's listing)."""
+    from .specs import kernels_dir
+
+    for base, rel in ((REPO / "aot", Path("aot")), (kernels_dir(), Path("kernels"))):
+        for p in sorted(base.rglob("*.py")):
+            sub = p.relative_to(base)
+            if sub.parts[0] in ("_generated", "__pycache__") or "__pycache__" in sub.parts:
+                continue
+            (dst / rel / sub).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, dst / rel / sub)
 
 
 def _no_aslr():
@@ -97,10 +117,15 @@ def _no_aslr():
 
 
 class Zygote:
-    """One canonical compile process for ``arch``; ``submit(request)`` compiles in a process forked from it."""
+    """One canonical compile process for ``family``'s entries on ``arch``; ``submit(request)`` compiles
+    in a process forked from it."""
 
-    def __init__(self, arch: str, debug_dump: str | None = None):
-        self.arch, self.debug_dump = arch, debug_dump
+    def __init__(self, arch: str, family: str, debug_dump: str | None = None):
+        from ..policy.families import FAMILIES
+
+        if family not in FAMILIES:
+            raise CompileError(f"unknown kernel family {family!r} (registered: {sorted(FAMILIES)})")
+        self.arch, self.family, self.debug_dump = arch, family, debug_dump
         self.proc = None
         self._lock = None
         self._n = 0
@@ -113,7 +138,7 @@ class Zygote:
         shutil.rmtree(canon, ignore_errors=True)
         (canon / "io").mkdir(parents=True)
         os.symlink(os.path.realpath(sys.executable), canon / "python")
-        os.symlink(REPO.resolve(), canon / "src")
+        _copy_sources(canon / "src")
         sites = []
         for i, d in enumerate(_site_dirs()):
             os.symlink(d, canon / f"s{i}")
@@ -125,19 +150,21 @@ class Zygote:
             d.mkdir(parents=True, exist_ok=True)
             env.update(CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(d.resolve()))
         _become_subreaper()  # the compile processes are orphaned grandchildren of the zygote: reap them here
-        boot = _BOOT.format(sites=sites, src=str(canon / "src"))
+        boot = _BOOT.format(sites=sites, src=str(canon / "src"), family=self.family)
         self.proc = subprocess.Popen([str(canon / "python"), "-S", "-B", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, cwd="/", preexec_fn=_no_aslr)
         self._out = self.proc.stdout
         self._buf = b""
         if self._line() != "ready":
             rc = self.proc.wait()
-            raise CompileError(f"the {self.arch} compile zygote did not start (exit status {rc}; 97: address-space randomisation "
+            raise CompileError(f"the {self.arch} {self.family} compile zygote did not start (exit status {rc}; 97: address-space randomisation "
                                f"cannot be turned off here, which reproducible builds need); its stderr is above")
         return self
 
     def submit(self, request: dict) -> int:
         """Queue one compile (``request``: family, op, key, arch, sm_count); returns its ticket."""
+        if (request["arch"], request["family"]) != (self.arch, self.family):
+            raise CompileError(f"a {request['family']} {request['arch']} request sent to the {self.family} {self.arch} zygote")
         self._n += 1
         t = self._n
         (canonical_dir() / "io" / f"req-{t:0{_WIDTH}d}.pickle").write_bytes(pickle.dumps(request))
@@ -162,7 +189,7 @@ class Zygote:
         while True:
             line = self._line(timeout=1.0)
             if line == "":
-                raise CompileError(f"the {self.arch} compile zygote exited (status {self.proc.wait()})")
+                raise CompileError(f"the {self.arch} {self.family} compile zygote exited (status {self.proc.wait()})")
             if line is None:  # nothing reported: has a compile process died without its report?
                 for t, pid in self._pending.items():
                     if pid and os.waitpid(pid, os.WNOHANG)[0]:
@@ -201,15 +228,16 @@ class Zygote:
 
 def run(items, request_of, on_done, jobs=None, debug_dump=None) -> None:
     """Send ``request_of(item)`` (family, op, key, arch, sm_count; ``task`` "compile" by default or
-    "fidelity") for every item through one zygote per arch, at most ``jobs`` at a time; call
+    "fidelity") for every item through one zygote per (arch, family), at most ``jobs`` at a time; call
     ``on_done(item, result)`` as each finishes (``result`` holds ``error`` on failure)."""
     jobs = max(1, jobs or os.cpu_count() or 1)
-    by_arch: dict = {}
+    groups: dict = {}
     for item in items:
-        by_arch.setdefault(request_of(item)["arch"], []).append(item)
-    for arch, group in sorted(by_arch.items()):
+        r = request_of(item)
+        groups.setdefault((r["arch"], r["family"]), []).append(item)
+    for (arch, family), group in sorted(groups.items()):
         queue = list(group)
-        with Zygote(arch, debug_dump) as z:
+        with Zygote(arch, family, debug_dump) as z:
             tickets = {}
             while queue or z.pending:
                 while queue and z.pending < jobs:
@@ -228,16 +256,14 @@ def _become_subreaper():
 # --- inside the zygote ---------------------------------------------------------------------------
 
 
-def _serve():
+def _serve(family: str):
     import cutlass  # noqa: F401
     import cutlass.cute  # noqa: F401
 
-    from ..policy.families import FAMILIES
     from .specs import SPECS
 
-    for family in FAMILIES:  # every registered family, whatever the manifest: the state must not depend on it
-        for mod in getattr(SPECS[family], "PRELOAD", ()):
-            __import__(mod)
+    for mod in getattr(SPECS.pin(family), "PRELOAD", ()):  # this family only: the state must not depend on the others
+        __import__(mod)
     report = os.dup(1)  # the compile processes report here; their stdout goes to stderr (the DSL may print)
     os.dup2(2, 1)
     _round(b"0" * _WIDTH + b"\n", report)  # warm-up: every real round starts from the steady state
@@ -268,12 +294,16 @@ def _compile_process(msg: bytes, report: int):
     code = 0
     try:
         req = pickle.loads((io / f"req-{ticket}.pickle").read_bytes())
-        if req.get("task", "compile") == "fidelity":
-            from .fidelity import _check_one as task
-        else:
-            from .compile import _compile_one as task
+        if req.get("task") == "modules":  # what a compile process imports before its compile (the tests read it)
+            from . import compile, fidelity  # noqa: F401
 
-        out = task(req["family"], req["op"], req["key"], req["arch"], req["sm_count"])
+            out = sorted(sys.modules)
+        else:
+            if req.get("task", "compile") == "fidelity":
+                from .fidelity import _check_one as task
+            else:
+                from .compile import _compile_one as task
+            out = task(req["family"], req["op"], req["key"], req["arch"], req["sm_count"])
     except BaseException as e:  # noqa: BLE001  (reported to the build with the entry)
         out, code = {"error": f"{type(e).__name__}: {e}"}, 1
     tmp = io / f".res-{ticket}.pickle"
