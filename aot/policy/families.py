@@ -13,6 +13,7 @@ FAMILIES = {
     "csa_compressor": "csa",
     "dsa_indexer_backward": "dsa",
     "dsa_sparse_attention_backward": "dsa",
+    "dsa_topk_utils": "dsa",
 }
 
 

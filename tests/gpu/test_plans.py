@@ -35,7 +35,10 @@ def _fresh(fn, args):
 
 
 def _perturbed(args, n_out):
-    """The same inputs scaled (same shapes, other values, other pointers); index tensors kept."""
+    """The same inputs scaled (same shapes, other values, other pointers); index tensors kept, except
+    where they are all the op takes (local_to_global, compactify: ids reversed along each row)."""
+    if all(not a.is_floating_point() for a in args[n_out:]):
+        return list(args[:n_out]) + [a.flip(-1).contiguous() for a in args[n_out:]]
     return list(args[:n_out]) + [a * 0.5 if a.is_floating_point() else a.clone() for a in args[n_out:]]
 
 

@@ -85,7 +85,26 @@ def sparse_backward(dev, seed, s_q=64, s_kv=1024):
     return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=x["softmax_scale"], workspace=ws), (dq, dkv, d_sink), (True, False, False)
 
 
-OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward}
+def local_to_global(dev, seed, s_q=64, k=2048):
+    import aot.dsa
+    import ref_topk_utils
+
+    local = ref_topk_utils.random_ids((2, s_q, k), 4096, generator(seed)).to(f"cuda:{dev}")
+    out = torch.full((2, s_q, k), -7, dtype=torch.int32, device=f"cuda:{dev}")
+    return aot.dsa.local_to_global_into, (out, local), dict(seqlen_k=4096), (out,), (True,)
+
+
+def compactify(dev, seed, rows=256, cols=2048):
+    import aot.dsa
+    import ref_topk_utils
+
+    ids = ref_topk_utils.random_ids((rows, cols), 1 << 20, generator(seed)).to(f"cuda:{dev}")
+    out, n = torch.full((rows, cols), -7, dtype=torch.int32, device=f"cuda:{dev}"), torch.full((rows,), -7, dtype=torch.int32, device=f"cuda:{dev}")
+    return aot.dsa.compactify_into, (out, n, ids), {}, (out, n), (True, True)
+
+
+OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
+       "local_to_global": local_to_global, "compactify": compactify}
 
 
 def _call(fn, args, kw, stream=None):
@@ -222,7 +241,7 @@ def test_2000_malformed_calls_change_nothing():
 
     rng = random.Random(7)
     bad_scalars = {"ratio": [3, 4.0, None], "coff": [3, 2.0], "sm_scale": [1e39, float("nan")], "loss_coeff": [float("inf")],
-                   "softmax_scale": [1e39, "x"], "deterministic": [2, "yes"], "workspace": ["ws"]}
+                   "softmax_scale": [1e39, "x"], "deterministic": [2, "yes"], "workspace": ["ws"], "seqlen_k": [-1, 2**31, 3.0]}
     counts = {}
     for op, make in OPS.items():
         fn, args, kw, outs, _ = make(0, seed=5)

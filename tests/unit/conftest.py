@@ -118,14 +118,25 @@ family = "dsa_sparse_attention_backward"
 op = "post_sm90"
 dtype = "bf16"
 dim = 512
+[[bucket]]
+family = "dsa_topk_utils"
+op = "local_to_global"
+dtype = ["int32", "int64"]
+varlen = [false, true]
+preserve_negative = false
+[[bucket]]
+family = "dsa_topk_utils"
+op = "compactify"
+cols = 128
 """
 
 
 @pytest.fixture(scope="session")
 def small_build(tmp_path_factory):
     """A real build (compile, lift, verify, pack; no fidelity) of one sm_90a entry set per op family:
-    CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128) and the SM90
-    sparse attention backward (H64, D512, top-k 128). Its directory."""
+    CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128), the SM90
+    sparse attention backward (H64, D512, top-k 128), local_to_global (both dtypes, both layouts) and
+    compactify (128 columns). Its directory."""
     pytest.importorskip("cutlass")
     from aot.toolchain import build
 

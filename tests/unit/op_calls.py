@@ -1,6 +1,6 @@
 """Valid calls of every public op on stand-in CUDA tensors (tests/unit/stand_in.py), built on the
 small build of tests/unit/conftest.py (sm_90a: CSA ratio 4 d 128, indexer H64 top-k 128, sparse
-attention H64 D512 top-k 128). Each call is (function, args, kwargs, outputs): ``outputs`` are the
+attention H64 D512 top-k 128, local_to_global, compactify 128 columns). Each call is (function, args, kwargs, outputs): ``outputs`` are the
 tensors the op may write (its outputs and workspace)."""
 
 from __future__ import annotations
@@ -77,6 +77,20 @@ def sparse_backward(dev, stream, s_q=16, s_kv=256):
     return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=0.05, stream=stream, workspace=ws), (dq, dkv, d_sink, ws)
 
 
+def local_to_global(dev, stream, b=2, s_q=8, k=128):
+    import aot.dsa
+
+    idx, out = _t((b, s_q, k), torch.int32, dev, fill=5), _t((b, s_q, k), torch.int32, dev)
+    return aot.dsa.local_to_global_into, (out, idx), dict(seqlen_k=4096, stream=stream), (out,)
+
+
+def compactify(dev, stream, rows=16, cols=128):
+    import aot.dsa
+
+    idx, out, length = _t((rows, cols), torch.int32, dev, fill=-1), _t((rows, cols), torch.int32, dev), _t((rows,), torch.int32, dev)
+    return aot.dsa.compactify_into, (out, length, idx), dict(stream=stream), (out, length)
+
+
 def plan_class(fn):
     """The plan class of an ``_into`` op (its tensors in the op's order)."""
     import aot.csa
@@ -84,7 +98,9 @@ def plan_class(fn):
 
     return {aot.csa.compressor_forward_into: aot.csa.CompressorForward, aot.csa.compressor_backward_into: aot.csa.CompressorBackward,
             aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward,
-            aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward}[fn]
+            aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward,
+            aot.dsa.local_to_global_into: aot.dsa.LocalToGlobal, aot.dsa.compactify_into: aot.dsa.Compactify}[fn]
 
 
-FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward}
+FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
+            "local_to_global": local_to_global, "compactify": compactify}

@@ -43,13 +43,15 @@ BAD_STREAMS = [-1, 2**64, "s0", 3.5, [0], True, 2**64 - 1]  # 2**64-1: the real 
 NO_MISALIGN = ("cu_seqlens", "cu_seqlens_comp", "lse")  # their required alignment is their element size
 
 
-def _other_dtype(t):
+def _other_dtype(t, name):
+    if name == "local_indices":  # int32 and int64 ids are both valid there
+        return torch.float32
     return {torch.bfloat16: torch.float32, torch.float32: torch.bfloat16, torch.int32: torch.int64, torch.uint8: torch.int32}[t.dtype]
 
 
 def _tensor_mutations(name, t, inputs, env):
     """(what, replacement) for tensor argument ``name`` = ``t`` (on cuda:0)."""
-    out = [("dtype", stand_in.cuda_tensor(torch.zeros(t.shape, dtype=_other_dtype(t)))), ("cpu", torch.zeros(t.shape, dtype=t.dtype)), ("cuda:1", stand_in.cuda_tensor(torch.zeros(t.shape, dtype=t.dtype), 1)),
+    out = [("dtype", stand_in.cuda_tensor(torch.zeros(t.shape, dtype=_other_dtype(t, name)))), ("cpu", torch.zeros(t.shape, dtype=t.dtype)), ("cuda:1", stand_in.cuda_tensor(torch.zeros(t.shape, dtype=t.dtype), 1)),
            ("not a tensor", t.tolist() if t.numel() < 8 else "tensor"), ("sparse", torch.zeros(2, 2).to_sparse())]
     if name != "grad_loss":  # any single-element fp32 tensor is a valid grad_loss, as upstream's reshape(1)
         out.append(("rank", t.unsqueeze(0)))
@@ -80,6 +82,14 @@ def _malformed(fn, bound, outputs, env, rng):
             what.append(f"stream={choice!r}")
         elif isinstance(v, torch.Tensor):
             pool = _tensor_mutations(name, v, inputs if name in outputs else [], env)
+            if any(w.endswith(": shape") for w in what):  # two tensors cut alike can be a valid call of a shape-free op (local_to_global)
+                pool = [m for m in pool if m[0] != "shape"]
+            if fn.__name__ == "local_to_global":  # its one tensor may have any (B, S_q, K)
+                pool = [m for m in pool if m[0] != "shape"]
+            if fn.__name__ in ("local_to_global", "compactify"):  # one tensor: on another GPU (its stream too) is a valid call
+                pool = [m for m in pool if m[0] != "cuda:1"]
+            if fn.__name__ == "compactify":  # (1, rows, cols) is a valid (B, S, cols)
+                pool = [m for m in pool if m[0] != "rank"]
             label, kw[name] = rng.choice(pool)
             what.append(f"{name}: {label}")
         else:

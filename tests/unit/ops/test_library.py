@@ -60,6 +60,8 @@ def test_schemas_mark_what_each_op_writes():
     assert written("dsa_indexer_backward_into") == {"d_index_q", "d_weights", "d_index_k", "attn_score", "workspace"}
     assert written("dsa_sparse_attention_backward_into") == {"dq", "dkv", "d_sink", "workspace"}
     assert written("dsa_sparse_attention_backward") == set()
+    assert written("dsa_local_to_global_into") == {"global_indices"} and written("dsa_local_to_global") == set()
+    assert written("dsa_compactify_into") == {"indices_out", "topk_length"} and written("dsa_compactify") == set()
 
 
 def test_fake_tensors_give_every_op_its_output_shapes():
@@ -82,6 +84,15 @@ def test_fake_tensors_give_every_op_its_output_shapes():
         dq, dkv, d_sink = OPS.dsa_sparse_attention_backward(*z.values(), softmax_scale=0.05)
         assert (dq.shape, dkv.shape, d_sink.shape, d_sink.dtype) == (z["q"].shape, z["kv"].shape, (64,), F32)
         assert OPS.dsa_sparse_attention_backward_into(dq, dkv, d_sink, *z.values(), _e((1 << 20,), torch.uint8), softmax_scale=0.05) is None
+
+        for local, cu in ((_e((2, 8, 128), torch.int64), {}), (_e((16, 128), I32), dict(cu_seqlens_q=_e((3,), I32), cu_seqlens_k=_e((3,), I32)))):
+            g = OPS.dsa_local_to_global(local, 4096, **cu)
+            assert g.shape == local.shape and g.dtype == I32 and g.device.type == "cuda"
+            assert OPS.dsa_local_to_global_into(g, local, 4096, **cu) is None
+        for shape in ((16, 512), (2, 8, 512)):
+            c, n = OPS.dsa_compactify(_e(shape, I32))
+            assert (c.shape, c.dtype, n.shape, n.dtype) == ((16, 512), I32, (16,), I32)  # 3-D input comes back flattened, as upstream's
+            assert OPS.dsa_compactify_into(c, n, _e((16, 512), I32)) is None
 
 
 def test_ops_trace_into_one_graph():

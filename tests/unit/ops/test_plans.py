@@ -53,7 +53,8 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
     fn, args, kw, writes = make(0, env.new_stream(0))
     plan = _build(fn, args, kw)
     xkw = _execute_kw(plan, kw)
-    shape_arg = {"csa_forward": {"nb": 9}, "csa_backward": {"nb": 9}, "indexer_backward": {"s_q": 3}, "sparse_backward": {"s_q": 5}}[family]
+    shape_arg = {"csa_forward": {"nb": 9}, "csa_backward": {"nb": 9}, "indexer_backward": {"s_q": 3}, "sparse_backward": {"s_q": 5}, "local_to_global": {"s_q": 3},
+                 "compactify": {"rows": 5}}[family]
     other = make(0, env.new_stream(0), **shape_arg)[1]
     before = [stand_in.contents(t) for t in writes]
 
@@ -67,24 +68,24 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
         return str(e.value)
 
     assert "build another plan" in refused(other[0], *args[1:], **xkw)  # an output of another shape
-    i = 1 if family == "csa_forward" else 3  # an input whose shape follows the one changed
+    i = {"csa_forward": 1, "local_to_global": 1, "compactify": 2}.get(family, 3)  # an input whose shape follows the one changed
     assert "build another plan" in refused(*args[:i], other[i], *args[i + 1 :], **xkw)  # an input of another shape
     assert "build another plan" in refused(args[0].to(torch.float16) if args[0].dtype != torch.float16 else args[0].float(), *args[1:], **xkw)
-    assert "build another plan" in refused(*args[:3], stand_in.cuda_tensor(args[3].clone(), 1), *args[4:], **xkw)  # on another device
+    assert "build another plan" in refused(*args[:i], stand_in.cuda_tensor(args[i].clone(), 1), *args[i + 1 :], **xkw)  # on another device
     t = args[i]
     transposed = stand_in.cuda_tensor(torch.empty(list(reversed(t.shape)), dtype=t.dtype).permute(*reversed(range(t.ndim))))
     assert transposed.shape == t.shape and not transposed.is_contiguous()
     assert "not contiguous" in refused(*args[:i], transposed, *args[i + 1 :], **xkw)
     assert "torch.Tensor" in refused(None, *args[1:], **xkw)
-    t = args[3]
+    t = args[i]
     shifted = stand_in.cuda_tensor(torch.empty(t.numel() + 8, dtype=t.dtype)[1 : t.numel() + 1].view(t.shape))
-    assert "aligned" in refused(*args[:3], shifted, *args[4:], **xkw)
+    assert "aligned" in refused(*args[:i], shifted, *args[i + 1 :], **xkw)
     # an output over an input: the recheck of the pointers refuses it
     j = max(range(i, len(args)), key=lambda j: args[j].numel() * args[j].element_size())  # the largest input
     over = stand_in.cuda_tensor(args[j].view(torch.uint8).view(-1)[: args[0].numel() * args[0].element_size()].view(args[0].dtype).view(args[0].shape))
     assert "overlap" in refused(over, *args[1:], **xkw)
     assert "unexpected argument" in refused(*args, **xkw, bogus=1)
-    assert "takes" in refused(*args, *args, **xkw)
+    assert "takes" in refused(*args, *args, *args, **xkw)  # more tensors than the plan has slots (optional ones included)
     # a refused execute leaves nothing behind: the valid call after it launches what it always did
     want = _record(env, lambda: fn(*args, **kw))
     assert _record(env, lambda: plan.execute(*args, **xkw)) == want
