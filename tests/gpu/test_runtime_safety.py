@@ -90,7 +90,7 @@ def local_to_global(dev, seed, s_q=64, k=2048):
     import ref_topk_utils
 
     local = ref_topk_utils.random_ids((2, s_q, k), 4096, generator(seed)).to(f"cuda:{dev}")
-    out = torch.full((2, s_q, k), -7, dtype=torch.int32, device=f"cuda:{dev}")
+    out = torch.full((2, s_q, k), -1, dtype=torch.int32, device=f"cuda:{dev}")  # poisoned as _poisoned does ints
     return aot.dsa.local_to_global_into, (out, local), dict(seqlen_k=4096), (out,), (True,)
 
 
@@ -99,7 +99,7 @@ def compactify(dev, seed, rows=256, cols=2048):
     import ref_topk_utils
 
     ids = ref_topk_utils.random_ids((rows, cols), 1 << 20, generator(seed)).to(f"cuda:{dev}")
-    out, n = torch.full((rows, cols), -7, dtype=torch.int32, device=f"cuda:{dev}"), torch.full((rows,), -7, dtype=torch.int32, device=f"cuda:{dev}")
+    out, n = torch.full((rows, cols), -1, dtype=torch.int32, device=f"cuda:{dev}"), torch.full((rows,), -1, dtype=torch.int32, device=f"cuda:{dev}")
     return aot.dsa.compactify_into, (out, n, ids), {}, (out, n), (True, True)
 
 
