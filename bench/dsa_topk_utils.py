@@ -1,0 +1,165 @@
+"""DSA top-k index utilities (local_to_global, compactify): time to first call and host cost per op call, dsa-aot vs cudnn's JIT path vs torch.add.
+
+    python bench/dsa_topk_utils.py        # on a GPU machine; cudnn side runs only where cutlass and cudnn import
+
+Shapes: local_to_global on (B1, S_q 4096, topk 2048) int32 local ids, seqlen_k 8192 ((B, S_q, K) ids,
+no cu_seqlens); compactify on 4096 rows x 2048 int32 ids; a quarter of the ids -1 in both. cudnn's
+side is its public wrappers ``local_to_global_wrapper`` / ``compactify_wrapper``, which allocate their
+outputs (upstream has no form that takes them); the AOT side is timed in both its allocating and its
+``_into`` form.
+
+Each op's first call is measured per side in a fresh subprocess after torch, CUDA and the inputs are
+set up (a warm process): import of the op module + cubin load (AOT) or JIT compile (cudnn) + launch +
+sync, so caches of this process do not flatter it. Warm host cost: median over 25 rounds of 20 calls,
+the device synchronised only between rounds; device time per call is measured back to back with CUDA
+events. ``torch.add`` on 1024 elements is timed the same way, in each side's process, as a yardstick.
+
+Also printed, from the build's ``_build/report.json`` (when carried along): the CPU ``cute.compile``
+seconds of the entries the AOT call loaded (what a JIT pays on the CPU), next to AOT's first-call time.
+Without cudnn only the AOT rows are printed. The subprocess runner, the import blocker of the AOT side,
+the timers and the report.json lookup are bench/dsa_indexer_backward.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dsa_indexer_backward as _bi  # noqa: E402  (the indexer bench: its runner, blocker, timers)
+
+BLOCK = _bi.BLOCK
+assert _bi.WARM.startswith(_bi.SETUP)
+TIMERS = _bi.WARM[len(_bi.SETUP) :]  # rounds() / device() / torch.add yardstick, then SIDE
+SHAPE = "local_to_global B1 S_q 4096 topk 2048 int32, seqlen_k 8192; compactify 4096 x 2048 int32; 25 % -1 ids"
+
+SETUP = r"""
+import torch
+torch.manual_seed(0)
+dev = torch.device("cuda", 0)
+B, S_q, K, S_k, ROWS, COLS = 1, 4096, 2048, 8192, 4096, 2048
+def ids(shape, hi):
+    x = torch.randint(0, hi, shape, dtype=torch.int32, device=dev)
+    return torch.where(torch.rand(shape, device=dev) < 0.25, torch.full_like(x, -1), x).contiguous()
+local = ids((B, S_q, K), S_k)              # local top-k ids, (B, S_q, K)
+cmp_in = ids((ROWS, COLS), B * S_k)       # global ids to compact, (rows, cols)
+gidx = torch.empty(local.shape, dtype=torch.int32, device=dev)
+cmp_out, cmp_len = torch.empty_like(cmp_in), torch.empty(ROWS, dtype=torch.int32, device=dev)
+torch.cuda.synchronize()
+"""
+
+TOPK = "cudnn.deepseek_sparse_attention.indexer_top_k"
+
+# (AOT, JIT) first-call scripts per op
+FIRST = {
+    "local_to_global": _bi.first_call_scripts(
+        SETUP, "aot.dsa.local_to_global(local, S_k)", f"from {TOPK} import local_to_global_wrapper", "local_to_global_wrapper(local, S_k)",
+        f"import importlib\ncompiled = [repr(k) for k in importlib.import_module('{TOPK}.local_to_global_dsl')._compile_cache]",
+    ),
+    "compactify": _bi.first_call_scripts(
+        SETUP, "aot.dsa.compactify(cmp_in)", f"from {TOPK} import compactify_wrapper", "compactify_wrapper(cmp_in)",
+        f"import importlib\ncompiled = [repr(k) for k in importlib.import_module('{TOPK}.compactify')._compile_cache]",
+    ),
+}  # fmt: skip
+
+WARM = SETUP + TIMERS
+
+AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
+import aot.dsa
+out_d["aot local_to_global (allocates)"] = rounds(lambda: aot.dsa.local_to_global(local, S_k))
+out_d["aot local_to_global_into"] = rounds(lambda: aot.dsa.local_to_global_into(gidx, local, S_k))
+dev_d["aot local_to_global_into"] = device(lambda: aot.dsa.local_to_global_into(gidx, local, S_k))
+out_d["aot compactify (allocates)"] = rounds(lambda: aot.dsa.compactify(cmp_in))
+out_d["aot compactify_into"] = rounds(lambda: aot.dsa.compactify_into(cmp_out, cmp_len, cmp_in))
+dev_d["aot compactify_into"] = device(lambda: aot.dsa.compactify_into(cmp_out, cmp_len, cmp_in))
+""")
+
+JIT_WARM = WARM.replace("SIDE", rf"""
+from {TOPK} import compactify_wrapper, local_to_global_wrapper
+out_d["cudnn local_to_global_wrapper (allocates)"] = rounds(lambda: local_to_global_wrapper(local, S_k))
+dev_d["cudnn local_to_global_wrapper"] = device(lambda: local_to_global_wrapper(local, S_k))
+out_d["cudnn compactify_wrapper (allocates)"] = rounds(lambda: compactify_wrapper(cmp_in))
+dev_d["cudnn compactify_wrapper"] = device(lambda: compactify_wrapper(cmp_in))
+""")
+
+# per op: (AOT allocating, AOT _into, cudnn) keys of the warm host table
+KEYS = {
+    "local_to_global": ("aot local_to_global (allocates)", "aot local_to_global_into", "cudnn local_to_global_wrapper (allocates)"),
+    "compactify": ("aot compactify (allocates)", "aot compactify_into", "cudnn compactify_wrapper (allocates)"),
+}
+_num = _bi._num
+
+
+def measure(have_jit):
+    """Every timing script in its own fresh process: {name: parsed json or {'error'}}."""
+    res = {}
+    for op, (aot_first, _) in FIRST.items():
+        res[f"aot_first.{op}"] = _bi.run(aot_first)
+    res["aot_warm"] = _bi.run(AOT_WARM)
+    if have_jit:
+        for op, (_, jit_first) in FIRST.items():
+            res[f"jit_first.{op}"] = _bi.run(jit_first)
+        res["jit_warm"] = _bi.run(JIT_WARM)
+    for op in FIRST:
+        af = res[f"aot_first.{op}"]
+        res[f"cpu_compile_s.{op}"] = _bi.cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
+    return res
+
+
+def report(res, have_jit):
+    print(json.dumps(res, indent=1))
+    print(f"\n| measurement (DSA top-k utils, {SHAPE}) | value |")
+    print("|---|---:|")
+    for side, r in res.items():
+        if isinstance(r, dict) and "error" in r:
+            print(f"| {side} FAILED | {str(r['error'])[:200]} |")
+    for op in FIRST:
+        af, compile_s = res[f"aot_first.{op}"], res[f"cpu_compile_s.{op}"]
+        loads = af.get("loads", {})
+        print(f"| {op}: AOT cubin load ({len(loads)} entries: cuLibraryLoadData + set-up) | {_num(af, 'load_ms'):.2f} ms |")
+        print(f"| {op}: AOT first call (import aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
+        if compile_s:
+            parts = ", ".join(f"{i.split('.', 1)[-1]} {s:.2f} s" for i, s in sorted(compile_s.items()))
+            print(f"| {op}: CPU cute.compile of those entries (report.json: the JIT cost, paid on the build machine) | "
+                  f"{sum(compile_s.values()):.2f} s ({parts}) |")
+        if have_jit:
+            jf = res.get(f"jit_first.{op}", {})
+            print(f"| {op}: cudnn first call (module import + JIT + launch + sync) | {_num(jf, 'first_ms') / 1e3:.2f} s "
+                  f"(import {_num(jf, 'import_ms') / 1e3:.2f} s, compile + launch {_num(jf, 'compile_and_launch_ms') / 1e3:.2f} s) |")
+    aw, jw = res["aot_warm"], res.get("jit_warm", {})
+    for side, where in ((aw, "AOT"), (jw, "cudnn")) if have_jit else ((aw, "AOT"),):
+        for k, v in side.get("host", {}).items():
+            print(f"| host per call: {k}{f' ({where} process)' if k == 'torch.add' else ''} | {v:.1f} us |")
+        for k, v in side.get("device", {}).items():
+            print(f"| device per call, back to back: {k} | {v:.1f} us |")
+
+    print()
+    a_add = _num(aw.get("host", {}), "torch.add")
+    j_add = _num(jw.get("host", {}), "torch.add")
+    for op, (k_alloc, k_into, k_jit) in KEYS.items():
+        af = res[f"aot_first.{op}"]
+        a_first, a_alloc, a_into = _num(af, "first_ms"), _num(aw.get("host", {}), k_alloc), _num(aw.get("host", {}), k_into)
+        compile_s = res[f"cpu_compile_s.{op}"]
+        line = f"{op}: AOT warm / torch.add: allocating {a_alloc / a_add:.2f}, _into {a_into / a_add:.2f}"
+        if compile_s and a_first == a_first:
+            line += f"; CPU compile of the used entries / AOT first call {sum(compile_s.values()) * 1e3 / a_first:.0f}x"
+        print(line)
+        if have_jit:
+            j_first, j_warm = _num(res.get(f"jit_first.{op}", {}), "first_ms"), _num(jw.get("host", {}), k_jit)
+            print(f"{op}: ratio first call cudnn/AOT (this run): {j_first / a_first:.0f}x; warm host cost AOT/cudnn (this run): "
+                  f"allocating {a_alloc / j_warm:.2f}, _into {a_into / j_warm:.2f} (cudnn/torch.add {j_warm / j_add:.2f})")
+
+
+def main(argv=None):
+    import argparse
+    import importlib.util
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Runs every measurement in fresh subprocesses; no options.").parse_args(argv)
+    have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
+    report(measure(have_jit), have_jit)
+
+
+if __name__ == "__main__":
+    main()
