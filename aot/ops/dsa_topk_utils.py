@@ -212,7 +212,7 @@ def compactify(indices, stream=None):
             return indices.contiguous()
 
     x = indices if indices.is_contiguous() else allocate(copy)
-    x = x.reshape(-1, x.shape[-1]) if x.ndim == 3 else x  # (rows, cols): a view
+    x = x.reshape(x.shape[0] * x.shape[1], x.shape[2]) if x.ndim == 3 else x  # (rows, cols): a view (also when cols is 0)
     check(problems, x, "indices", x.shape, torch.int32, dev, 16)
     if problems:
         raise input_error(problems)
