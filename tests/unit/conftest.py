@@ -128,6 +128,17 @@ preserve_negative = false
 family = "dsa_topk_utils"
 op = "compactify"
 cols = 128
+[[bucket]]
+family = "dsa_indexer_top_k"
+op = "top_k"
+dtype = "float32"
+cols = 4096
+top_k = 128
+next_n = 1
+return_val = true
+tie_break = 0
+deterministic = false
+large = false
 """
 
 
@@ -135,8 +146,8 @@ cols = 128
 def small_build(tmp_path_factory):
     """A real build (compile, lift, verify, pack; no fidelity) of one sm_90a entry set per op family:
     CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128), the SM90
-    sparse attention backward (H64, D512, top-k 128), local_to_global (both dtypes, both layouts) and
-    compactify (128 columns). Its directory."""
+    sparse attention backward (H64, D512, top-k 128), local_to_global (both dtypes, both layouts),
+    compactify (128 columns) and the indexer top-k (fp32, 4096-column bucket, top-k 128). Its directory."""
     pytest.importorskip("cutlass")
     from aot.toolchain import build
 

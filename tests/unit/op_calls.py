@@ -1,6 +1,6 @@
 """Valid calls of every public op on stand-in CUDA tensors (tests/unit/stand_in.py), built on the
 small build of tests/unit/conftest.py (sm_90a: CSA ratio 4 d 128, indexer H64 top-k 128, sparse
-attention H64 D512 top-k 128, local_to_global, compactify 128 columns). Each call is (function, args, kwargs, outputs): ``outputs`` are the
+attention H64 D512 top-k 128, local_to_global, compactify 128 columns, indexer top-k fp32 4096-column bucket top-k 128). Each call is (function, args, kwargs, outputs): ``outputs`` are the
 tensors the op may write (its outputs and workspace)."""
 
 from __future__ import annotations
@@ -91,6 +91,16 @@ def compactify(dev, stream, rows=16, cols=128):
     return aot.dsa.compactify_into, (out, length, idx), dict(stream=stream), (out, length)
 
 
+def indexer_top_k(dev, stream, rows=8, cols=4000):
+    import aot.dsa
+
+    top_k = 128
+    x, lens = _t((rows, cols), torch.float32, dev), _t((rows,), torch.int32, dev, fill=cols)
+    idx, val = _t((rows, top_k), torch.int32, dev), _t((rows, top_k), torch.float32, dev)
+    ws = _t((aot.dsa.indexer_top_k_workspace_bytes(x),), torch.uint8, dev)
+    return aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=top_k, stream=stream, workspace=ws), (idx, val, ws)
+
+
 def plan_class(fn):
     """The plan class of an ``_into`` op (its tensors in the op's order)."""
     import aot.csa
@@ -99,8 +109,9 @@ def plan_class(fn):
     return {aot.csa.compressor_forward_into: aot.csa.CompressorForward, aot.csa.compressor_backward_into: aot.csa.CompressorBackward,
             aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward,
             aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward,
-            aot.dsa.local_to_global_into: aot.dsa.LocalToGlobal, aot.dsa.compactify_into: aot.dsa.Compactify}[fn]
+            aot.dsa.local_to_global_into: aot.dsa.LocalToGlobal, aot.dsa.compactify_into: aot.dsa.Compactify,
+            aot.dsa.indexer_top_k_into: aot.dsa.IndexerTopK}[fn]
 
 
 FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
-            "local_to_global": local_to_global, "compactify": compactify}
+            "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k}

@@ -90,6 +90,13 @@ def _malformed(fn, bound, outputs, env, rng):
                 pool = [m for m in pool if m[0] != "cuda:1"]
             if fn.__name__ == "compactify":  # (1, rows, cols) is a valid (B, S, cols)
                 pool = [m for m in pool if m[0] != "rank"]
+            if fn.__name__.startswith("indexer_top_k"):
+                if name == "input_values":  # one column fewer is the same bucket
+                    pool = [m for m in pool if m[0] != "shape"]
+                if fn.__name__ == "indexer_top_k" and name in ("input_values", "seq_lens"):  # the allocating form stages these, as upstream
+                    pool = [m for m in pool if m[0] not in ("strides", "misaligned")]
+                if name in ("indices", "values", "seq_lens"):  # their alignment is their element size, as upstream's
+                    pool = [m for m in pool if m[0] != "misaligned"]
             label, kw[name] = rng.choice(pool)
             what.append(f"{name}: {label}")
         else:
