@@ -103,8 +103,21 @@ def compactify(dev, seed, rows=256, cols=2048):
     return aot.dsa.compactify_into, (out, n, ids), {}, (out, n), (True, True)
 
 
+def indexer_top_k(dev, seed, rows=200, cols=65536):
+    import aot.dsa
+
+    g = generator(seed)
+    x = torch.randn((rows, cols), generator=g).to(f"cuda:{dev}")
+    lens = torch.randint(1, cols + 1, (rows,), generator=g, dtype=torch.int32).to(f"cuda:{dev}")
+    idx = torch.full((rows, 2048), -1, dtype=torch.int32, device=f"cuda:{dev}")
+    val = torch.full((rows, 2048), float("nan"), device=f"cuda:{dev}")
+    ws = torch.empty(aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=f"cuda:{dev}")
+    # deterministic: the ids come out ascending, so a run is bitwise comparable with another
+    return aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=2048, deterministic=True, workspace=ws), (idx, val), (True, True)
+
+
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
-       "local_to_global": local_to_global, "compactify": compactify}
+       "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k}
 
 
 def _call(fn, args, kw, stream=None):
@@ -234,6 +247,9 @@ print("ok")
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
 
 
+_ELEMENT_ALIGNED = {"indexer_top_k": ("indices", "values", "seq_lens")}  # per op, where it differs from the default
+
+
 def test_2000_malformed_calls_change_nothing():
     """Malformed variants of every op's valid call (as tests/unit/ops/test_fuzz.py on the CPU, here on
     the GPU): each raises an aot.errors class; the poisoned outputs and the inputs stay as they were."""
@@ -258,8 +274,8 @@ def test_2000_malformed_calls_change_nothing():
                 a[i] = a[i].cpu()
             elif what == "strides" and a[i].ndim >= 2 and a[i].shape[-1] > 1 and a[i].shape[-2] > 1:
                 a[i] = a[i].transpose(-1, -2)
-            elif what == "misaligned" and a[i].element_size() < 16 and names[i] not in ("cu_seqlens", "cu_seqlens_comp", "lse"):
-                # (those three need only their element's alignment); the same values, so that a call
+            elif what == "misaligned" and a[i].element_size() < 16 and names[i] not in _ELEMENT_ALIGNED.get(op, ("cu_seqlens", "cu_seqlens_comp", "lse")):
+                # (those need only their element's alignment); the same values, so that a call
                 # wrongly accepted computes rather than faulting on garbage
                 flat = torch.empty(a[i].numel() + 1, dtype=a[i].dtype, device=a[i].device)[1:]
                 a[i] = flat.view(a[i].shape).copy_(a[i])
