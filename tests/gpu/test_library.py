@@ -41,6 +41,14 @@ def test_opcheck(which, form):
     torch.library.opcheck(op, tuple(_clone(a) for a in args), {k: _clone(v) for k, v in kw.items()})
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles its own program: Step.forward is one code object for every op, and dynamo
+    stops recompiling one code object after torch._dynamo.config.recompile_limit (8) variants."""
+    torch._dynamo.reset()
+    yield
+
+
 class Step(torch.nn.Module):
     def __init__(self, which, op, kw):
         super().__init__()
