@@ -92,8 +92,8 @@ def indexer_top_k_workspace_bytes(input_values) -> int:
     return policy.workspace_bytes(n_rows, num_cols, _dtype_name(input_values) or "float32")
 
 
-def _plan_top_k(indices, values, input_values, seq_lens, top_k, next_n=1, return_val=True, tie_break=0, deterministic=False,
-                num_copy_bits=256, workspace=None):
+def _plan_top_k(indices, values, input_values, seq_lens, top_k, next_n=1, return_val=True, num_copy_bits=256, tie_break=0,
+                deterministic=False, workspace=None):
     """Validate an indexer_top_k call into caller-provided outputs and compile what it does."""
     import torch
 
@@ -169,7 +169,7 @@ def indexer_top_k_into(indices, values, input_values, seq_lens, top_k, next_n=1,
     takes the same). ``input_values`` must be contiguous and 32-byte aligned. Capture-safe from the
     first call; allocates nothing. Returns (indices, values)."""
     ts = (indices, values, input_values, seq_lens, workspace)
-    extra = (top_k, next_n, return_val, tie_break, deterministic, num_copy_bits)
+    extra = (top_k, next_n, return_val, num_copy_bits, tie_break, deterministic)  # in _plan_top_k's (cudnn's IndexerTopK's) order
     call, p = cached(_CACHE, ts, extra, lambda: _plan_top_k(*ts[:4], *extra, workspace=workspace))
     call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
     return indices, values
@@ -221,7 +221,8 @@ def _on(stream, dev, fn):
 
 class IndexerTopK(Plan):
     """``IndexerTopK(indices, values, input_values, seq_lens, top_k, next_n=1, return_val=True,
-    tie_break=0, deterministic=False, workspace=...)``; ``execute(indices, values, input_values, seq_lens,
+    num_copy_bits=256, tie_break=0, deterministic=False, workspace=...)`` (cudnn's IndexerTopK options,
+    in its order); ``execute(indices, values, input_values, seq_lens,
     workspace, stream=None)`` (``values`` None without ``return_val``; see :class:`aot.ops.plan.Plan`)."""
 
     _build = staticmethod(_plan_top_k)

@@ -130,3 +130,19 @@ print('ok')
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_every_registered_family_has_each_piece_of_the_recipe():
+    """docs/adding-a-family.md: a family is its spec, policy and op modules, a parity script and a
+    bench, and buckets in the default manifest. The GPU run (ci/gpu-run.sh) loops over the registry."""
+    from aot.policy.families import FAMILIES
+
+    manifest = (ROOT / "manifests" / "default.toml").read_text()
+    missing = []
+    for family in FAMILIES:
+        for path in (f"kernels/{family}.py", f"aot/policy/{family}.py", f"aot/ops/{family}.py", f"ci/parity/{family}.py", f"bench/{family}.py"):
+            if not (ROOT / path).is_file():
+                missing.append(path)
+        if f'family = "{family}"' not in manifest:
+            missing.append(f"manifests/default.toml: buckets of {family}")
+    assert not missing, missing
