@@ -72,6 +72,18 @@ def test_float32_top_2048_matches_the_reference(rows, cols, deterministic):
         assert torch.equal(idx.cpu(), want) and torch.equal(out["indices"].cpu(), want) and torch.equal(val.cpu(), want_v)
 
 
+@pytest.mark.parametrize("cols", [1, 3, 100, 2048])
+@pytest.mark.parametrize("rows", [2, 150])
+def test_short_contexts_use_their_own_small_buckets(rows, cols):
+    """A decode at a short context: fewer columns than top_k, every valid id chosen, the rest padded."""
+    x, lens = _inputs(rows, cols, seed=cols)
+    idx, val, out = _run(x, lens, 2048, deterministic=True)
+    want, want_v = ref.expected(x, lens, 2048)
+    assert torch.equal(idx.cpu(), want) and torch.equal(val.cpu(), want_v) and torch.equal(out["indices"].cpu(), want)
+    idx, val, _ = _run(x, lens, 2048)
+    _check(x, lens, idx, val, 2048)
+
+
 @pytest.mark.parametrize("rows,cols", [(8, 8192), (300, 131072)])
 def test_without_values(rows, cols):
     x, lens = _inputs(rows, cols, seed=3)
