@@ -173,6 +173,38 @@ def _num(d, k):
     return v if isinstance(v, (int, float)) else float("nan")
 
 
+def first_call_and_warm_rows(res, have_jit, title, names):
+    """The table head the per-op benches share: failures, per op ``names`` the AOT cubin load and first
+    call (and the CPU compile seconds of those entries, cudnn's first call), then every warm host and
+    device measurement of both sides."""
+    print(json.dumps(res, indent=1))
+    print(f"\n| measurement ({title}) | value |")
+    print("|---|---:|")
+    for side, r in res.items():
+        if isinstance(r, dict) and "error" in r:
+            print(f"| {side} FAILED | {str(r['error'])[:200]} |")
+    for name in names:
+        af, compile_s = res[f"aot_first.{name}"], res[f"cpu_compile_s.{name}"]
+        loads = af.get("loads", {})
+        print(f"| {name}: AOT cubin load ({len(loads)} entries: cuLibraryLoadData + set-up) | {_num(af, 'load_ms'):.2f} ms |")
+        print(f"| {name}: AOT first call (import aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
+        if compile_s:
+            parts = ", ".join(f"{i.split('.', 1)[-1]} {s:.2f} s" for i, s in sorted(compile_s.items()))
+            print(f"| {name}: CPU cute.compile of those entries (report.json: the JIT cost, paid on the build machine) | "
+                  f"{sum(compile_s.values()):.2f} s ({parts}) |")
+        if have_jit:
+            jf = res.get(f"jit_first.{name}", {})
+            print(f"| {name}: cudnn first call (module import + JIT + launch + sync) | {_num(jf, 'first_ms') / 1e3:.2f} s "
+                  f"(import {_num(jf, 'import_ms') / 1e3:.2f} s, compile + launch {_num(jf, 'compile_and_launch_ms') / 1e3:.2f} s) |")
+    aw, jw = res["aot_warm"], res.get("jit_warm", {})
+    for side, where in ((aw, "AOT"), (jw, "cudnn")) if have_jit else ((aw, "AOT"),):
+        for k, v in side.get("host", {}).items():
+            print(f"| host per call: {k}{f' ({where} process)' if k == 'torch.add' else ''} | {v:.1f} us |")
+        for k, v in side.get("device", {}).items():
+            print(f"| device per call, back to back: {k} | {v:.1f} us |")
+    return aw, jw
+
+
 def report(title, shape, scripts, aot_key, jit_key, anchor=None):
     """Run the four timing scripts (aot/jit x first/warm) in fresh processes and print one table with
     the ratios of this run; the JIT rows only where cutlass and cudnn are importable."""

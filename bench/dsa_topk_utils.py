@@ -22,7 +22,6 @@ the timers and the report.json lookup are bench/dsa_indexer_backward.py's.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -109,31 +108,7 @@ def measure(have_jit):
 
 
 def report(res, have_jit):
-    print(json.dumps(res, indent=1))
-    print(f"\n| measurement (DSA top-k utils, {SHAPE}) | value |")
-    print("|---|---:|")
-    for side, r in res.items():
-        if isinstance(r, dict) and "error" in r:
-            print(f"| {side} FAILED | {str(r['error'])[:200]} |")
-    for op in FIRST:
-        af, compile_s = res[f"aot_first.{op}"], res[f"cpu_compile_s.{op}"]
-        loads = af.get("loads", {})
-        print(f"| {op}: AOT cubin load ({len(loads)} entries: cuLibraryLoadData + set-up) | {_num(af, 'load_ms'):.2f} ms |")
-        print(f"| {op}: AOT first call (import aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
-        if compile_s:
-            parts = ", ".join(f"{i.split('.', 1)[-1]} {s:.2f} s" for i, s in sorted(compile_s.items()))
-            print(f"| {op}: CPU cute.compile of those entries (report.json: the JIT cost, paid on the build machine) | "
-                  f"{sum(compile_s.values()):.2f} s ({parts}) |")
-        if have_jit:
-            jf = res.get(f"jit_first.{op}", {})
-            print(f"| {op}: cudnn first call (module import + JIT + launch + sync) | {_num(jf, 'first_ms') / 1e3:.2f} s "
-                  f"(import {_num(jf, 'import_ms') / 1e3:.2f} s, compile + launch {_num(jf, 'compile_and_launch_ms') / 1e3:.2f} s) |")
-    aw, jw = res["aot_warm"], res.get("jit_warm", {})
-    for side, where in ((aw, "AOT"), (jw, "cudnn")) if have_jit else ((aw, "AOT"),):
-        for k, v in side.get("host", {}).items():
-            print(f"| host per call: {k}{f' ({where} process)' if k == 'torch.add' else ''} | {v:.1f} us |")
-        for k, v in side.get("device", {}).items():
-            print(f"| device per call, back to back: {k} | {v:.1f} us |")
+    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, f"DSA top-k utils, {SHAPE}", FIRST)
 
     print()
     a_add = _num(aw.get("host", {}), "torch.add")

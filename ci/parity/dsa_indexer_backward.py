@@ -67,6 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    aot_side,
     jit_cubins,
     keep_cubins,
     cubin_report,
@@ -79,17 +80,14 @@ from parity_common import (  # noqa: E402
     device_us,
     family_entries,
     first_call,
-    install_blocker,
     jitter_verdict,
     load_json,
     md_table,
     meta,
     nan_like,
     poisoned_workspace,
-    runtime_stats,
     selected,
     sha_status,
-    shipped_index,
     to_cuda,
     torch_add_us,
     torch_isnan,
@@ -412,39 +410,9 @@ class AotApi:
 
 
 def cmd_aot(args):
-    install_blocker()
-    import torch
-
-    t0 = time.perf_counter()
-    import aot
-    import aot.dsa
-    import aot.runtime
-
-    import_s = time.perf_counter() - t0
-    api = AotApi(aot.dsa, aot.runtime)
-    in_dir, out_dir = os.path.join(args.dir, "inputs"), os.path.join(args.dir, "aot")
-    cases_path = os.path.join(in_dir, "cases.json")
-    if not os.path.exists(cases_path):
-        raise SystemExit(f"missing {cases_path}: run `python ci/parity/dsa_indexer_backward.py jit --dir {args.dir}` first")
-    with open(cases_path) as f:
-        cases = json.load(f)
-    os.makedirs(out_dir, exist_ok=True)
-    rows = {}
-    for name, spec in cases:
-        if not selected(args, name):
-            continue
-        path = os.path.join(in_dir, f"{spec['inputs']}.pt")
-        if not os.path.exists(path):
-            raise SystemExit(f"missing inputs {path}: run `python ci/parity/dsa_indexer_backward.py jit --dir {args.dir}` first")
-        rows[name] = r = run_case(name, spec, to_cuda(torch.load(path)), api, args, out_dir)
-        print(f"aot {name}: first {1e3 * r['first_s']:.2f} ms{'' if r['new'] else ' (nothing loaded)'}, warm {r['warm_us']:.1f} us "
-              f"(into {r['warm_into_us']:.1f} us), device {r['device_us']:.1f} us", flush=True)
-    index_path, index = shipped_index(aot, FAMILY)
-    m = meta(torch)
-    m.update(import_s=import_s, torch_add_us=torch_add_us(args.calls), index_path=index_path, runtime_stats=runtime_stats(aot), calls=args.calls)
-    with open(os.path.join(args.dir, "aot.json"), "w") as f:
-        json.dump({"meta": m, "rows": rows, "index": index}, f, indent=1, default=str)
-    print(f"wrote {os.path.join(args.dir, 'aot.json')}")
+    aot_side(args, "ci/parity/dsa_indexer_backward.py", FAMILY, AotApi, run_case,
+             lambda r: f"warm {r['warm_us']:.1f} us (into {r['warm_into_us']:.1f} us), device {r['device_us']:.1f} us",
+             inputs_of=lambda name, spec: spec["inputs"])
 
 
 # ------------------------------------------------------------------------------------------------

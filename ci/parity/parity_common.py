@@ -24,6 +24,7 @@ import sys
 import time
 
 __all__ = [
+    "aot_side",
     "Blocker",
     "install_blocker",
     "first_call",
@@ -511,3 +512,51 @@ def jit_cubins(tables, index_key):
                            "bytes": len(cubin) if cubin else 0})
     return result
 
+
+
+def aot_side(args, script, family, make_api, run_case, describe, failed_row=None, inputs_of=lambda name, spec: name):
+    """The ``aot`` subcommand every parity script runs: block the JIT toolchain, import aot (timed), run
+    ``run_case(name, spec, inputs, api, args, out_dir)`` for each selected case the ``jit`` step saved
+    (inputs from ``<dir>/inputs/<inputs_of(name, spec)>.pt``), print ``describe(row)`` per case, and write
+    ``<dir>/aot.json`` (rows, run metadata, the shipped index of ``family``). With ``failed_row``, an
+    exception fails its case only (``failed_row(name, spec, exc, "aot")``) and the others still run;
+    ``api.restore()`` is called first."""
+    install_blocker()
+    import torch
+
+    t0 = time.perf_counter()
+    import aot
+    import aot.dsa
+    import aot.runtime
+
+    import_s = time.perf_counter() - t0
+    api = make_api(aot.dsa, aot.runtime)
+    in_dir, out_dir = os.path.join(args.dir, "inputs"), os.path.join(args.dir, "aot")
+    cases_path = os.path.join(in_dir, "cases.json")
+    if not os.path.exists(cases_path):
+        raise SystemExit(f"missing {cases_path}: run `python {script} jit --dir {args.dir}` first")
+    with open(cases_path) as f:
+        cases = json.load(f)
+    os.makedirs(out_dir, exist_ok=True)
+    rows = {}
+    for name, spec in cases:
+        if not selected(args, name):
+            continue
+        path = os.path.join(in_dir, f"{inputs_of(name, spec)}.pt")
+        if not os.path.exists(path):
+            raise SystemExit(f"missing inputs {path}: run `python {script} jit --dir {args.dir}` first")
+        try:
+            rows[name] = r = run_case(name, spec, to_cuda(torch.load(path)), api, args, out_dir)
+        except Exception as exc:  # noqa: BLE001 - with failed_row: this case's failure; the other cases still run
+            if failed_row is None:
+                raise
+            api.restore()
+            rows[name] = failed_row(name, spec, exc, "aot")
+            continue
+        print(f"aot {name}: first {1e3 * r['first_s']:.2f} ms{'' if r['new'] else ' (nothing loaded)'}, {describe(r)}", flush=True)
+    index_path, index = shipped_index(aot, family)
+    m = meta(torch)
+    m.update(import_s=import_s, torch_add_us=torch_add_us(args.calls), index_path=index_path, runtime_stats=runtime_stats(aot), calls=args.calls)
+    with open(os.path.join(args.dir, "aot.json"), "w") as f:
+        json.dump({"meta": m, "rows": rows, "index": index}, f, indent=1, default=str)
+    print(f"wrote {os.path.join(args.dir, 'aot.json')}")
