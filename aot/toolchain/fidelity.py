@@ -97,6 +97,7 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
         except metadata.PackageNotFoundError:
             versions[dist] = None
     stage = stage_digest(*_STAGE)
+    spec_sha = {}  # per family, not per entry: each digest walks the spec's import closure
     cache = Path(cache_dir) / "fidelity" if cache_dir else None
     results, todo = {}, []
     for d in map(Path, entry_dirs):
@@ -114,8 +115,10 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
             continue
         # the op's own key fields only: meta["key"] also holds what the spec derived (grid, slots, ...)
         key = {k: meta["key"][k] for k in family_policy(meta["family"]).OPS[meta["op"]].fields}
+        if meta["family"] not in spec_sha:
+            spec_sha[meta["family"]] = spec_digest(meta["family"])
         ckey = hashlib.sha256(json.dumps([meta["family"], meta["op"], key, meta["arch"], meta["target"]["sm_count"], ssha, versions, stage,
-                                          spec_digest(meta["family"])], sort_keys=True).encode()).hexdigest()
+                                          spec_sha[meta["family"]]], sort_keys=True).encode()).hexdigest()
         hit = cache / f"{ckey}.json" if cache else None
         if hit is not None and hit.is_file():
             results[meta["id"]] = json.loads(hit.read_text()) | {"cached": True}
