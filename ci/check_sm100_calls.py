@@ -78,7 +78,7 @@ def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int,
     try:
         rec = Recorder(len(order), 1)
         op_mod._sm100_call(rec, ks["bwd"], 0, s_q, s_kv, h, dim, topk, tl)
-        memsets += [(val(ptr), n) for ptr, n in rec.memsets]
+        memsets += [(val(ptr), n) + ((word,) if word else ()) for ptr, n, word in rec.memsets]
         runs += [run([val(a) for a in args]) for _, args in rec.launches]
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]

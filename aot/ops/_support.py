@@ -325,15 +325,17 @@ def cute_args(ptr, shape, dynamic, fully_dynamic=False):
     return (ptr, *(shape[i] for i in dynamic), *strides)
 
 
-def memset0(ptr, nbytes, stream, dev):
-    """Zero ``nbytes`` at device address ``ptr`` of GPU ``dev`` on ``stream`` (32-bit words when they fit)."""
+def memset0(ptr, nbytes, stream, dev, word=0):
+    """Fill ``nbytes`` at device address ``ptr`` of GPU ``dev`` on ``stream`` with zeros, or with the
+    32-bit ``word`` repeated (``nbytes`` a multiple of 4; e.g. 0xFF800000, fp32 -inf)."""
     if nbytes:
         d = _driver.drv()
         pushed = _device.push_if_needed(dev)
         try:
-            err = (d.cuMemsetD32Async(ptr, 0, nbytes // 4, stream) if nbytes % 4 == 0 else d.cuMemsetD8Async(ptr, 0, nbytes, stream))[0]
+            words = nbytes % 4 == 0
+            err = (d.cuMemsetD32Async(ptr, word, nbytes // 4, stream) if words else d.cuMemsetD8Async(ptr, 0, nbytes, stream))[0]
             if err:
-                _driver.check((err,), "cuMemsetD32Async" if nbytes % 4 == 0 else "cuMemsetD8Async")
+                _driver.check((err,), "cuMemsetD32Async" if words else "cuMemsetD8Async")
         finally:
             if pushed:
                 d.cuCtxPopCurrent()

@@ -2,7 +2,7 @@
 
 An op validates a call completely once (its module's ``_validate``), resolves the entries the call
 needs on its device, and records what the call does on a :class:`Recorder`: which entries it
-launches with which arguments, which bytes it zeroes first, which torch steps follow. Arguments are
+launches with which arguments, which bytes it zeroes (or fills) first, which torch steps follow. Arguments are
 recorded symbolically: tensor data pointers as ``p[i]`` (plus a constant byte offset), the stream as
 ``s``, per-call fp32 scalars as ``x[j]``; extents, strides and every choice the call's shapes fix are
 constants. :func:`compile_call` turns the record into one Python function, ``run(p, s, x, ts,
@@ -67,11 +67,14 @@ class Recorder:
         self.x = tuple(Sym(f"x[{j}]") for j in range(n_scalars))
         self.memsets, self.launches, self.after = [], [], []
 
-    def memset(self, ptr, nbytes: int) -> None:
+    def memset(self, ptr, nbytes: int, word: int = 0) -> None:
+        """Zero ``nbytes`` at ``ptr`` before the launches, or fill them with the 32-bit ``word``."""
         if self.launches or self.after:
             raise RuntimeError("a plan zeroes memory before its launches")
+        if word and nbytes % 4:
+            raise RuntimeError(f"a fill with the word 0x{word:x} covers whole words, not {nbytes} bytes")
         if nbytes:
-            self.memsets.append((ptr, nbytes))
+            self.memsets.append((ptr, nbytes, word))
 
     def launch(self, entry, *args) -> None:
         if self.after:
@@ -124,8 +127,8 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
             lines.append(f"        l{k} = E{k}.prepare({', '.join(_lit(a, env) for a in args)})")
         lines.append(f"        M[0] = ((p, s, x), ({ls}))")
     if not (len(rec.launches) == 1 and not rec.memsets):
-        for ptr, n in rec.memsets:
-            lines.append(f"    memset0({_lit(ptr, env)}, {n}, s, DEV)")
+        for ptr, n, word in rec.memsets:
+            lines.append(f"    memset0({_lit(ptr, env)}, {n}, s, DEV{f', 0x{word:x}' if word else ''})")
         lines += [f"    l{k}.fire()" for k in range(len(rec.launches))]
     for j, fn in enumerate(rec.after):
         env[f"T{j}"] = fn

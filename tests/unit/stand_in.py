@@ -123,11 +123,11 @@ class Driver:
         return self.dev_of(stack[-1]) if stack else None
 
     def cuMemsetD32Async(self, ptr, value, n, stream):
-        self.memsets.append((int(ptr), 4 * n, int(stream), self._current_device()))
+        self.memsets.append((int(ptr), 4 * n, int(stream), self._current_device(), int(value)))
         return (0,)
 
     def cuMemsetD8Async(self, ptr, value, n, stream):
-        self.memsets.append((int(ptr), n, int(stream), self._current_device()))
+        self.memsets.append((int(ptr), n, int(stream), self._current_device(), int(value)))
         return (0,)
 
     # --- libraries and kernels
