@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline check of the SM100 sparse attention backward call convention against a build.
+"""Offline check of the SM100 call conventions (sparse attention backward, indexer forward) against a build.
 
 There is no SM100 GPU here, so the op's SM100 path cannot launch. This runs it for every shipped
 SM100 entry of ``aot/_generated`` (or ``--gen DIR``) with the real lifted launcher in place of the
@@ -8,7 +8,9 @@ fidelity check prepares upstream's plan at, up to S_q 100000 / S_kv 8M; pointer-
 the tensors). The op must pass every argument the host function declares, the host code's own checks
 must pass, every launch must go to the caller's stream, every tensor and both workspace segments
 must reach a kernel parameter, and d_sink must be cleared exactly where upstream's kernels accumulate
-into it atomically. Needs no torch and no GPU. Exit status 1 on any failure.
+into it atomically. The indexer forward (:func:`check_indexer_forward`): at a BSHD and a THD-like shape
+per entry, the op's recorded launch passes every argument, reaches every tensor and launches upstream's grid (ceil(S_q * H / m), 1, B) on the caller's stream. Needs no
+torch and no GPU. Exit status 1 on any failure.
 
     python ci/check_sm100_calls.py [--gen aot/_generated]
 
@@ -101,6 +103,85 @@ def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int,
     return problems
 
 
+class _T:
+    """A stand-in for a contiguous tensor of ``shape``: what the op's recording reads (shape, stride())."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def stride(self):
+        out, acc = [], 1
+        for n in reversed(self.shape):
+            out.append(acc)
+            acc *= n
+        return tuple(reversed(out))
+
+
+def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 3) -> list:
+    """Record the op's SM100 indexer-forward launch of ``key`` (BSHD S_q x S_k, or THD segments of at
+    most that) and run it through launcher namespace ``ns``; return problems."""
+    import aot.ops.dsa_indexer_forward as op_mod
+    from aot.ops.plan import Recorder, Sym
+    from aot.policy import dsa_indexer_forward as policy
+
+    prec, h, vl = key["precision"], key["heads"], key["varlen"]
+    d = 64 if prec == "mxfp4" else 128
+    s_kp = policy.padded(s_k)
+    if vl:
+        tq, tk = batch * s_q, batch * s_k
+        shapes = [(tq, s_kp), None, (tq, h, d), (tk, 1, d), (tq, h)]
+        scores = (tq, s_k)
+    else:
+        shapes = [(batch, s_q, s_kp), None, (batch, s_q, h, d), (batch, s_k, 1, d), (batch, s_q, h)]
+        scores = (batch, s_q, s_k)
+    if prec == "bf16":
+        shapes += [None, None]
+    elif vl:
+        shapes += [(1, 128 * batch * -(-s_q * h // 128), 4), (1, 128 * batch * -(-s_k // 128), 4)]
+    else:
+        shapes += [(batch, -(-s_q * h // 128) * 128, 4), (batch, -(-s_k // 128) * 128, 4)]
+    shapes += [(batch + 1,), (batch + 1,)] if vl else [None, None]
+    shapes += [(batch,) if key["offsets"] else None]
+    shapes += [(batch + 1,), (batch + 1,)] if vl and prec != "bf16" else [None, None]
+    ts = [None if sh is None else _T(sh) for sh in shapes]
+    names = op_mod._TENSORS
+    ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
+    values = ptr | {"s": STREAM, "x[0]": 0.5}
+    c = op_mod._Call(dev=0, arch="sm_100a", sm100=True, varlen=vl, b=batch, s_q=s_q, s_k=s_k, h=h, scores=scores, lse=None, prec=prec,
+                     w_dtype=key["w_dtype"])
+    rec = Recorder(len(names), 1)
+    try:
+        op_mod._record(rec, c, "fwd_sm100", None, ts)
+        ((_, args),) = rec.launches
+        args = [a.value(values) if isinstance(a, Sym) else a for a in args]
+        # upstream's order (_interface._indexer_fwd_bound's cute.compile call), each tensor as its pointer, extents and non-unit strides
+        def t(i):
+            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *_T(ts[i].shape).stride()[:-1]]
+
+        out = [ptr["p[0]"], *scores, *[st * s_kp for st in _T(scores[:-1]).stride()]]
+        want = t(2) + t(3) + t(4) + t(5) + t(6) + out + [0.5, s_q, s_k] + t(7) + t(8) + t(10) + t(11) + t(9) + [STREAM]
+        if args != want:
+            return [f"host-function arguments {args} differ from upstream's order {want}"]
+        if len(args) != len(ns["ARGS"]):
+            return [f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}"]
+        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+        seq = []
+        ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
+    except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
+        return [f"{type(ex).__name__}: {ex}"]
+    problems = []
+    if len(seq) != 1:
+        return [f"{len(seq)} launches (upstream launches one)"]
+    _, dims, blob = seq[0]
+    m = policy.sm100_m_block(prec, h)
+    if tuple(dims[:3]) != (-(-s_q * h // m), 1, batch) or dims[7] != STREAM:
+        problems.append(f"grid {dims[:3]} on stream {dims[7]} (upstream: ({-(-s_q * h // m)}, 1, {batch}) on the caller's stream {STREAM})")
+    for i, (name, t) in enumerate(zip(names, ts)):
+        if t is not None and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob:
+            problems.append(f"{name} never reaches a kernel parameter")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
@@ -121,10 +202,19 @@ def main():
         ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
         bad += [f"{e['id']} (S_q {s_q}, S_kv {s_kv}): {p}" for p in check_call(ns, op, key, e["arch"], sm, s_q, s_kv)]
         n += 1
-    print(f"{n} SM100 sparse-backward entries: the op's call runs each lifted host function; {len(bad)} problems")
+    m = 0
+    for e in index["entries"]:
+        if e["family"] != "dsa_indexer_forward" or e["op"] != "fwd_sm100":
+            continue
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        for s_q, s_k in ((252, 63), (1, 4096)):
+            bad += [f"{e['id']} (S_q {s_q}, S_k {s_k}): {p}" for p in check_indexer_forward(ns, key, s_q, s_k)]
+        m += 1
+    print(f"{n} SM100 sparse-backward and {m} SM100 indexer-forward entries: the op's call runs each lifted host function; {len(bad)} problems")
     for b in bad:
         print("  -", b)
-    return 1 if bad or not n else 0
+    return 1 if bad or not n or not m else 0
 
 
 if __name__ == "__main__":

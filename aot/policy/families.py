@@ -12,6 +12,7 @@ __all__ = ["FAMILIES", "family_policy"]
 FAMILIES = {
     "csa_compressor": "csa",
     "dsa_indexer_backward": "dsa",
+    "dsa_indexer_forward": "dsa",
     "dsa_indexer_top_k": "dsa",
     "dsa_sparse_attention_backward": "dsa",
     "dsa_topk_utils": "dsa",

@@ -139,6 +139,18 @@ return_val = true
 tie_break = 0
 deterministic = false
 large = false
+[[bucket]]
+family = "dsa_indexer_forward"
+op = "fwd_sm90"
+precision = "bf16"
+w_dtype = "bfloat16"
+heads = 64
+ratio = 4
+varlen = false
+offsets = false
+lse = true
+unchecked = false
+masked = false
 """
 
 
@@ -147,7 +159,8 @@ def small_build(tmp_path_factory):
     """A real build (compile, lift, verify, pack; no fidelity) of one sm_90a entry set per op family:
     CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128), the SM90
     sparse attention backward (H64, D512, top-k 128), local_to_global (both dtypes, both layouts),
-    compactify (128 columns) and the indexer top-k (fp32, 4096-column bucket, top-k 128). Its directory."""
+    compactify (128 columns), the indexer top-k (fp32, 4096-column bucket, top-k 128) and the SM90 indexer
+    forward (bf16 H64 ratio 4 with LSE). Its directory."""
     pytest.importorskip("cutlass")
     from aot.toolchain import build
 

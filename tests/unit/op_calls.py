@@ -1,6 +1,6 @@
 """Valid calls of every public op on stand-in CUDA tensors (tests/unit/stand_in.py), built on the
 small build of tests/unit/conftest.py (sm_90a: CSA ratio 4 d 128, indexer H64 top-k 128, sparse
-attention H64 D512 top-k 128, local_to_global, compactify 128 columns, indexer top-k fp32 4096-column bucket top-k 128). Each call is (function, args, kwargs, outputs): ``outputs`` are the
+attention H64 D512 top-k 128, local_to_global, compactify 128 columns, indexer top-k fp32 4096-column bucket top-k 128, indexer forward bf16 H64 ratio 4 with LSE). Each call is (function, args, kwargs, outputs): ``outputs`` are the
 tensors the op may write (its outputs and workspace)."""
 
 from __future__ import annotations
@@ -101,6 +101,15 @@ def indexer_top_k(dev, stream, rows=8, cols=4000):
     return aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=top_k, stream=stream, workspace=ws), (idx, val, ws)
 
 
+def indexer_forward(dev, stream, s_q=8, s_k=40):
+    import aot.dsa
+
+    b, h, d = 2, 64, 128
+    q, k, w = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_k, 1, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev)
+    scores, lse = _t((b, s_q, s_k), torch.float32, dev), _t((b, s_q), torch.float32, dev)
+    return aot.dsa.indexer_forward_into, (scores, lse, q, k, w), dict(ratio=4, sm_scale=0.1, stream=stream), (scores, lse)
+
+
 def plan_class(fn):
     """The plan class of an ``_into`` op (its tensors in the op's order)."""
     import aot.csa
@@ -110,8 +119,9 @@ def plan_class(fn):
             aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward,
             aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward,
             aot.dsa.local_to_global_into: aot.dsa.LocalToGlobal, aot.dsa.compactify_into: aot.dsa.Compactify,
-            aot.dsa.indexer_top_k_into: aot.dsa.IndexerTopK}[fn]
+            aot.dsa.indexer_top_k_into: aot.dsa.IndexerTopK, aot.dsa.indexer_forward_into: aot.dsa.IndexerForward}[fn]
 
 
 FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
-            "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k}
+            "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k,
+            "indexer_forward": indexer_forward}

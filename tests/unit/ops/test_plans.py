@@ -54,7 +54,7 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
     plan = _build(fn, args, kw)
     xkw = _execute_kw(plan, kw)
     shape_arg = {"csa_forward": {"nb": 9}, "csa_backward": {"nb": 9}, "indexer_backward": {"s_q": 3}, "sparse_backward": {"s_q": 5}, "local_to_global": {"s_q": 3},
-                 "compactify": {"rows": 5}, "indexer_top_k": {"rows": 5}}[family]
+                 "compactify": {"rows": 5}, "indexer_top_k": {"rows": 5}, "indexer_forward": {"s_q": 3}}[family]
     other = make(0, env.new_stream(0), **shape_arg)[1]
     before = [stand_in.contents(t) for t in writes]
 
@@ -68,7 +68,7 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
         return str(e.value)
 
     assert "build another plan" in refused(other[0], *args[1:], **xkw)  # an output of another shape
-    i = {"csa_forward": 1, "local_to_global": 1, "compactify": 2, "indexer_top_k": 2}.get(family, 3)  # an input whose shape follows the one changed
+    i = {"csa_forward": 1, "local_to_global": 1, "compactify": 2, "indexer_top_k": 2, "indexer_forward": 2}.get(family, 3)  # an input whose shape follows the one changed
     assert "build another plan" in refused(*args[:i], other[i], *args[i + 1 :], **xkw)  # an input of another shape
     assert "build another plan" in refused(args[0].to(torch.float16) if args[0].dtype != torch.float16 else args[0].float(), *args[1:], **xkw)
     assert "build another plan" in refused(*args[:i], stand_in.cuda_tensor(args[i].clone(), 1), *args[i + 1 :], **xkw)  # on another device
