@@ -21,7 +21,7 @@ from ..policy import dsa_indexer_top_k as policy
 from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, require, stream_handle,
                        writes_only)
 from .outputs import Outputs
-from .plan import Plan, Recorder, cached, compile_call
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
 __all__ = ["indexer_top_k", "indexer_top_k_into", "indexer_top_k_workspace_bytes", "IndexerTopK"]
 
@@ -181,25 +181,38 @@ def indexer_top_k(input_values, seq_lens, top_k, next_n=1, return_val=True, num_
     the outputs and the scratch are allocated there, as upstream does."""
     import torch
 
-    problems = []
-    _options(problems, top_k, next_n, return_val, num_copy_bits, tie_break, deterministic)
-    dev, shape = _inputs(problems, input_values, seq_lens, next_n, staged=True)
-    if problems:
-        raise input_error(problems)
+    extra = (top_k, next_n, return_val, num_copy_bits, tie_break, deterministic)  # in _plan_top_k's order
+    hit = remembered(_CACHE, ALLOC, (input_values, seq_lens), extra)  # inputs like the last validated call's, aligned
+    if hit is not None:
+        dev, shape, box = hit[0]
+        x = input_values
+    else:
+        problems = []
+        _options(problems, top_k, next_n, return_val, num_copy_bits, tie_break, deterministic)
+        dev, shape = _inputs(problems, input_values, seq_lens, next_n, staged=True)
+        if problems:
+            raise input_error(problems)
+        n_rows, num_cols = shape
+        stream_handle(stream, dev)  # refuse a bad stream, and a missing entry, before allocating
+        if n_rows and num_cols:
+            key = policy.top_k_kernel(_dtype_name(input_values), num_cols, top_k, next_n, return_val, tie_break, deterministic, n_rows)
+            require(FAMILY, {"main": key}, dev, {"main": _hint(key[1])})
+
+        def staged():  # what upstream launches on: contiguous, 32-byte aligned (copies on the launch stream)
+            with alloc_on(stream, dev):
+                x = input_values.contiguous()
+                return x if x.data_ptr() % policy.ALIGN == 0 else x.clone()
+
+        direct = input_values.is_contiguous() and input_values.data_ptr() % policy.ALIGN == 0
+        x = input_values if direct else allocate(staged)
+        box = [None]  # the _into call, once known (plan.fresh)
+        if direct and seq_lens.is_contiguous():
+            ins = (input_values, seq_lens)
+            remember(_CACHE, ALLOC, extra, probe_for(ins, dev, footprint(ins, writes=(), masks=(policy.ALIGN - 1, 3))), (dev, shape, box))
+        if not seq_lens.is_contiguous():
+            seq_lens = allocate(lambda: _on(stream, dev, seq_lens.contiguous))
     n_rows, num_cols = shape
-    stream_handle(stream, dev)  # refuse a bad stream, and a missing entry, before allocating
-    if n_rows and num_cols:
-        key = policy.top_k_kernel(_dtype_name(input_values), num_cols, top_k, next_n, return_val, tie_break, deterministic, n_rows)
-        require(FAMILY, {"main": key}, dev, {"main": _hint(key[1])})
-
-    def staged():  # what upstream launches on: contiguous, 32-byte aligned (copies on the launch stream)
-        with alloc_on(stream, dev):
-            x = input_values.contiguous()
-            return x if x.data_ptr() % policy.ALIGN == 0 else x.clone()
-
-    x = input_values if input_values.is_contiguous() and input_values.data_ptr() % policy.ALIGN == 0 else allocate(staged)
-    if not seq_lens.is_contiguous():
-        seq_lens = allocate(lambda: _on(stream, dev, seq_lens.contiguous))
+    s = stream_handle(stream, dev)
 
     def outputs():
         with alloc_on(stream, dev):
@@ -210,7 +223,9 @@ def indexer_top_k(input_values, seq_lens, top_k, next_n=1, return_val=True, num_
             return idx, val, ws
 
     idx, val, ws = allocate(outputs)
-    indexer_top_k_into(idx, val, x, seq_lens, top_k, next_n, return_val, num_copy_bits, stream, tie_break, deterministic, workspace=ws)
+    ts = (idx, val, x, seq_lens, ws)
+    call, p = fresh(box, _CACHE, ts, extra, lambda: _plan_top_k(*ts[:4], *extra, workspace=ws))
+    call.run(p, s, call.x, ts, stream)
     return Outputs(indices=idx, values=val)
 
 
