@@ -91,24 +91,26 @@ KEYS = {
 _num = _bi._num
 
 
-def measure(have_jit):
-    """Every timing script in its own fresh process: {name: parsed json or {'error'}}."""
+def measure(have_jit, first=None, aot_warm=None, jit_warm=None):
+    """Every timing script in its own fresh process: {name: parsed json or {'error'}} (the scripts:
+    this module's, or another bench's of the same shape: prefill / decode, allocating / _into)."""
+    first, aot_warm, jit_warm = first or FIRST, aot_warm or AOT_WARM, jit_warm or JIT_WARM
     res = {}
-    for op, (aot_first, _) in FIRST.items():
+    for op, (aot_first, _) in first.items():
         res[f"aot_first.{op}"] = _bi.run(aot_first)
-    res["aot_warm"] = _bi.run(AOT_WARM)
+    res["aot_warm"] = _bi.run(aot_warm)
     if have_jit:
-        for op, (_, jit_first) in FIRST.items():
+        for op, (_, jit_first) in first.items():
             res[f"jit_first.{op}"] = _bi.run(jit_first)
-        res["jit_warm"] = _bi.run(JIT_WARM)
-    for op in FIRST:
+        res["jit_warm"] = _bi.run(jit_warm)
+    for op in first:
         af = res[f"aot_first.{op}"]
         res[f"cpu_compile_s.{op}"] = _bi.cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
     return res
 
 
-def report(res, have_jit):
-    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, f"DSA indexer forward, {SHAPE}", FIRST)
+def report(res, have_jit, title=f"DSA indexer forward, {SHAPE}"):
+    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, title, [k.split(".", 1)[1] for k in res if k.startswith("aot_first.")])
     print()
     a_add, j_add = _num(aw.get("host", {}), "torch.add"), _num(jw.get("host", {}), "torch.add")
     for op, (k_alloc, k_into, k_jit) in KEYS.items():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline check of the SM100 call conventions (sparse attention backward, indexer forward) against a build.
+"""Offline check of the SM100 call conventions (sparse attention backward and forward, indexer forward) against a build.
 
 There is no SM100 GPU here, so the op's SM100 path cannot launch. This runs it for every shipped
 SM100 entry of ``aot/_generated`` (or ``--gen DIR``) with the real lifted launcher in place of the
@@ -9,7 +9,9 @@ the tensors). The op must pass every argument the host function declares, the ho
 must pass, every launch must go to the caller's stream, every tensor and both workspace segments
 must reach a kernel parameter, and d_sink must be cleared exactly where upstream's kernels accumulate
 into it atomically. The indexer forward (:func:`check_indexer_forward`): at a BSHD and a THD-like shape
-per entry, the op's recorded launch passes every argument, reaches every tensor and launches upstream's grid (ceil(S_q * H / m), 1, B) on the caller's stream. Needs no
+per entry, the op's recorded launch passes every argument, reaches every tensor and launches upstream's grid (ceil(S_q * H / m), 1, B) on the caller's stream; the sparse
+attention forward (:func:`check_sparse_forward`) likewise, its grid (S_q, 1, 1) for H 64 and (2 S_q,
+1, 1) in two-CTA clusters for H 128. Needs no
 torch and no GPU. Exit status 1 on any failure.
 
     python ci/check_sm100_calls.py [--gen aot/_generated]
@@ -182,6 +184,52 @@ def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 
     return problems
 
 
+def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> list:
+    """Record the op's sparse-attention-forward launch of ``key`` at (S_q, S_kv, K index slots, a
+    multiple of 64) and run it through launcher namespace ``ns``; return problems."""
+    import aot.ops.dsa_sparse_attention_forward as op_mod
+    from aot.ops.plan import Recorder, Sym
+
+    h, d, it = key["heads"], key["dim"], key["indexer_topk"]
+    shapes = [(s_q, h, 512), (s_q, h), (s_q, h), (s_q, h) if it else None, (s_q, h, d), (s_kv, d), (s_q, k), (h,) if key["sink"] else None,
+              (s_q,) if key["topk_length"] else None]
+    ts = [None if sh is None else _T(sh) for sh in shapes]
+    names = op_mod._TENSORS
+    ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
+    values = ptr | {"s": STREAM, "x[0]": 0.5}
+    rec = Recorder(len(names), 1)
+    try:
+        op_mod._record(rec, None, ts)
+        ((_, args),) = rec.launches
+        args = [a.value(values) if isinstance(a, Sym) else a for a in args]
+
+        def t(i):
+            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+
+        # upstream's order (_interface_sm100._compile_kernel): q, kv, idx, out, max_logits, lse, [lse_indexer], [sink], [topk_length]
+        want = t(4) + t(5) + t(6) + t(0) + t(1) + t(2) + t(3) + t(7) + t(8) + [0.5, STREAM]
+        if args != want:
+            return [f"host-function arguments {args} differ from upstream's order {want}"]
+        if len(args) != len(ns["ARGS"]):
+            return [f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}"]
+        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+        seq = []
+        ns["launch"](lambda kk, dims: seq.append((kk, tuple(dims), bytes(bufs[kk]))), *bufs, *args)
+    except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
+        return [f"{type(ex).__name__}: {ex}"]
+    if len(seq) != 1:
+        return [f"{len(seq)} launches (upstream launches one)"]
+    _, dims, blob = seq[0]
+    grid = (s_q, 1, 1) if h == 64 else (2 * s_q, 1, 1)  # H64: a CTA per query; H128: two-CTA clusters over the problem (CLC)
+    problems = []
+    if tuple(dims[:3]) != grid or dims[7] != STREAM:
+        problems.append(f"grid {dims[:3]} on stream {dims[7]} (upstream: {grid} on the caller's stream {STREAM})")
+    for i, (name, tt) in enumerate(zip(names, ts)):
+        if tt is not None and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob and name not in ("q", "kv", "out"):  # those three: TMA descriptors
+            problems.append(f"{name} never reaches a kernel parameter")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
@@ -211,10 +259,21 @@ def main():
         for s_q, s_k in ((252, 63), (1, 4096)):
             bad += [f"{e['id']} (S_q {s_q}, S_k {s_k}): {p}" for p in check_indexer_forward(ns, key, s_q, s_k)]
         m += 1
-    print(f"{n} SM100 sparse-backward and {m} SM100 indexer-forward entries: the op's call runs each lifted host function; {len(bad)} problems")
+    f = 0
+    for e in index["entries"]:
+        if e["family"] != "dsa_sparse_attention_forward":
+            continue
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        for s_q, s_kv, k in ((8, 4096, 2048), (1, 100, 64), (1000, 70000, 2112)):
+            if k >= key["indexer_topk"]:
+                bad += [f"{e['id']} (S_q {s_q}, S_kv {s_kv}, K {k}): {p}" for p in check_sparse_forward(ns, key, s_q, s_kv, k)]
+        f += 1
+    print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward and {f} sparse-forward entries: the op's call runs each lifted host "
+          f"function; {len(bad)} problems")
     for b in bad:
         print("  -", b)
-    return 1 if bad or not n or not m else 0
+    return 1 if bad or not n or not m or not f else 0
 
 
 if __name__ == "__main__":

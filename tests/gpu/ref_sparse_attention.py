@@ -196,12 +196,20 @@ def sparse_attention_forward_ref(
     softmax_scale=None,
     topk_length=None,
     *,
+    indexer_topk=0,
     max_chunk_elems=DEFAULT_MAX_CHUNK_ELEMS,
 ):
-    """float64 ``dict(out (S_q, H, Dv), lse (S_q, H))`` of the sparse forward with a sink.
+    """float64 ``dict(out (S_q, H, Dv), lse (S_q, H), max_logits (S_q, H), lse_indexer (S_q, H) or None)``
+    of the sparse forward with a sink.
 
     ``lse`` is the KV-only log-sum-exp (sink excluded), ``+inf`` in a row without a valid slot
-    (whose ``out`` is 0). ``attn_sink=None`` means no sink. No input is modified.
+    (whose ``out`` is 0 and ``max_logits`` -inf); ``max_logits`` the largest valid score. With
+    ``indexer_topk`` > 0, ``lse_indexer`` is the log-sum-exp over the valid slots among the first
+    ``indexer_topk`` (``+inf`` when none), as the forward kernels snapshot it after that many slots:
+    a row whose slot count ``clamp(topk_length, 0, topk)`` (``topk`` without ``topk_length``) is at most
+    ``indexer_topk - 64`` never reaches the snapshot and has ``+inf`` (SM100 kernels: the snapshot is
+    taken at the end of the 64-slot tile ``indexer_topk / 64 - 1``, and a row's loop stops after
+    ``ceil(count / 64)`` tiles). ``attn_sink=None`` means no sink. No input is modified.
     """
     s_q, h, d, dv = _check_common(q, kv, attn_sink, topk_idxs)
     dev = q.device
@@ -210,6 +218,11 @@ def sparse_attention_forward_ref(
 
     out = torch.zeros(s_q, h, dv, dtype=torch.float64, device=dev)
     lse = torch.empty(s_q, h, dtype=torch.float64, device=dev)
+    max_logits = torch.empty(s_q, h, dtype=torch.float64, device=dev)
+    lse_ix = torch.empty(s_q, h, dtype=torch.float64, device=dev) if indexer_topk else None
+    count = torch.full((s_q,), topk, dtype=torch.int64, device=dev)
+    if topk_length is not None:
+        count = topk_length.detach().to(device=dev, dtype=torch.int64).clamp(0, topk)
     step = _chunk_rows(topk, h, d, max_chunk_elems)
     for r0 in range(0, s_q, step):
         r1 = min(s_q, r0 + step)
@@ -224,7 +237,12 @@ def sparse_attention_forward_ref(
         p = torch.where(vm, torch.exp(s - l_tot[..., None]), torch.zeros_like(s))
         out[r0:r1] = torch.einsum("rht,rtc->rhc", p, kg[..., :dv])
         lse[r0:r1] = l_kv
-    return dict(out=out, lse=lse)
+        max_logits[r0:r1] = s.amax(dim=-1) if topk else torch.full_like(l_kv, -math.inf)
+        if indexer_topk:
+            l_ix = torch.logsumexp(s[..., :indexer_topk], dim=-1)
+            reached = (count[r0:r1] > indexer_topk - 64)[:, None]
+            lse_ix[r0:r1] = torch.where(reached & torch.isfinite(l_ix), l_ix, torch.full_like(l_ix, math.inf))
+    return dict(out=out, lse=lse, max_logits=max_logits, lse_indexer=lse_ix)
 
 
 def sparse_attention_backward_ref(

@@ -13,9 +13,10 @@ def env(small_build, monkeypatch) -> stand_in.Driver:
     import aot.ops.dsa_indexer_backward as ib
     import aot.ops.dsa_indexer_forward as ifw
     import aot.ops.dsa_sparse_attention_backward as sab
+    import aot.ops.dsa_sparse_attention_forward as saf
     import aot.ops.dsa_indexer_top_k as itk
     import aot.ops.dsa_topk_utils as tk
 
-    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (itk, "_CACHE"), (ifw, "_CALLS")):
+    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (itk, "_CACHE"), (ifw, "_CALLS"), (saf, "_CALLS")):
         monkeypatch.setattr(mod, name, {})
     return stand_in.install(monkeypatch, Index(small_build))

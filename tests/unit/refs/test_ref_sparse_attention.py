@@ -442,3 +442,29 @@ def test_bounds_admit_kernel_like_rounding_and_reject_slips(D):
         slip, _, _ = oracle_grads(small, mutant=mutant)
         worst = max(ref.rel_err(slip[n], base[n]) / ref.REL_ERR_BOUNDS[n] for n in OUTS)
         assert worst > 10, f"{mutant}: only {worst:.1f}x the bound"
+
+
+@pytest.mark.parametrize("indexer_topk", [64, 128])
+def test_forward_max_logits_and_lse_indexer_by_a_loop(indexer_topk):
+    """max_logits and lse_indexer (the sparse attention forward's extra outputs) against a loop over
+    rows and heads written from their definition, the snapshot rule included: a row whose slot count
+    is at most indexer_topk - 64 never reaches it (+inf)."""
+    s_kv = 300
+    x = ref.make_inputs(6, s_kv, 2, 512, 192, with_topk_length=True, seed=5, invalid_frac=0.25)
+    x["topk_length"][3] = 1000  # clamped to the 192 slots
+    x["topk_length"][4] = indexer_topk - 64  # at the rule's edge: not reached
+    x["topk_length"][5] = indexer_topk - 63  # one past: reached
+    got = ref.sparse_attention_forward_ref(x["q"], x["kv"], x["attn_sink"], x["topk_idxs"], topk_length=x["topk_length"], indexer_topk=indexer_topk)
+    q, kv, ids = x["q"].double(), x["kv"].double(), x["topk_idxs"].long()
+    scale = 1 / math.sqrt(512)
+    s_q, topk = ids.shape
+    for i in range(s_q):
+        n = min(max(int(x["topk_length"][i]), 0), topk)
+        for hh in range(q.shape[1]):
+            scores = [scale * float(q[i, hh] @ kv[int(ids[i, t])]) for t in range(n) if 0 <= int(ids[i, t]) < s_kv]
+            first = [scale * float(q[i, hh] @ kv[int(ids[i, t])]) for t in range(min(n, indexer_topk)) if 0 <= int(ids[i, t]) < s_kv]
+            want_max = max(scores) if scores else -math.inf
+            want_ix = math.log(sum(math.exp(v) for v in first)) if first and n > indexer_topk - 64 else math.inf
+            assert got["max_logits"][i, hh].item() == pytest.approx(want_max, rel=1e-12, abs=1e-12)
+            assert got["lse_indexer"][i, hh].item() == pytest.approx(want_ix, rel=1e-12, abs=1e-12)
+    assert torch.isinf(got["lse_indexer"][4]).all() and torch.isfinite(got["lse_indexer"][5]).any()

@@ -1,0 +1,75 @@
+"""aot.ops.dsa_sparse_attention_forward without a GPU (and without SM100: upstream has no SM90 kernel):
+the refusal on another arch, input checks, and the SM100 call convention against real lifted host
+functions (ci/check_sm100_calls.py runs the same check over every shipped entry at wheel build)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import stand_in
+from aot.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[3]
+DATA = ROOT / "tests" / "data" / "sparse_forward_sm100"
+
+
+def test_an_sm90_device_is_refused_before_anything_runs(env):
+    import aot.dsa
+
+    q = stand_in.cuda_tensor(torch.zeros(4, 64, 512, dtype=torch.bfloat16))
+    kv = stand_in.cuda_tensor(torch.zeros(100, 512, dtype=torch.bfloat16))
+    idx = stand_in.cuda_tensor(torch.zeros(4, 64, dtype=torch.int32))
+    env.launches.clear()
+    env.memsets.clear()
+    for fn in (aot.dsa.sparse_attention_forward, lambda *a, **k: aot.dsa.sparse_attention_forward_into(None, None, None, None, *a, **k)):
+        with pytest.raises(InputError, match="SM100 only"):
+            fn(q, kv, idx)
+    assert not env.launches and not env.memsets
+
+
+def test_bad_inputs_are_named():
+    import aot.dsa
+
+    with pytest.raises(InputError) as e:
+        aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.float32), torch.zeros(3), torch.zeros(4, 64))
+    assert "q: expected a (S_q, H, D) bfloat16 or float16" in str(e.value)
+    with pytest.raises(InputError, match="on cpu"):
+        aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.bfloat16), torch.zeros(3), torch.zeros(4, 64))
+
+
+@pytest.fixture(scope="module")
+def chk():
+    sys.path.insert(0, str(ROOT / "ci"))
+    import check_sm100_calls
+
+    return check_sm100_calls
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.iterdir()))
+def test_sm100_call_feeds_the_lifted_host_function(name, chk):
+    from aot.toolchain import verify
+
+    d = DATA / name
+    key = json.loads((d / "meta.json").read_text())["key"]
+    ns = verify.load_launcher((d / "launcher.py").read_text(), name)
+    for s_q, s_kv, k in ((8, 4096, 2048), (1000, 70000, 2112), (1, 64, 1024)):
+        if k >= key["indexer_topk"]:
+            assert chk.check_sparse_forward(ns, key, s_q, s_kv, k) == []
+    # a call convention that passes kv where q belongs is caught
+    import aot.ops.dsa_sparse_attention_forward as op_mod
+
+    real = op_mod._record
+
+    def swapped(rec, le, ts):
+        ts = list(ts)
+        ts[4], ts[5] = ts[5], ts[4]
+        return real(rec, le, ts)
+
+    op_mod._record = swapped
+    try:
+        assert chk.check_sparse_forward(ns, key, 8, 4096, 2048) != []
+    finally:
+        op_mod._record = real
