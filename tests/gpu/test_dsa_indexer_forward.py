@@ -175,3 +175,24 @@ def test_refused_calls_write_nothing():
         aot.dsa.indexer_forward_into(scores, None, q, k, w, ratio=3)
     torch.cuda.synchronize()
     assert torch.isnan(scores).all()
+
+
+def test_a_padded_scores_buffer_and_a_staged_out():
+    """``_into`` takes a (..., ceil4(S_k)) buffer (the SM100 layout, accepted on SM90 too): the first
+    S_k columns are the scores, the rest -inf; the allocating form's ``out`` that is not contiguous
+    is filled through a buffer of its own and copied back, its neighbours untouched."""
+    import aot.dsa
+
+    q, k, w, _, _ = ref.random_inputs((2, 40), (2, 37), 64, generator(21))
+    want = ref.scores_bshd(q, k, w, 4, 0.3)
+    q, k, w = q.to(DEV), k.to(DEV), w.to(DEV)
+    buf = torch.full((2, 40, 40), math.nan, device=DEV)
+    aot.dsa.indexer_forward_into(buf, None, q, k, w, ratio=4, sm_scale=0.3)
+    big = torch.full((2, 40, 50), 7.0, device=DEV)
+    out = aot.dsa.indexer_forward(q, k, w, ratio=4, sm_scale=0.3, out=big[..., 3:40])["scores"]
+    torch.cuda.synchronize()
+    _check(buf[..., :37].cpu().double(), want, BOUND["bf16"], "padded _into")
+    assert torch.isinf(buf[..., 37:]).all() and (buf[..., 37:] < 0).all()
+    assert out.data_ptr() == big[..., 3:40].data_ptr()
+    _check(big[..., 3:40].cpu().double(), want, BOUND["bf16"], "staged out")
+    assert (big[..., :3] == 7).all() and (big[..., 40:] == 7).all()
