@@ -484,30 +484,36 @@ class AotApi:
         return dict(self.index._key(e["key"], e.get("derived", ("schedule",))))
 
     def begin_first(self, spec):
-        """Spy on the first call: the entries it launches (LoadedEntry.__call__) and looks up (Index.find).
+        """Spy on the first call: the entries it launches (LoadedEntry.__call__, or .prepare where a plan
+        prepares its launches before firing them) and looks up (Index.find).
 
         Launches are what ran, whatever the op caches; the spies are removed before any timing loop."""
         launched, looked = [], []
         ix = self.index.index()
         cls = self.loaded.LoadedEntry
-        orig_call, orig_find = cls.__call__, ix.find
+        orig_call, orig_prepare, orig_find = cls.__call__, cls.prepare, ix.find
 
         def call_spy(le, *a):
             if le.entry.get("family") == FAMILY:
                 launched.append([le.entry["op"], self._entry_key(le.entry)])
             return orig_call(le, *a)
 
+        def prepare_spy(le, *a):  # a plan of several launches prepares each (then fires it): a launch as well
+            if le.entry.get("family") == FAMILY:
+                launched.append([le.entry["op"], self._entry_key(le.entry)])
+            return orig_prepare(le, *a)
+
         def find_spy(family, op, key, arch, hint=""):
             if family == FAMILY:
                 looked.append([op, dict(key)])
             return orig_find(family, op, key, arch, hint)
 
-        cls.__call__, ix.find = call_spy, find_spy
-        self._spied = (cls, orig_call, ix, launched, looked, set(self.runtime.load_stats()))
+        cls.__call__, cls.prepare, ix.find = call_spy, prepare_spy, find_spy
+        self._spied = (cls, orig_call, orig_prepare, ix, launched, looked, set(self.runtime.load_stats()))
 
     def end_first(self, spec):
-        cls, orig_call, ix, launched, looked, loaded = self._spied
-        cls.__call__ = orig_call
+        cls, orig_call, orig_prepare, ix, launched, looked, loaded = self._spied
+        cls.__call__, cls.prepare = orig_call, orig_prepare
         ix.__dict__.pop("find", None)
         new = {k: v for k, v in self.runtime.load_stats().items() if k not in loaded}
         keys, source = (launched, "launches") if launched else (looked, "lookups" if looked else "none")
