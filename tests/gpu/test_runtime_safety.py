@@ -116,8 +116,19 @@ def indexer_top_k(dev, seed, rows=200, cols=65536):
     return aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=2048, deterministic=True, workspace=ws), (idx, val), (True, True)
 
 
+def indexer_forward(dev, seed, b=2, s_q=256, s_k=64):
+    import aot.dsa
+    import ref_indexer_forward
+
+    q, k, w, _, _ = ref_indexer_forward.random_inputs((b, s_q), (b, s_k), 64, generator(seed))
+    q, k, w = q.to(f"cuda:{dev}"), k.to(f"cuda:{dev}"), w.to(f"cuda:{dev}")
+    scores = torch.full((b, s_q, s_k), float("nan"), device=f"cuda:{dev}")
+    lse = torch.full((b, s_q), float("nan"), device=f"cuda:{dev}")
+    return aot.dsa.indexer_forward_into, (scores, lse, q, k, w), dict(ratio=4, sm_scale=0.3), (scores, lse), (True, True)
+
+
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
-       "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k}
+       "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k, "indexer_forward": indexer_forward}
 
 
 def _call(fn, args, kw, stream=None):
