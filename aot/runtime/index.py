@@ -28,17 +28,22 @@ _FIELDS = {"id": str, "family": str, "op": str, "key": dict, "arch": str, "cubin
            "launcher_sha256": str, "kernels": list, "params": dict}
 
 
-def _well_formed(e) -> bool:
+def _lookup_key(e):
+    """The key ``e`` is looked up by (the op's own key fields: derived ones, such as a schedule list,
+    are not looked up), or None when the entry lacks a field the runtime needs."""
     if not isinstance(e, dict) or any(not isinstance(e.get(k), t) for k, t in _FIELDS.items()):
-        return False
+        return None
     derived = e.get("derived", ("schedule",))
     if not isinstance(derived, list | tuple):
-        return False
-    try:  # the lookup key: the op's own fields (derived ones, such as a schedule list, are not looked up)
-        hash(_key(e["key"], derived))
+        return None
+    if "target" in e and not (isinstance(e["target"], dict) and isinstance(e["target"].get("sm_count"), int)):
+        return None
+    try:
+        k = _key(e["key"], derived)
+        hash(k)
     except TypeError:
-        return False
-    return "target" not in e or isinstance(e["target"], dict) and isinstance(e["target"].get("sm_count"), int)
+        return None
+    return k
 
 
 class Index:
@@ -74,13 +79,14 @@ class Index:
             raise LaunchError(f"{path} is a debug build (compiled with --debug-dump), not for shipping; rebuild without it, "
                               f"or set AOT_ALLOW_DEBUG_BUILD=1 to use it anyway")
         entries = doc.get("entries")
-        bad = [i for i, e in enumerate(entries if isinstance(entries, list) else [None]) if not _well_formed(e)]
+        keys = [_lookup_key(e) for e in (entries if isinstance(entries, list) else [None])]  # each entry's key, built once
+        bad = [i for i, k in enumerate(keys) if k is None]
         if bad:
             raise LaunchError(f"{path}: {len(bad)} malformed entries (first: #{bad[0]}). Reinstall or rebuild the wheel")
         self.doc = doc
         self.entries = entries
         # looked up by the op's own key fields; what the spec derived from them is not part of the lookup
-        self.by_key = {(e["family"], e["op"], _key(e["key"], e.get("derived", ("schedule",))), e["arch"]): e for e in self.entries}
+        self.by_key = {(e["family"], e["op"], k, e["arch"]): e for e, k in zip(entries, keys)}
         self.arches = sorted({e["arch"] for e in self.entries})
         self._sms = {e["arch"]: e["target"]["sm_count"] for e in self.entries if "target" in e}
         self._loaded: dict = {}
