@@ -13,6 +13,7 @@ FAMILIES = {
     "csa_compressor": "csa",
     "dsa_indexer_backward": "dsa",
     "dsa_indexer_forward": "dsa",
+    "dsa_indexer_forward_top_k": "dsa",
     "dsa_indexer_top_k": "dsa",
     "dsa_sparse_attention_backward": "dsa",
     "dsa_sparse_attention_forward": "dsa",
