@@ -230,6 +230,55 @@ def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> li
     return problems
 
 
+def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
+    """Record the fused top-k's GEMM launch of ``key`` (BSHD) and run it through ``ns``; return problems."""
+    import aot.ops.dsa_indexer_forward_top_k as op_mod
+    from aot.ops.plan import Recorder, Sym
+    from aot.policy import dsa_indexer_forward_top_k as policy
+
+    prec, h, ratio, offs, lse = key["precision"], key["heads"], key["ratio"], key["offsets"], key["lse"]
+    d = 64 if prec == "mxfp4" else 128
+    pbf = policy.cand_floats(s_q, ratio)
+    cand_2d = key["cand"] == "2d"
+    mx = prec != "bf16"
+    shapes = [(b, s_q, 512), (b, s_q, 512), None, (b, s_q) if lse else None, (b * pbf,), (b, s_q, h, d), (b, s_k, 1, d), (b, s_q, h),
+              (b, -(-s_q * h // 128) * 128, 4) if mx else None, (b, -(-s_k // 128) * 128, 4) if mx else None, (b,) if offs else None,
+              (b + 1,) if offs else None]
+    ts = [None if sh is None else _T(sh) for sh in shapes]
+    names = op_mod._TENSORS
+    ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
+    values = ptr | {"s": STREAM, "x[0]": 0.5}
+    rec = Recorder(len(names), 1)
+    try:
+        op_mod._record_gemm(rec, None, ts, cand_2d, s_q, s_k, pbf)
+        ((_, args),) = rec.launches
+        args = [a.value(values) if isinstance(a, Sym) else a for a in args]
+
+        def t(i):
+            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+
+        cand = [ptr["p[4]"], b, pbf, pbf] if cand_2d else [ptr["p[4]"], b * pbf]
+        want = t(5) + t(6) + t(7) + t(8) + t(9) + cand + t(3) + [0.5, s_q, s_k] + t(10) + [STREAM] + t(11)
+        if args != want:
+            return [f"host-function arguments {args} differ from upstream's order {want}"]
+        if len(args) != len(ns["ARGS"]):
+            return [f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}"]
+        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+        seq = []
+        ns["launch"](lambda kk, dims: seq.append((kk, tuple(dims), bytes(bufs[kk]))), *bufs, *args)
+    except Exception as ex:  # noqa: BLE001
+        return [f"{type(ex).__name__}: {ex}"]
+    if len(seq) != 1:
+        return [f"{len(seq)} launches"]
+    _, dims, blob = seq[0]
+    m = policy.gemm_m_block(prec, h)
+    if tuple(dims[:3]) != (-(-s_q * h // m), 1, b) or dims[7] != STREAM:
+        return [f"grid {dims[:3]} on stream {dims[7]} (upstream: ({-(-s_q * h // m)}, 1, {b}))"]
+    missing = [n for i, n in enumerate(names) if ts[i] is not None and n not in ("q", "k", "indices", "logits")
+               and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob]
+    return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
