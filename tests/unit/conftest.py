@@ -154,6 +154,47 @@ masked = false
 """
 
 
+SM100_BUILD = """
+[[target]]
+name = "b200"
+arch = "sm_100a"
+sm_count = 148
+[[bucket]]
+family = "dsa_indexer_forward"
+op = "fwd_sm100"
+precision = "bf16"
+w_dtype = "bfloat16"
+heads = 64
+ratio = 4
+varlen = false
+offsets = false
+[[bucket]]
+family = "dsa_sparse_attention_forward"
+op = "fwd"
+heads = 64
+dim = 512
+dtype = "bf16"
+indexer_topk = 512
+sink = true
+topk_length = false
+"""
+
+
+@pytest.fixture(scope="session")
+def sm100_build(tmp_path_factory):
+    """A real build (compile, lift, verify, pack; no fidelity) of two sm_100a entries: the SM100
+    indexer forward (bf16 H64 ratio 4) and the sparse attention forward (H64 D512, indexer_topk 512,
+    a sink). No SM100 GPU here: the ops' SM100 paths run on it with a stand-in capability-10.0
+    driver, their launches through the real lifted host functions. Its directory."""
+    pytest.importorskip("cutlass")
+    from aot.toolchain import build
+
+    root = tmp_path_factory.mktemp("sm100_build")
+    (root / "m.toml").write_text(SM100_BUILD)
+    build.build(root / "m.toml", root / "gen", root / "work", cache_dir=None, jobs=2, samples=20, progress=False, fidelity=False)
+    return root / "gen"
+
+
 @pytest.fixture(scope="session")
 def small_build(tmp_path_factory):
     """A real build (compile, lift, verify, pack; no fidelity) of one sm_90a entry set per op family:

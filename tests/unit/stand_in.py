@@ -37,8 +37,8 @@ class Launch:
 class Driver:
     """The driver calls the runtime makes, recorded."""
 
-    def __init__(self, devices=2):
-        self.devices = devices
+    def __init__(self, devices=2, capability=CAPABILITY, sm_count=SM_COUNT):
+        self.devices, self.capability, self.sm_count = devices, capability, sm_count
         self.launches: list[Launch] = []
         self.memsets: list[tuple] = []
         self.lock = threading.Lock()
@@ -82,8 +82,8 @@ class Driver:
 
     def cuDeviceGetAttribute(self, attr, dev):
         A = real.CUdevice_attribute
-        return (0, {A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CAPABILITY[0], A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CAPABILITY[1],
-                    A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: SM_COUNT}.get(attr, 232448))
+        return (0, {A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: self.capability[0], A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: self.capability[1],
+                    A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: self.sm_count}.get(attr, 232448))
 
     def cuDevicePrimaryCtxRetain(self, dev):
         return (0, self.ctx_of(int(dev)))
@@ -163,11 +163,12 @@ class Driver:
         return (0, b"stand-in driver error")
 
 
-def install(monkeypatch, index, devices=2) -> Driver:
-    """Put a stand-in driver in place of cuda-python for the runtime (and its per-process caches)."""
+def install(monkeypatch, index, devices=2, capability=CAPABILITY, sm_count=SM_COUNT) -> Driver:
+    """Put a stand-in driver in place of cuda-python for the runtime (and its per-process caches):
+    ``devices`` GPUs of ``capability`` (default 9.0, the H200's; (10, 0) for an SM100 build)."""
     from aot.runtime import device, driver, index as index_mod, loaded
 
-    d = Driver(devices)
+    d = Driver(devices, capability, sm_count)
     d.param_sizes = {k: v for e in index.entries for k, v in e["params"].items()}
     for mod in (driver, device, loaded):
         monkeypatch.setattr(mod, "drv", lambda: d)

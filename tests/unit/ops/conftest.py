@@ -20,3 +20,14 @@ def env(small_build, monkeypatch) -> stand_in.Driver:
     for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (itk, "_CACHE"), (ifw, "_CALLS"), (saf, "_CALLS")):
         monkeypatch.setattr(mod, name, {})
     return stand_in.install(monkeypatch, Index(small_build))
+
+
+@pytest.fixture
+def sm100_env(sm100_build, monkeypatch) -> stand_in.Driver:
+    """The stand-in driver, as a capability-10.0 GPU with 148 SMs, over the SM100 build."""
+    import aot.ops.dsa_indexer_forward as ifw
+    import aot.ops.dsa_sparse_attention_forward as saf
+
+    for mod in (ifw, saf):
+        monkeypatch.setattr(mod, "_CALLS", {})
+    return stand_in.install(monkeypatch, Index(sm100_build), capability=(10, 0), sm_count=148)

@@ -116,3 +116,32 @@ def test_sm100_call_feeds_the_lifted_host_function(name, chk):
         assert chk.check_indexer_forward(ns, key, 252, 63) != []
     finally:
         op_mod._record = real
+
+
+def test_sm100_takes_the_padded_scores_buffer_and_launches_the_lifted_host_function(sm100_env):
+    """On an SM100 device (stand-in, capability 10.0): a (B, S_q, S_k) scores buffer with S_k % 4 != 0
+    is refused with the padded shape to use; the padded buffer is filled with -inf whole and bound with
+    its 16-byte row stride; the launch goes through the real lifted host function (upstream's grid)."""
+    import aot.dsa
+
+    env = sm100_env
+    st = env.new_stream(0)
+    b, s_q, s_k, h = 2, 20, 37, 64
+    q, k = stand_in.cuda_tensor(torch.zeros(b, s_q, h, 128, dtype=torch.bfloat16)), stand_in.cuda_tensor(torch.zeros(b, s_k, 1, 128, dtype=torch.bfloat16))
+    w = stand_in.cuda_tensor(torch.zeros(b, s_q, h, dtype=torch.bfloat16))
+    env.launches.clear()
+    env.memsets.clear()
+    with pytest.raises(InputError, match=r"pass a \(2, 20, 40\) fp32 buffer"):
+        aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, s_q, s_k)), None, q, k, w, ratio=4, stream=st)
+    with pytest.raises(InputError, match="SM90 only"):
+        aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, s_q, 40)), stand_in.cuda_tensor(torch.zeros(b, s_q)), q, k, w, ratio=4, stream=st)
+    with pytest.raises(InputError, match="S_k \\* ratio"):  # SM100's geometry rule: S_q <= S_k * ratio + ratio - 1
+        aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, 200, 4)), None, stand_in.cuda_tensor(torch.zeros(b, 200, h, 128, dtype=torch.bfloat16)),
+                                     stand_in.cuda_tensor(torch.zeros(b, 2, 1, 128, dtype=torch.bfloat16)), stand_in.cuda_tensor(torch.zeros(b, 200, h, dtype=torch.bfloat16)), stream=st)
+    assert not env.launches and not env.memsets
+    scores = stand_in.cuda_tensor(torch.zeros(b, s_q, 40))
+    aot.dsa.indexer_forward_into(scores, None, q, k, w, ratio=4, sm_scale=0.25, stream=st)
+    assert [(m[0], m[1], m[4]) for m in env.memsets] == [(scores.data_ptr(), scores.numel() * 4, 0xFF800000)]
+    (launch,) = env.launches
+    assert launch.dims[:3] == (-(-s_q * h // 128), 1, b)  # upstream's CLC grid: the whole problem
+    assert launch.dims[3] == 256 and struct.pack("<Q", w.data_ptr()) in launch.params and struct.pack("<f", 0.25) in launch.params

@@ -73,3 +73,40 @@ def test_sm100_call_feeds_the_lifted_host_function(name, chk):
         assert chk.check_sparse_forward(ns, key, 8, 4096, 2048) != []
     finally:
         op_mod._record = real
+
+
+def test_sm100_call_runs_the_lifted_host_function(sm100_env):
+    """On an SM100 device (stand-in): index rows of a multiple of 64 slots, one launch through the real
+    lifted host function (a CTA per query, the caller's stream, the scale a kernel parameter); an empty
+    problem gets upstream's fills (out 0, max_logits -inf, lse and lse_indexer +inf) and no launch."""
+    import struct
+
+    import aot.dsa
+
+    env = sm100_env
+    stream = env.new_stream(0)
+    s_q, s_kv, k = 8, 300, 512
+
+    def t(shape, dtype=torch.float32):
+        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
+
+    q, kv, sink = t((s_q, 64, 512), torch.bfloat16), t((s_kv, 512), torch.bfloat16), t((64,))
+    out, ml, lse, li = t((s_q, 64, 512), torch.bfloat16), t((s_q, 64)), t((s_q, 64)), t((s_q, 64))
+    env.launches.clear()
+    env.memsets.clear()
+    with pytest.raises(InputError, match="pad the rows with -1 to 512"):
+        aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, 500), torch.int32), attn_sink=sink, indexer_topk=512, stream=stream)
+    with pytest.raises(InputError, match="softmax_scale"):
+        aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, k), torch.int32), attn_sink=sink, indexer_topk=512, softmax_scale=-1.0, stream=stream)
+    assert not env.launches and not env.memsets
+    aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, k), torch.int32), attn_sink=sink, indexer_topk=512, softmax_scale=0.05,
+                                          stream=stream)
+    (launch,) = env.launches
+    assert launch.dims[:3] == (s_q, 1, 1) and launch.dims[7] == stream and struct.pack("<f", 0.05) in launch.params
+    assert not env.memsets
+    env.launches.clear()
+    aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, t((0, 512), torch.bfloat16), t((s_q, k), torch.int32), attn_sink=sink,
+                                          indexer_topk=512, stream=stream)
+    assert not env.launches
+    assert [(m[1], m[4]) for m in env.memsets] == [(out.numel() * 2, 0), (ml.numel() * 4, 0xFF800000), (lse.numel() * 4, 0x7F800000),
+                                                    (li.numel() * 4, 0x7F800000)]
