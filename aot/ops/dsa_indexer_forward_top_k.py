@@ -15,7 +15,7 @@ from ..policy import dsa_indexer_forward_top_k as policy
 from ._support import aliasing, check, footprint, input_error, integer, launcher, stream_handle, tensor_args
 from .plan import Recorder, cached, compile_call
 
-__all__ = ["compress_topk_cand_buffer_size"]
+__all__ = ["compress_topk_cand_buffer_size", "indexer_forward_top_k_into"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31 - 1
@@ -205,3 +205,20 @@ def _plan_fused(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, rati
             rec.launch(launcher("dsa_topk_utils", *lkey, c.dev), *tensor_args(indices, rec.p[0]), *tensor_args(indices, rec.p[0]), s_k, rec.s)
     foot = footprint(ts, writes=(0, 1, 2, 3, 4))
     return compile_call("dsa_indexer_forward_top_k.fused", rec, c.dev, ts, foot, (scalar_f32([], "sm_scale", sm_scale),), fwd._scale)
+
+
+def indexer_forward_top_k_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, stream=None,
+                               q_causal_offsets=None, cand_batch_offsets=None, precision="bf16", q_scale=None, k_scale=None,
+                               topk_indices_global=True, deterministic=False):
+    """The fused BSHD call into caller buffers (work in progress): ``indices`` / ``logits`` / ``softmax``
+    (B, S_q, top_k), ``lse`` (B, S_q) or None, ``cand_buffer`` of at least
+    :func:`compress_topk_cand_buffer_size` floats (with ``q_causal_offsets``: its ``cand_batch_offsets``
+    too, (B + 1,) int64 prefix sums, as upstream's capture-safe contract asks). Allocates nothing."""
+    ts = (indices, logits, softmax, lse, cand_buffer, q, k, w, q_scale, k_scale, q_causal_offsets, cand_batch_offsets)
+    extra = (top_k, ratio, precision, bool(topk_indices_global), bool(deterministic))
+    call, p = cached(_CALLS, ts, extra, lambda: _plan_fused(*ts[:8], top_k, ratio, sm_scale, q_causal_offsets, cand_batch_offsets, precision,
+                                                            q_scale, k_scale, topk_indices_global, deterministic))
+    from .dsa_indexer_forward import _scale
+
+    call.run(p, stream_handle(stream, call.dev), _scale(sm_scale), ts, stream)
+    return indices, logits, softmax, lse

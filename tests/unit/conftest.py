@@ -177,6 +177,33 @@ dtype = "bf16"
 indexer_topk = 512
 sink = true
 topk_length = false
+[[bucket]]
+family = "dsa_indexer_forward_top_k"
+op = "gemm"
+precision = "bf16"
+w_dtype = "bfloat16"
+heads = 64
+ratio = 4
+lse = false
+cand = "2d"
+varlen = false
+offsets = false
+[[bucket]]
+family = "dsa_indexer_forward_top_k"
+op = "stage2"
+top_k = 512
+ratio = 4
+threads = 256
+offsets = false
+softmax = true
+deterministic = false
+varlen = false
+[[bucket]]
+family = "dsa_topk_utils"
+op = "local_to_global"
+dtype = "int32"
+varlen = false
+preserve_negative = true
 """
 
 

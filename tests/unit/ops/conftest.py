@@ -28,6 +28,8 @@ def sm100_env(sm100_build, monkeypatch) -> stand_in.Driver:
     import aot.ops.dsa_indexer_forward as ifw
     import aot.ops.dsa_sparse_attention_forward as saf
 
-    for mod in (ifw, saf):
+    import aot.ops.dsa_indexer_forward_top_k as ftk
+
+    for mod in (ifw, saf, ftk):
         monkeypatch.setattr(mod, "_CALLS", {})
     return stand_in.install(monkeypatch, Index(sm100_build), capability=(10, 0), sm_count=148)
