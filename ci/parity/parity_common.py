@@ -556,10 +556,11 @@ def jit_side(args, make_api, build_cases, make_inputs, run_case, describe, faile
 
 class LauncherSpy:
     """The AOT side's view of a first call: the (op, key) entries an op module's ``launcher`` resolves
-    (each once), and whether the call loaded a cubin. ``begin(op_mod, *caches)`` empties the op's plan
-    caches (so that the first call resolves its entries) and puts the spy in place; ``end()`` removes
-    it and returns {"keys", "new", "loaded"}; ``restore()`` removes it after a first call that raised.
-    The spy is gone before any timing loop."""
+    (as often as it does: a second lookup of one kernel shows as a mismatch with the JIT's keys), and
+    whether the call loaded a cubin. ``begin(op_mod, *caches)`` empties the op's plan caches (so that
+    the first call resolves its entries) and puts the spy in place; ``end()`` removes it and returns
+    {"keys", "new", "loaded"}; ``restore()`` removes it after a first call that raised. The spy is
+    gone before any timing loop."""
 
     def __init__(self, runtime):
         self.runtime, self._orig = runtime, None
@@ -583,8 +584,7 @@ class LauncherSpy:
     def end(self) -> dict:
         self.restore()
         new = {k: v for k, v in self.runtime.load_stats().items() if k not in self._loaded}
-        keys = [list(u) for u in {key_str(u): u for u in self._used}.values()]  # an allocating form and its _into resolve one entry twice
-        return {"keys": keys, "new": bool(new), "loaded": {f"{k[0]}@{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in new.items()}}
+        return {"keys": self._used, "new": bool(new), "loaded": {f"{k[0]}@{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in new.items()}}
 
 
 def aot_side(args, script, family, make_api, run_case, describe, failed_row=None, inputs_of=lambda name, spec: name):
