@@ -173,6 +173,24 @@ def _num(d, k):
     return v if isinstance(v, (int, float)) else float("nan")
 
 
+def measure_scripts(have_jit, first, aot_warm, jit_warm):
+    """Every timing script of a per-op bench in its own fresh process: ``first`` {name: (AOT, JIT)
+    first-call scripts (first_call_scripts)}, the warm scripts of each side. {name: parsed json or
+    {'error'}}, with the CPU compile seconds of the entries each AOT first call loaded."""
+    res = {}
+    for name, (aot_first, _) in first.items():
+        res[f"aot_first.{name}"] = run(aot_first)
+    res["aot_warm"] = run(aot_warm)
+    if have_jit:
+        for name, (_, jit_first) in first.items():
+            res[f"jit_first.{name}"] = run(jit_first)
+        res["jit_warm"] = run(jit_warm)
+    for name in first:
+        af = res[f"aot_first.{name}"]
+        res[f"cpu_compile_s.{name}"] = cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
+    return res
+
+
 def first_call_and_warm_rows(res, have_jit, title, names):
     """The table head the per-op benches share: failures, per op ``names`` the AOT cubin load and first
     call (and the CPU compile seconds of those entries, cudnn's first call), then every warm host and

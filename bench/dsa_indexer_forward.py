@@ -91,22 +91,9 @@ KEYS = {
 _num = _bi._num
 
 
-def measure(have_jit, first=None, aot_warm=None, jit_warm=None):
-    """Every timing script in its own fresh process: {name: parsed json or {'error'}} (the scripts:
-    this module's, or another bench's of the same shape: prefill / decode, allocating / _into)."""
-    first, aot_warm, jit_warm = first or FIRST, aot_warm or AOT_WARM, jit_warm or JIT_WARM
-    res = {}
-    for op, (aot_first, _) in first.items():
-        res[f"aot_first.{op}"] = _bi.run(aot_first)
-    res["aot_warm"] = _bi.run(aot_warm)
-    if have_jit:
-        for op, (_, jit_first) in first.items():
-            res[f"jit_first.{op}"] = _bi.run(jit_first)
-        res["jit_warm"] = _bi.run(jit_warm)
-    for op in first:
-        af = res[f"aot_first.{op}"]
-        res[f"cpu_compile_s.{op}"] = _bi.cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
-    return res
+def measure(have_jit):
+    """Every timing script in its own fresh process (bench/dsa_indexer_backward.measure_scripts)."""
+    return _bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM)
 
 
 def report(res, have_jit, title=f"DSA indexer forward, {SHAPE}"):

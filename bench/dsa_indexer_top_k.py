@@ -110,19 +110,8 @@ _num = _bi._num
 
 
 def measure(have_jit):
-    """Every timing script in its own fresh process: {name: parsed json or {'error'}}."""
-    res = {}
-    for name, (aot_first, _) in FIRST.items():
-        res[f"aot_first.{name}"] = _bi.run(aot_first)
-    res["aot_warm"] = _bi.run(AOT_WARM)
-    if have_jit:
-        for name, (_, jit_first) in FIRST.items():
-            res[f"jit_first.{name}"] = _bi.run(jit_first)
-        res["jit_warm"] = _bi.run(JIT_WARM)
-    for name in FIRST:
-        af = res[f"aot_first.{name}"]
-        res[f"cpu_compile_s.{name}"] = _bi.cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
-    return res
+    """Every timing script in its own fresh process (bench/dsa_indexer_backward.measure_scripts)."""
+    return _bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM)
 
 
 def _ratio(a, b):

@@ -23,7 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import dsa_indexer_backward as _bi  # noqa: E402  (the indexer bench: its runner, blocker, timers)
-import dsa_indexer_forward as _fw  # noqa: E402  (measure / report over FIRST, AOT_WARM, JIT_WARM, KEYS)
+import dsa_indexer_forward as _fw  # noqa: E402  (its report: the same rows, prefill / decode, allocating / _into)
 
 BLOCK = _bi.BLOCK
 TIMERS = _fw.TIMERS
@@ -91,7 +91,7 @@ def main(argv=None):
         print(f"this GPU is not SM100 (capability major {major.stdout.strip() or '?'}): cudnn's sparse attention forward exists for SM100 only")
         sys.exit(2)
     have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
-    _fw.report(_fw.measure(have_jit, FIRST, AOT_WARM, JIT_WARM), have_jit, f"DSA sparse attention forward, {SHAPE}")
+    _fw.report(_bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM), have_jit, f"DSA sparse attention forward, {SHAPE}")
 
 
 if __name__ == "__main__":

@@ -92,19 +92,8 @@ _num = _bi._num
 
 
 def measure(have_jit):
-    """Every timing script in its own fresh process: {name: parsed json or {'error'}}."""
-    res = {}
-    for op, (aot_first, _) in FIRST.items():
-        res[f"aot_first.{op}"] = _bi.run(aot_first)
-    res["aot_warm"] = _bi.run(AOT_WARM)
-    if have_jit:
-        for op, (_, jit_first) in FIRST.items():
-            res[f"jit_first.{op}"] = _bi.run(jit_first)
-        res["jit_warm"] = _bi.run(JIT_WARM)
-    for op in FIRST:
-        af = res[f"aot_first.{op}"]
-        res[f"cpu_compile_s.{op}"] = _bi.cpu_compile_seconds(af["generated"], list(af.get("loads", {}))) if "generated" in af else {}
-    return res
+    """Every timing script in its own fresh process (bench/dsa_indexer_backward.measure_scripts)."""
+    return _bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM)
 
 
 def report(res, have_jit):

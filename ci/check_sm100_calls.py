@@ -119,11 +119,31 @@ class _T:
         return tuple(reversed(out))
 
 
+def _replay(ns, rec, values, want):
+    """The single launch ``rec`` holds, its arguments resolved with ``values`` and checked against
+    ``want`` (upstream's order, written by the caller), run through launcher namespace ``ns``:
+    (launch dims, parameter bytes). AssertionError with what differs otherwise."""
+    from aot.ops.plan import Sym
+
+    ((_, args),) = rec.launches
+    args = [a.value(values) if isinstance(a, Sym) else a for a in args]
+    if args != want:
+        raise AssertionError(f"host-function arguments {args} differ from upstream's order {want}")
+    if len(args) != len(ns["ARGS"]):
+        raise AssertionError(f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}")
+    bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+    seq = []
+    ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
+    if len(seq) != 1:
+        raise AssertionError(f"{len(seq)} launches (upstream launches one)")
+    return seq[0][1], seq[0][2]
+
+
 def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 3) -> list:
     """Record the op's SM100 indexer-forward launch of ``key`` (BSHD S_q x S_k, or THD segments of at
     most that) and run it through launcher namespace ``ns``; return problems."""
     import aot.ops.dsa_indexer_forward as op_mod
-    from aot.ops.plan import Recorder, Sym
+    from aot.ops.plan import Recorder
     from aot.policy import dsa_indexer_forward as policy
 
     prec, h, vl = key["precision"], key["heads"], key["varlen"]
@@ -152,34 +172,24 @@ def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 
     c = op_mod._Call(dev=0, arch="sm_100a", sm100=True, varlen=vl, b=batch, s_q=s_q, s_k=s_k, h=h, scores=scores, lse=None, prec=prec,
                      w_dtype=key["w_dtype"])
     rec = Recorder(len(names), 1)
+
+    def t(i):
+        return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *_T(ts[i].shape).stride()[:-1]]
+
+    # upstream's order (_interface._indexer_fwd_bound's cute.compile call), each tensor as its pointer, extents and non-unit strides
+    out = [ptr["p[0]"], *scores, *[st * s_kp for st in _T(scores[:-1]).stride()]]
+    want = t(2) + t(3) + t(4) + t(5) + t(6) + out + [0.5, s_q, s_k] + t(7) + t(8) + t(10) + t(11) + t(9) + [STREAM]
     try:
         op_mod._record(rec, c, "fwd_sm100", None, ts)
-        ((_, args),) = rec.launches
-        args = [a.value(values) if isinstance(a, Sym) else a for a in args]
-        # upstream's order (_interface._indexer_fwd_bound's cute.compile call), each tensor as its pointer, extents and non-unit strides
-        def t(i):
-            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *_T(ts[i].shape).stride()[:-1]]
-
-        out = [ptr["p[0]"], *scores, *[st * s_kp for st in _T(scores[:-1]).stride()]]
-        want = t(2) + t(3) + t(4) + t(5) + t(6) + out + [0.5, s_q, s_k] + t(7) + t(8) + t(10) + t(11) + t(9) + [STREAM]
-        if args != want:
-            return [f"host-function arguments {args} differ from upstream's order {want}"]
-        if len(args) != len(ns["ARGS"]):
-            return [f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}"]
-        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
-        seq = []
-        ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
+        dims, blob = _replay(ns, rec, values, want)
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
     problems = []
-    if len(seq) != 1:
-        return [f"{len(seq)} launches (upstream launches one)"]
-    _, dims, blob = seq[0]
     m = policy.sm100_m_block(prec, h)
     if tuple(dims[:3]) != (-(-s_q * h // m), 1, batch) or dims[7] != STREAM:
         problems.append(f"grid {dims[:3]} on stream {dims[7]} (upstream: ({-(-s_q * h // m)}, 1, {batch}) on the caller's stream {STREAM})")
-    for i, (name, t) in enumerate(zip(names, ts)):
-        if t is not None and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob:
+    for i, (name, tt) in enumerate(zip(names, ts)):
+        if tt is not None and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob:
             problems.append(f"{name} never reaches a kernel parameter")
     return problems
 
@@ -188,7 +198,7 @@ def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> li
     """Record the op's sparse-attention-forward launch of ``key`` at (S_q, S_kv, K index slots, a
     multiple of 64) and run it through launcher namespace ``ns``; return problems."""
     import aot.ops.dsa_sparse_attention_forward as op_mod
-    from aot.ops.plan import Recorder, Sym
+    from aot.ops.plan import Recorder
 
     h, d, it = key["heads"], key["dim"], key["indexer_topk"]
     shapes = [(s_q, h, 512), (s_q, h), (s_q, h), (s_q, h) if it else None, (s_q, h, d), (s_kv, d), (s_q, k), (h,) if key["sink"] else None,
@@ -198,28 +208,17 @@ def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> li
     ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
     values = ptr | {"s": STREAM, "x[0]": 0.5}
     rec = Recorder(len(names), 1)
+
+    def t(i):
+        return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+
+    # upstream's order (_interface_sm100._compile_kernel): q, kv, idx, out, max_logits, lse, [lse_indexer], [sink], [topk_length]
+    want = t(4) + t(5) + t(6) + t(0) + t(1) + t(2) + t(3) + t(7) + t(8) + [0.5, STREAM]
     try:
         op_mod._record(rec, None, ts)
-        ((_, args),) = rec.launches
-        args = [a.value(values) if isinstance(a, Sym) else a for a in args]
-
-        def t(i):
-            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
-
-        # upstream's order (_interface_sm100._compile_kernel): q, kv, idx, out, max_logits, lse, [lse_indexer], [sink], [topk_length]
-        want = t(4) + t(5) + t(6) + t(0) + t(1) + t(2) + t(3) + t(7) + t(8) + [0.5, STREAM]
-        if args != want:
-            return [f"host-function arguments {args} differ from upstream's order {want}"]
-        if len(args) != len(ns["ARGS"]):
-            return [f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}"]
-        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
-        seq = []
-        ns["launch"](lambda kk, dims: seq.append((kk, tuple(dims), bytes(bufs[kk]))), *bufs, *args)
+        dims, blob = _replay(ns, rec, values, want)
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
-    if len(seq) != 1:
-        return [f"{len(seq)} launches (upstream launches one)"]
-    _, dims, blob = seq[0]
     grid = (s_q, 1, 1) if h == 64 else (2 * s_q, 1, 1)  # H64: a CTA per query; H128: two-CTA clusters over the problem (CLC)
     problems = []
     if tuple(dims[:3]) != grid or dims[7] != STREAM:

@@ -10,7 +10,7 @@ from ..errors import InputError
 from ..runtime import device as _device, driver as _driver, index as _index_mod  # modules: they do nothing at import
 
 __all__ = [
-    "arch_of", "sm_count_of", "target_sm_count", "require", "launcher", "lookup",  # devices and entries
+    "arch_of", "arch_or_refuse", "sm_count_of", "target_sm_count", "require", "launcher", "lookup",  # devices and entries
     "stream_handle", "alloc_on", "allocate", "memset0",  # streams and memory
     "check", "scalar_f32", "integer", "one_of", "flag", "aliasing", "overlapping", "input_error",  # validation
     "signature", "footprint", "recheck", "recheck_ptrs",  # the fast paths
@@ -33,6 +33,20 @@ def arch_of(dev: int) -> str:
 
 def sm_count_of(dev: int) -> int:
     return _device.device(dev).sm_count
+
+
+def arch_or_refuse(problems, dev: int):
+    """(arch, whether it is an SM100-family arch) of GPU ``dev``; (None, False) with the problem
+    appended when the build has no cubins for it."""
+    from ..errors import ArchMismatchError
+    from ..policy.arch import is_sm100
+
+    try:
+        arch = arch_of(dev)
+    except ArchMismatchError as e:
+        problems.append(str(e))
+        return None, False
+    return arch, is_sm100(arch)
 
 
 def target_sm_count(arch: str) -> int:
@@ -184,9 +198,10 @@ def lookup(cache: dict, key):
         return None
 
 
-def check(problems, t, name, shape, dtype, dev, align):
+def check(problems, t, name, shape, dtype, dev, align, layout=True):
     """Append to ``problems`` what is wrong with tensor ``t`` against the expected shape, dtype, device,
-    layout, contiguity and base alignment."""
+    layout, contiguity and base alignment (``layout=False``: not contiguity and alignment, for the
+    inputs an allocating form copies first, as upstream does)."""
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -201,6 +216,8 @@ def check(problems, t, name, shape, dtype, dev, align):
         problems.append(f"{name}: dtype {t.dtype} (expected {dtype})")
     if t.device.type != "cuda" or (dev is not None and t.device.index != dev):
         problems.append(f"{name}: on {t.device} (expected cuda:{dev}, the device of the first input)")
+    if not layout:
+        return
     if not t.is_contiguous():
         problems.append(f"{name}: strides {tuple(t.stride())} (expected contiguous; call .contiguous())")
     if t.data_ptr() % align:

@@ -24,7 +24,7 @@ returns the (..., S_k) scores contiguous, as upstream does; ``_into`` takes that
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, footprint, input_error, integer, launcher, require, row_major,
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, footprint, input_error, integer, launcher, require, row_major,
                        scalar_f32, stream_handle, tensor_args, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
@@ -61,18 +61,6 @@ class _Call:
         return self.scores[:-1] + (policy.padded(self.s_k),) if self.sm100 else self.scores
 
 
-def _arch(problems, dev):
-    from ..errors import ArchMismatchError
-    from ..policy.arch import is_sm100
-
-    try:
-        arch = arch_of(dev)
-    except ArchMismatchError as e:
-        problems.append(str(e))
-        return None, False
-    return arch, is_sm100(arch)
-
-
 def _precision(problems, precision, sm100) -> str:
     p = precision.lower() if isinstance(precision, str) else precision
     allowed = policy.SM100_PRECISIONS if sm100 else policy.SM90_PRECISIONS
@@ -103,7 +91,7 @@ def _inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlen
         problems.append(f"q: on {q.device} (expected a CUDA tensor)")
         return None
     dev = q.device.index
-    arch, sm100 = _arch(problems, dev)
+    arch, sm100 = arch_or_refuse(problems, dev)
     if arch is None:
         return None
     prec = _precision(problems, precision, sm100)
@@ -114,12 +102,7 @@ def _inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlen
     lead = tuple(q.shape[:-2])  # (B, S_q) or (total_q,)
 
     def tensor(t, name, shape, dtype, align=16):
-        if staged:
-            if not _is_tensor(t) or tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != q.device:
-                problems.append(f"{name}: {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))} on "
-                                f"{getattr(t, 'device', '-')} (expected {dtype} {tuple(shape)} on {q.device}, q's device)")
-        else:
-            check(problems, t, name, shape, dtype, dev, align)
+        check(problems, t, name, shape, dtype, dev, align, layout=not staged)
 
     tensor(q, "q", lead + (h, d), qdt)
     heads = policy.SM100_HEADS if sm100 else policy.SM90_HEADS.get(prec, ())

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from ..policy import dsa_sparse_attention_forward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, footprint, input_error, launcher, require, scalar_f32, stream_handle,
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, footprint, input_error, launcher, require, scalar_f32, stream_handle,
                        tensor_args, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
@@ -70,26 +70,16 @@ def _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, st
         problems.append(f"q: on {q.device} (expected a CUDA tensor)")
         return None
     dev = q.device.index
-    from ..errors import ArchMismatchError
-    from ..policy.arch import is_sm100
-
-    try:
-        arch = arch_of(dev)
-    except ArchMismatchError as e:
-        problems.append(str(e))
+    arch, sm100 = arch_or_refuse(problems, dev)
+    if arch is None:
         return None
-    if not is_sm100(arch):
+    if not sm100:
         problems.append(f"cuda:{dev} runs {arch}: cudnn's sparse attention forward exists for SM100 only (no SM90 kernel upstream)")
         return None
     s_q, h, d = q.shape
 
     def tensor(t, name, shape, dtype, align):
-        if staged:
-            if not _is_tensor(t) or tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != q.device:
-                problems.append(f"{name}: {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))} on "
-                                f"{getattr(t, 'device', '-')} (expected {dtype} {tuple(shape)} on {q.device}, q's device)")
-        else:
-            check(problems, t, name, shape, dtype, dev, align)
+        check(problems, t, name, shape, dtype, dev, align, layout=not staged)
 
     tensor(q, "q", q.shape, q.dtype, 16)
     if (h, d) not in ((64, 512), (64, 576), (128, 512)):

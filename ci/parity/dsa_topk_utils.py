@@ -53,16 +53,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import os
 import sys
-import time
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    LauncherSpy,
+    jit_side,
     aot_side,
     bitwise,
     cli,
@@ -71,15 +71,10 @@ from parity_common import (  # noqa: E402
     family_entries,
     first_call,
     jit_cubins,
-    keep_cubins,
     load_json,
     md_table,
-    meta,
     print_summary,
-    selected,
     sha_status,
-    to_cuda,
-    torch_add_us,
     verdict,
     warm_us,
     write_report,
@@ -409,35 +404,7 @@ class JitApi:
 
 
 def cmd_jit(args):
-    keep_cubins()
-    import torch
-
-    t0 = time.perf_counter()
-    api = JitApi()  # imports cutlass and the cudnn kernel modules
-    import_s = time.perf_counter() - t0
-    in_dir, out_dir = os.path.join(args.dir, "inputs"), os.path.join(args.dir, "jit")
-    os.makedirs(in_dir, exist_ok=True)
-    os.makedirs(out_dir, exist_ok=True)
-    cases = [(n, s) for n, s in build_cases(args.quick) if selected(args, n)]
-    with open(os.path.join(in_dir, "cases.json"), "w") as f:
-        json.dump(cases, f, indent=1)
-    rows = {}
-    for name, spec in cases:
-        x = make_inputs(spec)
-        torch.save(x, os.path.join(in_dir, f"{name}.pt"))
-        try:
-            rows[name] = r = run_case(name, spec, to_cuda(x), api, args, out_dir)
-        except Exception as exc:  # noqa: BLE001 - recorded as this case's failure; the other cases still run
-            rows[name] = failed_row(name, spec, exc, "jit")
-            continue
-        print(f"jit {name}: first {r['first_s']:.3f} s{'' if r['new'] else ' (nothing compiled)'}, warm {r['warm_us']:.1f} us, "
-              f"device {r['device_us']:.1f} us" + (f"  KEY ERROR: {r['key_error']}" if r.get("key_error") else ""), flush=True)
-    cap = torch.cuda.get_device_capability()
-    m = meta(torch)
-    m.update(import_s=import_s, arch=f"sm_{cap[0]}{cap[1]}a", torch_add_us=torch_add_us(args.calls), calls=args.calls, quick=bool(args.quick))
-    with open(os.path.join(args.dir, "jit.json"), "w") as f:
-        json.dump({"meta": m, "rows": rows, "cubins": api.cubins()}, f, indent=1)
-    print(f"wrote {os.path.join(args.dir, 'jit.json')}")
+    jit_side(args, JitApi, build_cases, make_inputs, run_case, lambda r: f"warm {r['warm_us']:.1f} us, device {r['device_us']:.1f} us", failed_row)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -447,34 +414,18 @@ def cmd_jit(args):
 
 class AotApi:
     def __init__(self, dsa, runtime):
-        self.dsa, self.runtime = dsa, runtime
-        self._used, self._loaded = None, None
+        self.dsa, self.spy = dsa, LauncherSpy(runtime)
 
     def begin_first(self, spec):
-        """Record the (op, key) lookups of the first call (the spy is removed before any timing loop);
-        the op module's plan caches are emptied so that the first call looks its entry up."""
         import aot.ops.dsa_topk_utils as op_mod
 
-        op_mod._L2G.clear()
-        op_mod._CMP.clear()
-        self._used, self._loaded = [], set(self.runtime.load_stats())
-        orig = op_mod.launcher
-
-        def spy(family, op, key, dev, hint=""):
-            self._used.append([op, dict(key)])
-            return orig(family, op, key, dev, hint)
-
-        self._op_mod, self._orig, op_mod.launcher = op_mod, orig, spy
+        self.spy.begin(op_mod, op_mod._L2G, op_mod._CMP)
 
     def restore(self):
-        """Remove the spy (after a first call that raised)."""
-        if getattr(self, "_orig", None) is not None:
-            self._op_mod.launcher, self._orig = self._orig, None
+        self.spy.restore()
 
     def end_first(self, spec):
-        self.restore()
-        new = {k: v for k, v in self.runtime.load_stats().items() if k not in self._loaded}
-        return {"keys": self._used, "new": bool(new), "loaded": {f"{k[0]}@{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in new.items()}}
+        return self.spy.end()
 
     def call(self, spec, x):
         if spec["op"] == "local_to_global":

@@ -514,6 +514,79 @@ def jit_cubins(tables, index_key):
 
 
 
+def jit_side(args, make_api, build_cases, make_inputs, run_case, describe, failed_row):
+    """The ``jit`` subcommand the parity scripts share: keep the JIT's cubins, import cudnn's side
+    (``make_api()``, timed), write the selected cases and their inputs (fixed seeds) under
+    ``<dir>/inputs`` for the ``aot`` step to follow, run ``run_case(name, spec, inputs, api, args,
+    out_dir)`` for each (an exception fails its case only: ``failed_row(name, spec, exc, "jit")``),
+    print ``describe(row)`` per case, and write ``<dir>/jit.json`` (rows, run metadata, the JIT's
+    cubins: ``api.cubins()``)."""
+    keep_cubins()
+    import torch
+
+    t0 = time.perf_counter()
+    api = make_api()  # imports cutlass and the cudnn kernel modules
+    import_s = time.perf_counter() - t0
+    in_dir, out_dir = os.path.join(args.dir, "inputs"), os.path.join(args.dir, "jit")
+    os.makedirs(in_dir, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
+    quick = bool(getattr(args, "quick", False))
+    cases = [(n, s) for n, s in build_cases(quick) if selected(args, n)]
+    with open(os.path.join(in_dir, "cases.json"), "w") as f:
+        json.dump(cases, f, indent=1)
+    rows = {}
+    for name, spec in cases:
+        x = make_inputs(spec)
+        torch.save(x, os.path.join(in_dir, f"{name}.pt"))
+        try:
+            rows[name] = r = run_case(name, spec, to_cuda(x), api, args, out_dir)
+        except Exception as exc:  # noqa: BLE001 - recorded as this case's failure; the other cases still run
+            rows[name] = failed_row(name, spec, exc, "jit")
+            continue
+        print(f"jit {name}: first {r['first_s']:.3f} s{'' if r.get('new') else ' (nothing compiled)'}, {describe(r)}"
+              + (f"  KEY ERROR: {r['key_error']}" if r.get("key_error") else ""), flush=True)
+    cap = torch.cuda.get_device_capability()
+    m = meta(torch)
+    m.update(import_s=import_s, arch=f"sm_{cap[0]}{cap[1]}a", capability=list(cap), torch_add_us=torch_add_us(args.calls), calls=args.calls,
+             quick=quick)  # fmt: skip
+    with open(os.path.join(args.dir, "jit.json"), "w") as f:
+        json.dump({"meta": m, "rows": rows, "cubins": api.cubins()}, f, indent=1)
+    print(f"wrote {os.path.join(args.dir, 'jit.json')}")
+
+
+class LauncherSpy:
+    """The AOT side's view of a first call: the (op, key) entries an op module's ``launcher`` resolves
+    (as often as it does: a second lookup of one kernel shows as a mismatch with the JIT's keys), and
+    whether the call loaded a cubin. ``begin(op_mod, *caches)`` empties the op's plan caches (so that
+    the first call resolves its entries) and puts the spy in place; ``end()`` removes it and returns
+    {"keys", "new", "loaded"}; ``restore()`` removes it after a first call that raised. The spy is
+    gone before any timing loop."""
+
+    def __init__(self, runtime):
+        self.runtime, self._orig = runtime, None
+
+    def begin(self, op_mod, *caches):
+        for c in caches:
+            c.clear()
+        self._used, self._loaded = [], set(self.runtime.load_stats())
+        orig = op_mod.launcher
+
+        def spy(family, op, key, dev, hint=""):
+            self._used.append([op, dict(key)])
+            return orig(family, op, key, dev, hint)
+
+        self._op_mod, self._orig, op_mod.launcher = op_mod, orig, spy
+
+    def restore(self):
+        if self._orig is not None:
+            self._op_mod.launcher, self._orig = self._orig, None
+
+    def end(self) -> dict:
+        self.restore()
+        new = {k: v for k, v in self.runtime.load_stats().items() if k not in self._loaded}
+        return {"keys": self._used, "new": bool(new), "loaded": {f"{k[0]}@{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in new.items()}}
+
+
 def aot_side(args, script, family, make_api, run_case, describe, failed_row=None, inputs_of=lambda name, spec: name):
     """The ``aot`` subcommand every parity script runs: block the JIT toolchain, import aot (timed), run
     ``run_case(name, spec, inputs, api, args, out_dir)`` for each selected case the ``jit`` step saved

@@ -207,32 +207,31 @@ preserve_negative = true
 """
 
 
-@pytest.fixture(scope="session")
-def sm100_build(tmp_path_factory):
-    """A real build (compile, lift, verify, pack; no fidelity) of two sm_100a entries: the SM100
-    indexer forward (bf16 H64 ratio 4) and the sparse attention forward (H64 D512, indexer_topk 512,
-    a sink). No SM100 GPU here: the ops' SM100 paths run on it with a stand-in capability-10.0
-    driver, their launches through the real lifted host functions. Its directory."""
+def _real_build(tmp_path_factory, name, manifest, samples):
+    """A real build (compile, lift, verify, pack; no fidelity) of ``manifest``: its directory."""
     pytest.importorskip("cutlass")
     from aot.toolchain import build
 
-    root = tmp_path_factory.mktemp("sm100_build")
-    (root / "m.toml").write_text(SM100_BUILD)
-    build.build(root / "m.toml", root / "gen", root / "work", cache_dir=None, jobs=2, samples=20, progress=False, fidelity=False)
+    root = tmp_path_factory.mktemp(name)
+    (root / "m.toml").write_text(manifest)
+    build.build(root / "m.toml", root / "gen", root / "work", cache_dir=None, jobs=2, samples=samples, progress=False, fidelity=False)
     return root / "gen"
+
+
+@pytest.fixture(scope="session")
+def sm100_build(tmp_path_factory):
+    """The two sm_100a entries of SM100_BUILD: the SM100 indexer forward (bf16 H64 ratio 4) and the
+    sparse attention forward (H64 D512, indexer_topk 512, a sink). No SM100 GPU here: the ops' SM100
+    paths run on it with a stand-in capability-10.0 driver, their launches through the real lifted
+    host functions."""
+    return _real_build(tmp_path_factory, "sm100_build", SM100_BUILD, 20)
 
 
 @pytest.fixture(scope="session")
 def small_build(tmp_path_factory):
-    """A real build (compile, lift, verify, pack; no fidelity) of one sm_90a entry set per op family:
+    """The SMALL_BUILD entries (a real build, as _real_build makes it), one sm_90a entry set per op family:
     CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128), the SM90
     sparse attention backward (H64, D512, top-k 128), local_to_global (both dtypes, both layouts),
     compactify (128 columns), the indexer top-k (fp32, 4096-column bucket, top-k 128) and the SM90 indexer
     forward (bf16 H64 ratio 4 with LSE). Its directory."""
-    pytest.importorskip("cutlass")
-    from aot.toolchain import build
-
-    root = tmp_path_factory.mktemp("small_build")
-    (root / "m.toml").write_text(SMALL_BUILD)
-    build.build(root / "m.toml", root / "gen", root / "work", cache_dir=None, jobs=2, samples=50, progress=False, fidelity=False)
-    return root / "gen"
+    return _real_build(tmp_path_factory, "small_build", SMALL_BUILD, 50)
