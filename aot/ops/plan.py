@@ -92,13 +92,14 @@ class Call:
     ``foot``: what :func:`recheck` needs; ``meta``: per tensor (dtype, shape) or None, what a
     plan's execute() matches its tensors against; ``x``: the scalars of the validating call;
     ``scalars(**kw)``: the per-call scalars from keyword values (InputError otherwise); ``guard()``:
-    per-call checks of process state (torch's deterministic mode) or None."""
+    per-call checks of process state (torch's deterministic mode) or None; ``keep``: device memory the
+    call owns (tables its memsets write and its launches read), alive as long as the call."""
 
-    __slots__ = ("op", "dev", "foot", "run", "x", "source", "meta", "scalars", "guard", "probe")
+    __slots__ = ("op", "dev", "foot", "run", "x", "source", "meta", "scalars", "guard", "probe", "keep")
 
-    def __init__(self, op, dev, foot, run, x, source, meta, probe, scalars=None, guard=None):
+    def __init__(self, op, dev, foot, run, x, source, meta, probe, scalars=None, guard=None, keep=()):
         self.op, self.dev, self.foot, self.run, self.x, self.source = op, dev, foot, run, x, source
-        self.meta, self.probe, self.scalars, self.guard = meta, probe, scalars, guard
+        self.meta, self.probe, self.scalars, self.guard, self.keep = meta, probe, scalars, guard, keep
 
 
 def _lit(v, env) -> str:
@@ -109,8 +110,9 @@ def _lit(v, env) -> str:
     return name
 
 
-def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None, guard=None) -> Call:
-    """The :class:`Call` that replays ``rec`` (recorded for tensors ``ts`` on GPU ``dev``)."""
+def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None, guard=None, keep=()) -> Call:
+    """The :class:`Call` that replays ``rec`` (recorded for tensors ``ts`` on GPU ``dev``; ``keep``: memory
+    the record points into by address, owned by the call)."""
     env = {"memset0": memset0, "DEV": dev}
     lines = ["def run(p, s, x, ts, stream):"]
     for k, (entry, _) in enumerate(rec.launches):
@@ -137,7 +139,7 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
         lines.append("    pass  # nothing to do for this call's shapes")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<aot plan: {op}>", "exec"), env)  # noqa: S102  (our own text: constants and names)
-    return Call(op, dev, foot, env["run"], tuple(x), source, _meta(ts), probe_for(ts, dev, foot), scalars, guard)
+    return Call(op, dev, foot, env["run"], tuple(x), source, _meta(ts), probe_for(ts, dev, foot), scalars, guard, tuple(keep))
 
 
 _LAST = ("last call",)  # cache keys no signature can equal (see _support.signature)

@@ -107,7 +107,7 @@ class Index:
         if e is None:
             if arch not in self.arches:
                 raise ArchMismatchError(f"this build has no cubins for {arch} (it has: {', '.join(self.arches)}). Add a [[target]] with arch = {arch!r} to the manifest and rebuild")
-            fields = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in sorted(key.items()))
+            fields = "\n  ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in sorted(key.items()))
             raise KernelNotFoundError(
                 f"no shipped {family}/{op} entry for {key} on {arch}{hint}. Add to the manifest:\n"
                 f"  [[bucket]]\n  family = {family!r}\n  op = {op!r}\n  {fields}\nand rebuild the wheel"

@@ -190,11 +190,22 @@ varlen = false
 offsets = false
 [[bucket]]
 family = "dsa_indexer_forward_top_k"
+op = "gemm"
+precision = "bf16"
+w_dtype = "bfloat16"
+heads = 64
+ratio = 4
+lse = false
+cand = "1d_cbo"
+varlen = false
+offsets = true
+[[bucket]]
+family = "dsa_indexer_forward_top_k"
 op = "stage2"
 top_k = 512
 ratio = 4
 threads = 256
-offsets = false
+offsets = [false, true]
 softmax = true
 deterministic = false
 varlen = false

@@ -16,6 +16,7 @@ runtime and the real lifted launchers end to end and see every driver call they 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -132,12 +133,12 @@ class Driver:
 
     # --- libraries and kernels
     def cuLibraryLoadData(self, data, *a):
-        return (0, ("library", len(data)))
+        return (0, ("library", hashlib.sha256(bytes(data)).hexdigest()))
 
     def cuLibraryGetKernel(self, lib, sym):
         with self.lock:
             self._next += 0x10
-            self.kernels[self._next] = sym.decode()
+            self.kernels[self._next] = (lib[1], sym.decode())
             return (0, self._next)
 
     def cuKernelGetAttribute(self, attr, kernel, dev):
@@ -148,8 +149,8 @@ class Driver:
 
     def cuLaunchKernelEx(self, cfg, f, params_addr, extra):
         time.sleep(0)  # release the GIL in the middle of the call, as the real driver does
-        symbol = self.kernels[int(f)]
-        sizes = self.param_sizes[symbol]
+        cubin, symbol = self.kernels[int(f)]
+        sizes = self.param_sizes[cubin, symbol]  # by cubin too: entries share kernel names with different parameters
         ptrs = (ctypes.c_void_p * max(1, len(sizes))).from_address(params_addr)
         data = b"".join(ctypes.string_at(p, n) for p, n in zip(ptrs, sizes))
         dims = (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, int(cfg.hStream))
@@ -169,7 +170,7 @@ def install(monkeypatch, index, devices=2, capability=CAPABILITY, sm_count=SM_CO
     from aot.runtime import device, driver, index as index_mod, loaded
 
     d = Driver(devices, capability, sm_count)
-    d.param_sizes = {k: v for e in index.entries for k, v in e["params"].items()}
+    d.param_sizes = {(e["sha256"], k): v for e in index.entries for k, v in e["params"].items()}
     for mod in (driver, device, loaded):
         monkeypatch.setattr(mod, "drv", lambda: d)
     monkeypatch.setattr(device, "_INFO", {})

@@ -34,3 +34,61 @@ def test_a_bshd_call_launches_gemm_stage2_and_local_to_global(sm100_env):
     assert stage2.dims[:4] == (s_q, b, 1, 256) and struct.pack("<Q", cand.data_ptr()) in stage2.params
     assert struct.pack("<Q", idx.data_ptr()) in l2g.params
     assert all(L.dims[7] == st for L in (gemm, stage2, l2g))
+
+
+def test_a_windowed_call_runs_each_window_on_views_with_the_plans_offset_tables(sm100_env, monkeypatch):
+    """Upstream's long-S_q loop, at a small S_q with explicit windows: per window the offsets GEMM and
+    stage 2 on that window's rows (q, w and the outputs at the window's first row, k cut at its last
+    key), causal offsets rs for every batch and slabs b * pbf from a table the plan's memsets write,
+    then one local-to-global over all rows."""
+    import aot.ops.dsa_indexer_forward_top_k as op
+
+    env = sm100_env
+    st = env.new_stream(0)
+    b, s_q, s_k, h, top_k, mb = 2, 256, 64, 64, 512, 64
+    tables = []
+
+    def table(nbytes, device):
+        tables.append(stand_in.cuda_tensor(torch.zeros(nbytes, dtype=torch.uint8)))
+        return tables[-1]
+
+    monkeypatch.setattr(op, "_table", table)
+
+    def t(shape, dtype=torch.float32):
+        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
+
+    q, k, w = t((b, s_q, h, 128), torch.bfloat16), t((b, s_k, 1, 128), torch.bfloat16), t((b, s_q, h), torch.bfloat16)
+    idx, val, sm = t((b, s_q, top_k), torch.int32), t((b, s_q, top_k)), t((b, s_q, top_k))
+    need = op.compress_topk_cand_buffer_size(b, s_q, s_k, 4, microbatch_rows=mb)
+    wins = op.windows(s_q, s_k, 4, mb)
+    pbf = need // b
+    assert wins == [(0, 64, 16), (64, 64, 32), (128, 64, 48), (192, 64, 64)] and pbf == policy_g(256, 4) - policy_g(192, 4)
+    cand = t((need,))
+    env.launches.clear()
+    env.memsets.clear()
+    op.indexer_forward_top_k_into(idx, val, sm, None, cand, q, k, w, top_k, stream=st, microbatch_rows=mb)
+    assert len(env.launches) == 2 * len(wins) + 1
+    base = tables[0].data_ptr()
+    # the tables' bytes as the memsets leave them
+    mem = bytearray(tables[0].numel())
+    for ptr, n, s, _, word in env.memsets:
+        assert s == st and base <= ptr and ptr + n <= base + len(mem)
+        mem[ptr - base:ptr - base + n] = struct.pack("<I", word) * (n // 4)
+    assert list(struct.unpack("<3q", bytes(mem[:24]))) == [0, pbf, 2 * pbf]
+    for j, (rs, n, kw) in enumerate(wins):
+        gemm, stage2 = env.launches[2 * j:2 * j + 2]
+        qco = base + 32 + 16 * j
+        assert list(struct.unpack("<2i", bytes(mem[qco - base:qco - base + 8]))) == [rs, rs]
+        for L in (gemm, stage2):
+            assert struct.pack("<Q", qco) in L.params and struct.pack("<Q", base) in L.params and L.dims[7] == st
+        assert struct.pack("<Q", q.data_ptr() + rs * h * 128 * 2) in gemm.params and struct.pack("<Q", w.data_ptr() + rs * h * 2) in gemm.params
+        assert struct.pack("<Q", k.data_ptr()) in gemm.params and gemm.dims[:3] == (-(-n * h // 128), 1, b)
+        assert struct.pack("<Q", idx.data_ptr() + rs * top_k * 4) in stage2.params and stage2.dims[:2] == (n, b)
+        assert struct.pack("<ii", n, kw) in stage2.params  # this window's S_q and S_k
+    assert struct.pack("<Q", idx.data_ptr()) in env.launches[-1].params
+
+
+def policy_g(n, ratio):
+    from aot.policy.dsa_indexer_forward_top_k import cand_floats
+
+    return cand_floats(n, ratio)

@@ -1,5 +1,7 @@
 """aot.runtime.index: lookups by the op's key fields, the bucket a miss names, a missing build."""
 
+import tomllib
+
 import pytest
 
 from aot.errors import ArchMismatchError, KernelNotFoundError
@@ -13,6 +15,9 @@ def test_find_names_the_manifest_bucket_that_would_cover_a_missing_key(one_entry
         ix.find("csa_compressor", "fwd", {"ratio": 4, "d": 64, "coff": 2}, "sm_90a")
     msg = str(ei.value)
     assert "[[bucket]]" in msg and "op = 'fwd'" in msg and "d = 64" in msg and "rebuild" in msg
+    # the suggested bucket is TOML a user can paste (it was one comma-joined line before, which TOML refuses)
+    bucket = tomllib.loads(msg.split("Add to the manifest:\n", 1)[1].rsplit("\nand rebuild", 1)[0].replace("[[bucket]]", "", 1))
+    assert bucket == {"family": "csa_compressor", "op": "fwd", "ratio": 4, "d": 64, "coff": 2}
     with pytest.raises(ArchMismatchError, match=r"no cubins for sm_100a \(it has: sm_90a\)"):
         ix.find("csa_compressor", "dape_reduce", {"split": True}, "sm_100a")
 
