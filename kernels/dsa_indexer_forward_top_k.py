@@ -1,5 +1,4 @@
 """Spec of the fused DSA indexer forward + top-k (cudnn.deepseek_sparse_attention.indexer_forward, 1.32.0).
-Work in progress (branch): the kernels and their fidelity routes; no op yet.
 
 ``build`` presents what upstream passes to ``cute.compile``. GEMM (``_compressed_top_k_sm100``):
 q, k, w (and the mx scales) as ``to_cute_tensor`` gives them (gmem, 16-byte aligned, dynamic extents
@@ -148,8 +147,8 @@ def fidelity(op, key, target, up):
         if key["varlen"]:
             cu = T(torch.int32, rows_b + 1)
             kw.update(q_causal_offsets=T(torch.int32, rows_b) if key["offsets"] else None)
-            s2.compress_stage2_topk_varlen(T(torch.float32, n), cu, cu, s_q, s_k, key["top_k"], ratio, block_threads=key["threads"],
-                                           cand_batch_offsets=T(torch.int64, rows_b + 1), out_indices=T(torch.int32, rows_b * s_q, key["top_k"]),
+            s2.compress_stage2_topk_varlen(T(torch.float32, n), cu, cu, T(torch.int64, rows_b + 1), rows_b * s_q, s_q, s_k, key["top_k"], ratio,
+                                           block_threads=key["threads"], out_indices=T(torch.int32, rows_b * s_q, key["top_k"]),
                                            out_logits=T(torch.float32, rows_b * s_q, key["top_k"]), **kw)
             want = ("varlen", key["top_k"], ratio, key["threads"], key["offsets"], key["softmax"], key["deterministic"])
         else:
@@ -167,21 +166,35 @@ def fidelity(op, key, target, up):
     d = _D // 2 if prec == "mxfp4" else _D
     s_q = 256
     s_k = s_q // ratio + 1  # S_q <= S_k * ratio + ratio - 1, upstream's geometry
-    if vl:
-        raise KeyError("THD GEMM fidelity: not written yet (branch)")
-    q, k, w = T(qdt, B, s_q, H, d), T(qdt, B, s_k, 1, d), T(wdt, B, s_q, H)
     kw = {}
-    if prec != "bf16":
-        e8 = torch.float8_e8m0fnu
-        kw.update(q_scale=T(e8, B, -(-s_q * H // 128) * 128, 4), k_scale=T(e8, B, -(-s_k // 128) * 128, 4))
+    e8 = torch.float8_e8m0fnu
+    if vl:  # THD with every value given, as upstream's capture contract asks (no .item() on the fake tensors)
+        q, k, w = T(qdt, B * s_q, H, d), T(qdt, B * s_k, 1, d), T(wdt, B * s_q, H)
+        kw.update(cu_seqlens_q=T(torch.int32, B + 1), cu_seqlens_k=T(torch.int32, B + 1), max_seqlen_q=s_q, max_seqlen_k=s_k,
+                  cand_buffer=T(torch.float32, B * policy.cand_floats(s_q + 64, ratio)), cand_batch_offsets=T(torch.int64, B + 1))
+        if prec != "bf16":
+            kw.update(q_scale=T(e8, 1, 128 * B * -(-s_q * H // 128), 4), k_scale=T(e8, 1, 128 * B * -(-s_k // 128), 4),
+                      cu_seqlens_q_scale_padded=T(torch.int32, B + 1), cu_seqlens_k_scale_padded=T(torch.int32, B + 1))
+    else:
+        q, k, w = T(qdt, B, s_q, H, d), T(qdt, B, s_k, 1, d), T(wdt, B, s_q, H)
+        if prec != "bf16":
+            kw.update(q_scale=T(e8, B, -(-s_q * H // 128) * 128, 4), k_scale=T(e8, B, -(-s_k // 128) * 128, 4))
     if key["offsets"]:
         kw["q_causal_offsets"] = T(torch.int32, B)
         kw["cand_buffer"] = T(torch.float32, B * policy.cand_floats(s_q + 64, ratio))  # a caller's buffer: no sizing sync
+        if vl:
+            kw["cand_batch_offsets"] = T(torch.int64, B + 1)
     if key["lse"]:
         kw["return_lse"] = True
     cache = up.cache(ctk, "_compile_cache")
     api.indexer_forward_top_k_wrapper(q, k, w, 512, ratio=ratio, sm_scale=0.5, stream=up.stream, precision=prec, **kw)
-    scales = (torch.float8_e8m0fnu, torch.float8_e8m0fnu) if prec != "bf16" else (None, None)
-    want = (prec, "is_compressed_logits", key["lse"], key["cand"] == "2d", key["offsets"], qdt, qdt, wdt, *scales, B, 1, _D, H, ratio,
-            policy.gemm_m_block(prec, H), 128, 64, 4, 32, 0.5, s_q, s_k)
+    scales = (e8, e8) if prec != "bf16" else (None, None)
+    m = policy.gemm_m_block(prec, H)
+    if vl and prec == "bf16":
+        want = ("bf16_varlen_compress", qdt, wdt, B, 1, _D, H, ratio, m, 128, 64, 4, 0.5, s_q, s_k, key["offsets"], key["lse"])
+    elif vl:
+        want = (f"{prec}_varlen_compress", qdt, qdt, wdt, e8, e8, B, 1, _D, H, ratio, m, 128, 32, 0.5, s_q, s_k, key["offsets"], key["lse"])
+    else:
+        want = (prec, "is_compressed_logits", key["lse"], key["cand"] == "2d", key["offsets"], qdt, qdt, wdt, *scales, B, 1, _D, H, ratio, m,
+                128, 64, 4, 32, 0.5, s_q, s_k)
     return cache, want, 1

@@ -197,8 +197,19 @@ heads = 64
 ratio = 4
 lse = false
 cand = "1d_cbo"
-varlen = false
+varlen = [false, true]
 offsets = true
+[[bucket]]
+family = "dsa_indexer_forward_top_k"
+op = "gemm"
+precision = "bf16"
+w_dtype = "bfloat16"
+heads = 64
+ratio = 4
+lse = false
+cand = "1d_cbo"
+varlen = true
+offsets = false
 [[bucket]]
 family = "dsa_indexer_forward_top_k"
 op = "stage2"
@@ -208,12 +219,12 @@ threads = 256
 offsets = [false, true]
 softmax = true
 deterministic = false
-varlen = false
+varlen = [false, true]
 [[bucket]]
 family = "dsa_topk_utils"
 op = "local_to_global"
 dtype = "int32"
-varlen = false
+varlen = [false, true]
 preserve_negative = true
 """
 

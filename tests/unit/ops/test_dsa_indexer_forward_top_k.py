@@ -92,3 +92,38 @@ def policy_g(n, ratio):
     from aot.policy.dsa_indexer_forward_top_k import cand_floats
 
     return cand_floats(n, ratio)
+
+
+def test_a_thd_call_binds_segments_batch_offsets_and_the_outputs_as_upstream_views_them(sm100_env):
+    """THD: one GEMM over the segments (cu_seqlens, the longest segments as S_q / S_k, the caller's batch
+    offsets), stage 2 over (total_q, 1, top_k) views with grid (total_q, 1), local-to-global with
+    cu_seqlens (seqlen_k 0)."""
+    import aot.ops.dsa_indexer_forward_top_k as op
+
+    env = sm100_env
+    st = env.new_stream(0)
+    b, tq, tk, h, top_k = 2, 600, 180, 64, 512
+
+    def t(shape, dtype=torch.float32):
+        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
+
+    q, k, w = t((tq, h, 128), torch.bfloat16), t((tk, 1, 128), torch.bfloat16), t((tq, h), torch.bfloat16)
+    cu_q, cu_k, cbo = t((b + 1,), torch.int32), t((b + 1,), torch.int32), t((b + 1,), torch.int64)
+    idx, val, sm = t((tq, top_k), torch.int32), t((tq, top_k)), t((tq, top_k))
+    cand = t((1000,))
+    env.launches.clear()
+    with pytest.raises(InputError, match="cand_batch_offsets"):
+        op.indexer_forward_top_k_into(idx, val, sm, None, cand, q, k, w, top_k, stream=st, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300,
+                                      max_seqlen_k=90)
+    with pytest.raises(InputError, match="max_seqlen_q 400 > max_seqlen_k"):
+        op.indexer_forward_top_k_into(idx, val, sm, None, cand, q, k, w, top_k, stream=st, cand_batch_offsets=cbo, cu_seqlens_q=cu_q,
+                                      cu_seqlens_k=cu_k, max_seqlen_q=400, max_seqlen_k=90)
+    assert not env.launches
+    op.indexer_forward_top_k_into(idx, val, sm, None, cand, q, k, w, top_k, stream=st, cand_batch_offsets=cbo, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                  max_seqlen_q=300, max_seqlen_k=90)
+    gemm, stage2, l2g = env.launches
+    for L in (gemm, stage2):
+        assert all(struct.pack("<Q", x.data_ptr()) in L.params for x in (cand, cu_q, cu_k, cbo)) and L.dims[7] == st
+    assert struct.pack("<Q", q.data_ptr()) in gemm.params and stage2.dims[:4] == (tq, 1, 1, 256)
+    assert struct.pack("<ii", 300, 90) in stage2.params
+    assert all(struct.pack("<Q", x.data_ptr()) in l2g.params for x in (idx, cu_q, cu_k))

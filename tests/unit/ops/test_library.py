@@ -42,8 +42,10 @@ def test_every_public_op_is_a_torch_op():
     want = set()
     for family, ns in FAMILIES.items():
         mod = importlib.import_module(f"aot.ops.{family}")
-        # every op function; not the size helpers, not the plan classes (objects, the direct API's fastest form)
-        want |= {f"{ns}_{n}" for n in mod.__all__ if not n.endswith("_bytes") and not isinstance(getattr(mod, n), type)}
+        # every op function; not the size helpers (``*_bytes``, or named in the module's HELPERS), not the plan classes (objects,
+        # the direct API's fastest form)
+        helpers = getattr(mod, "HELPERS", ())
+        want |= {f"{ns}_{n}" for n in mod.__all__ if not n.endswith("_bytes") and n not in helpers and not isinstance(getattr(mod, n), type)}
     assert set(declarations()) == want
     for name in want:
         assert hasattr(OPS, name), f"{NAMESPACE}::{name} is not registered"
