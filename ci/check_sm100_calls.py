@@ -230,51 +230,55 @@ def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> li
 
 
 def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
-    """Record the fused top-k's GEMM launch of ``key`` (BSHD) and run it through ``ns``; return problems."""
+    """Record the fused top-k's GEMM launch of ``key`` (BSHD B x S_q x S_k, or THD segments of at most
+    that) and run it through ``ns``; return problems."""
     import aot.ops.dsa_indexer_forward_top_k as op_mod
-    from aot.ops.plan import Recorder, Sym
+    from aot.ops._support import tensor_args
+    from aot.ops.plan import Recorder
     from aot.policy import dsa_indexer_forward_top_k as policy
 
-    prec, h, ratio, offs, lse = key["precision"], key["heads"], key["ratio"], key["offsets"], key["lse"]
+    prec, h, ratio, offs, lse, vl = key["precision"], key["heads"], key["ratio"], key["offsets"], key["lse"], key["varlen"]
     d = 64 if prec == "mxfp4" else 128
     pbf = policy.cand_floats(s_q, ratio)
     cand_2d = key["cand"] == "2d"
+    cbo = key["cand"] == "1d_cbo"
     mx = prec != "bf16"
-    shapes = [(b, s_q, 512), (b, s_q, 512), None, (b, s_q) if lse else None, (b * pbf,), (b, s_q, h, d), (b, s_k, 1, d), (b, s_q, h),
-              (b, -(-s_q * h // 128) * 128, 4) if mx else None, (b, -(-s_k // 128) * 128, 4) if mx else None, (b,) if offs else None,
-              (b + 1,) if offs else None]
+    tq, tk = b * s_q, b * s_k
+    if vl:
+        shapes = [(tq, 512), (tq, 512), None, (tq,) if lse else None, (b * pbf,), (tq, h, d), (tk, 1, d), (tq, h),
+                  (1, 128 * b * -(-s_q * h // 128), 4) if mx else None, (1, 128 * b * -(-s_k // 128), 4) if mx else None,
+                  (b,) if offs else None, (b + 1,), (b + 1,), (b + 1,), (b + 1,) if mx else None, (b + 1,) if mx else None]
+    else:
+        shapes = [(b, s_q, 512), (b, s_q, 512), None, (b, s_q) if lse else None, (b * pbf,), (b, s_q, h, d), (b, s_k, 1, d), (b, s_q, h),
+                  (b, -(-s_q * h // 128) * 128, 4) if mx else None, (b, -(-s_k // 128) * 128, 4) if mx else None, (b,) if offs else None,
+                  (b + 1,) if cbo else None, None, None, None, None]
     ts = [None if sh is None else _T(sh) for sh in shapes]
     names = op_mod._TENSORS
     ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
     values = ptr | {"s": STREAM, "x[0]": 0.5}
     rec = Recorder(len(names), 1)
+
+    def t(i):
+        return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+
+    # upstream's order (_compressed_top_k_sm100's cute.compile calls), written down here, not taken from the op
+    cand = [ptr["p[4]"], b, pbf, pbf] if cand_2d else [ptr["p[4]"], b * pbf]
+    want = t(5) + t(6) + t(7) + t(8) + t(9) + cand + t(3) + [0.5, s_q, s_k] + t(12) + t(13) + t(14) + t(15) + t(10) + [STREAM] + t(11)
+    p = rec.p
+
+    def a(i):
+        return None if ts[i] is None else tensor_args(ts[i], p[i])
+
     try:
-        op_mod._record_gemm(rec, None, ts, cand_2d, s_q, s_k, pbf)
-        ((_, args),) = rec.launches
-        args = [a.value(values) if isinstance(a, Sym) else a for a in args]
-
-        def t(i):
-            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
-
-        cand = [ptr["p[4]"], b, pbf, pbf] if cand_2d else [ptr["p[4]"], b * pbf]
-        want = t(5) + t(6) + t(7) + t(8) + t(9) + cand + t(3) + [0.5, s_q, s_k] + t(10) + [STREAM] + t(11)
-        if args != want:
-            return [f"host-function arguments {args} differ from upstream's order {want}"]
-        if len(args) != len(ns["ARGS"]):
-            return [f"{len(args)} arguments, the host function takes {len(ns['ARGS'])}"]
-        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
-        seq = []
-        ns["launch"](lambda kk, dims: seq.append((kk, tuple(dims), bytes(bufs[kk]))), *bufs, *args)
-    except Exception as ex:  # noqa: BLE001
+        op_mod._record_gemm(rec, None, a(5), a(6), a(7), (a(8), a(9)) if mx else None, (p[4], b, pbf, pbf) if cand_2d else (p[4], b * pbf),
+                            a(3), s_q, s_k, [x for x in (a(12), a(13), a(14), a(15)) if x is not None], a(10), a(11))
+        dims, blob = _replay(ns, rec, values, want)
+    except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
-    if len(seq) != 1:
-        return [f"{len(seq)} launches"]
-    _, dims, blob = seq[0]
     m = policy.gemm_m_block(prec, h)
     if tuple(dims[:3]) != (-(-s_q * h // m), 1, b) or dims[7] != STREAM:
-        return [f"grid {dims[:3]} on stream {dims[7]} (upstream: ({-(-s_q * h // m)}, 1, {b}))"]
-    missing = [n for i, n in enumerate(names) if ts[i] is not None and n not in ("q", "k", "indices", "logits")
-               and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob]
+        return [f"grid {dims[:3]} on stream {dims[7]} (upstream: ({-(-s_q * h // m)}, 1, {b}) on the caller's stream)"]
+    missing = [n for i, n in enumerate(names) if ts[i] is not None and n not in ("indices", "logits") and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob]
     return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
 
 
@@ -317,11 +321,20 @@ def main():
             if k >= key["indexer_topk"]:
                 bad += [f"{e['id']} (S_q {s_q}, S_kv {s_kv}, K {k}): {p}" for p in check_sparse_forward(ns, key, s_q, s_kv, k)]
         f += 1
-    print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward and {f} sparse-forward entries: the op's call runs each lifted host "
-          f"function; {len(bad)} problems")
+    g = 0
+    for e in index["entries"]:
+        if e["family"] != "dsa_indexer_forward_top_k" or e["op"] != "gemm":
+            continue
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        for b, s_q, s_k in ((2, 256, 64), (1, 8192, 2048), (3, 5, 2)):
+            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_fused_gemm(ns, key, b, s_q, s_k)]
+        g += 1
+    print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward, {f} sparse-forward and {g} fused top-k GEMM entries: the op's call runs "
+          f"each lifted host function; {len(bad)} problems")
     for b in bad:
         print("  -", b)
-    return 1 if bad or not n or not m or not f else 0
+    return 1 if bad or not n or not m or not f or not g else 0
 
 
 if __name__ == "__main__":

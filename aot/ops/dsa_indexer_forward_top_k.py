@@ -227,7 +227,8 @@ def _tail_into(indices, logits, softmax, cand, s_q, s_k, top_k, ratio, cand_batc
 # --- the fused call, BSHD: GEMM -> stage 2 (one pair per window) -> local-to-global in place ---
 
 _CALLS: dict = {}
-_TENSORS = ("indices", "logits", "softmax", "lse", "cand_buffer", "q", "k", "w", "q_scale", "k_scale", "q_causal_offsets", "cand_batch_offsets")
+_TENSORS = ("indices", "logits", "softmax", "lse", "cand_buffer", "q", "k", "w", "q_scale", "k_scale", "q_causal_offsets", "cand_batch_offsets",
+            "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_scale_padded", "cu_seqlens_k_scale_padded")
 
 
 def _rows(t, ptr, rs, n):

@@ -297,21 +297,26 @@ def key_str(op_key):
     return json.dumps([op, key], sort_keys=True)
 
 
+def _families(family) -> tuple:
+    return (family,) if isinstance(family, str) else tuple(family)
+
+
 def shipped_index(aot_module, family):
-    """(path, {"tools", "entries" of ``family``}) of the aot package's index.json; index None if absent."""
+    """(path, {"tools", "entries" of ``family`` (a name, or a tuple of names: an op that launches
+    another family's kernels too)}) of the aot package's index.json; index None if absent."""
     index_path = os.path.join(os.path.dirname(aot_module.__file__), "_generated", "index.json")
     index = None
     if os.path.exists(index_path):
         with open(index_path) as f:
             full = json.load(f)
-        index = {"tools": full.get("tools"), "entries": [e for e in full.get("entries", []) if e.get("family") == family]}
+        index = {"tools": full.get("tools"), "entries": [e for e in full.get("entries", []) if e.get("family") in _families(family)]}
     return index_path, index
 
 
 def family_entries(index, family, arch):
     if index is None:
         return None
-    return [e for e in index.get("entries", []) if e.get("family") == family and e.get("arch") == arch]
+    return [e for e in index.get("entries", []) if e.get("family") in _families(family) and e.get("arch") == arch]
 
 
 def shipped(entries, op, key):

@@ -1,7 +1,9 @@
-"""The fused indexer forward + top-k (work in progress, branch) on a capability-10.0 stand-in: the BSHD
-call's three launches (GEMM, stage 2, local-to-global in place) through the real lifted host functions."""
+"""The fused indexer forward + top-k on a capability-10.0 stand-in (no SM100 GPU here): BSHD, windowed and
+THD calls through the real lifted host functions, and the GEMM's argument order against upstream's."""
 
+import json
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +129,37 @@ def test_a_thd_call_binds_segments_batch_offsets_and_the_outputs_as_upstream_vie
     assert struct.pack("<Q", q.data_ptr()) in gemm.params and stage2.dims[:4] == (tq, 1, 1, 256)
     assert struct.pack("<ii", 300, 90) in stage2.params
     assert all(struct.pack("<Q", x.data_ptr()) in l2g.params for x in (idx, cu_q, cu_k))
+
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "fused_topk_gemm_sm100"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.iterdir()))
+def test_the_gemm_call_feeds_the_lifted_host_function_in_upstreams_order(name, sm100_calls):
+    """ci/check_sm100_calls.check_fused_gemm on four stored launchers (bf16 2-D with LSE, mxfp8 1-D, THD mxfp4
+    with causal offsets, THD bf16 fp32-W with LSE): the op's argument list equals upstream's order written
+    down in the checker and runs through the lifted host function; a call convention that swaps the
+    causal and the batch offsets (or q and k) is caught."""
+    import aot.ops.dsa_indexer_forward_top_k as op
+    from aot.toolchain import verify
+
+    chk = sm100_calls
+    meta = json.loads((DATA / name / "meta.json").read_text())
+    key = {k: v for k, v in meta["key"].items() if k not in meta["derived"]}
+    ns = verify.load_launcher((DATA / name / "launcher.py").read_text(), name)
+    for b, s_q, s_k in ((2, 256, 64), (1, 8192, 2048), (3, 5, 2)):
+        assert chk.check_fused_gemm(ns, key, b, s_q, s_k) == []
+    real = op._record_gemm
+
+    def offsets_swapped(rec, le, q, k, w, scales, cand, lse, s_q, s_k, cu, qco, cbo):
+        return real(rec, le, q, k, w, scales, cand, lse, s_q, s_k, cu, cbo, qco)
+
+    def qk_swapped(rec, le, q, k, w, *rest):
+        return real(rec, le, k, q, w, *rest)
+
+    for wrong in (qk_swapped, offsets_swapped) if key["offsets"] else (qk_swapped,):
+        op._record_gemm = wrong
+        try:
+            assert chk.check_fused_gemm(ns, key, 2, 256, 64) != []
+        finally:
+            op._record_gemm = real

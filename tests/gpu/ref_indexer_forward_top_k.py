@@ -1,0 +1,137 @@
+"""float64 reference for the fused DSA indexer forward + top-k (cudnn's ``indexer_forward_top_k_wrapper``).
+
+Query row ``i`` of batch ``b`` sees the compressed keys ``j < n(b, i) = min((off_b + i + 1) // ratio,
+S_k(b))`` with the scores of :mod:`ref_indexer_forward`. The op returns, per row, the ``top_k`` keys
+of largest score among those (all of them when ``n <= top_k``), in no particular slot order:
+
+* ``indices``: their local key ids, -1 in the slots past ``n``; with global ids ``b * S_k + j``
+  (BSHD) or ``cu_seqlens_k[b] + j`` (THD), -1 kept;
+* ``logits``: their scores, -inf past ``n``;
+* ``softmax``: ``exp(s_j - max) / sum`` over the selected scores, 0 past ``n``;
+* ``lse``: the log-sum-exp over all ``n`` visible scores (not only the selected ones).
+
+``deterministic=True``: among keys tied with the ``top_k``-th largest score, the smallest ids are
+selected. Without it any tied key may be.
+
+The candidate buffer (what the GEMM writes and stage 2 reads) holds row ``i``'s ``n(b, i)`` scores at
+``base_b + G(off_b + i) - G(off_b)`` with ``G(m) = sum_{t < m} (t + 1) // ratio``; ``base_b`` is
+``b * G(S_q)`` in BSHD without offsets, else ``cand_batch_offsets[b]``, the prefix sums of the
+per-batch sizes (:func:`compact` builds it from dense scores, for the tests of stage 2 alone).
+
+Where the semantics were read from (nvidia-cudnn-frontend 1.32.0, ``deepseek_sparse_attention``):
+``indexer_forward/api.py`` l.341-454 (the wrapper's docstring), ``indexer_forward/_compressed_top_k_sm100.py``
+(the layout, windows, THD), ``indexer_top_k/compress_top_k_sm100.py`` (``per_batch_floats``,
+``build_compact_buffer``, the -1 / -inf padding and the deterministic tie rule in its docstrings).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["G", "visible", "compact", "select", "check_rows", "check_dense"]
+
+
+def G(m: int, ratio: int) -> int:
+    """sum over t < m of (t + 1) // ratio, in closed form: m = q * ratio + r gives ratio * q(q - 1) / 2 full
+    blocks plus q for each of the last r + 1 rows (tests/unit/refs checks it against the sum)."""
+    q, r = divmod(m, ratio)
+    return ratio * q * (q - 1) // 2 + q * (r + 1)
+
+
+def visible(off: int, i: int, ratio: int, s_k: int) -> int:
+    """Keys row ``i`` (causal offset ``off``) sees, at most ``s_k``."""
+    return max(0, min((off + i + 1) // ratio, s_k))
+
+
+def compact(dense: list, ratio: int, offs: list) -> tuple:
+    """The candidate buffer (fp32, NaN where nothing is written) and the batch offsets (int64 prefix sums)
+    of per-batch dense scores ``dense[b]`` ((S_q(b), S_k(b)) each), row by row as the GEMM writes it."""
+    cbo = [0]
+    for d, off in zip(dense, offs):
+        cbo.append(cbo[-1] + G(off + d.shape[0], ratio) - G(off, ratio))
+    out = torch.full((max(cbo[-1], 1),), float("nan"))
+    for b, (d, off) in enumerate(zip(dense, offs)):
+        for i in range(d.shape[0]):
+            n = visible(off, i, ratio, d.shape[1])
+            start = cbo[b] + G(off + i, ratio) - G(off, ratio)
+            out[start : start + n] = d[i, :n].float()
+    return out, torch.tensor(cbo, dtype=torch.int64)
+
+
+def select(row: torch.Tensor, top_k: int, deterministic: bool) -> tuple:
+    """(ids that must be selected, ids that may be, how many are selected) for one row's visible scores:
+    a full sort, ties at the boundary broken by id when ``deterministic``."""
+    v = row.tolist()
+    n = len(v)
+    if n <= top_k:
+        return set(range(n)), set(), n
+    kth = sorted(v, reverse=True)[top_k - 1]
+    above = {j for j in range(n) if v[j] > kth}
+    tied = [j for j in range(n) if v[j] == kth]
+    if deterministic or len(tied) == top_k - len(above):  # no choice among the tied (or the rule makes it)
+        return above | set(sorted(tied)[: top_k - len(above)]), set(), top_k
+    return above, set(tied), top_k
+
+
+def check_rows(idx, val, sm, dense, ratio, offs, top_k, deterministic=False, base=None, lse=None, atol=1e-6):
+    """Assert the op's per-row outputs (``idx`` local or global with ``base[b]`` added, -1 padded) against
+    ``dense[b]`` (float64 scores); returns the rows checked."""
+    rows = 0
+    r0 = 0
+    for b, (d, off) in enumerate(zip(dense, offs)):
+        for i in range(d.shape[0]):
+            n = visible(off, i, ratio, d.shape[1])
+            row = d[i, :n]
+            must, may, count = select(row, top_k, deterministic)
+            got, v = idx[r0 + i], val[r0 + i]
+            valid = got >= 0
+            ids = (got[valid].long() - (base[b] if base is not None else 0)).tolist()
+            where = f"batch {b} row {i}"
+            assert valid.sum() == count and len(set(ids)) == count, where
+            assert must <= set(ids) <= must | may, where
+            assert (got[~valid] == -1).all() and (v[~valid] == float("-inf")).all(), where
+            assert torch.allclose(v[valid].double(), row[ids], rtol=1e-5, atol=atol), where
+            if sm is not None:
+                s = sm[r0 + i]
+                assert (s[~valid] == 0).all(), where
+                if count:
+                    assert torch.allclose(s[valid].double(), torch.softmax(row[ids], 0), rtol=1e-4, atol=1e-6), where
+            if lse is not None:
+                want = torch.logsumexp(row, 0) if n else torch.tensor(float("-inf"), dtype=torch.float64)
+                assert torch.allclose(lse[r0 + i].double(), want, rtol=1e-5, atol=1e-5), where
+            rows += 1
+        r0 += d.shape[0]
+    return rows
+
+
+def check_dense(idx, val, sm, scores, top_k, base=None, lse=None):
+    """:func:`check_rows` for many rows at once: ``scores`` (rows, S) float64 with -inf where a key is not
+    visible (what :mod:`ref_indexer_forward` returns), ``base`` a (rows,) tensor added to global ids.
+    Rows whose ``top_k``-th and next score tie are refused (use check_rows, which knows the tie rules).
+    Returns the rows checked."""
+    rows, s = scores.shape
+    n = (scores > float("-inf")).sum(1)
+    count = n.clamp(max=top_k)
+    k = min(top_k, s)
+    top, ids = torch.topk(scores, k, dim=1)
+    if s > top_k:
+        nxt = torch.topk(scores, top_k + 1, dim=1).values[:, top_k]
+        tie = (n > top_k) & (nxt == top[:, top_k - 1])
+        assert not tie.any(), f"rows {tie.nonzero().flatten().tolist()[:5]} tie at the boundary: check them with check_rows"
+    valid = idx >= 0
+    assert torch.equal(valid.sum(1), count), "selected count per row"
+    local = idx.long() - (base.long().unsqueeze(1) if base is not None else 0)
+    big = s + 1
+    got = torch.sort(torch.where(valid, local, big), dim=1).values
+    want = torch.sort(torch.where(top > float("-inf"), ids, big), dim=1).values
+    want = torch.cat([want, torch.full((rows, top_k - k), big, dtype=want.dtype, device=want.device)], 1)
+    assert torch.equal(got, want), f"selected ids differ in rows {(got != want).any(1).nonzero().flatten().tolist()[:5]}"
+    assert (idx[~valid] == -1).all() and (val[~valid] == float("-inf")).all(), "padding"
+    ref_v = torch.gather(scores, 1, torch.where(valid, local, 0))
+    assert torch.allclose(val.double()[valid], ref_v[valid], rtol=1e-5, atol=1e-6), "logits"
+    if sm is not None:
+        ref_sm = torch.softmax(torch.where(valid, ref_v, float("-inf")), 1).nan_to_num(0.0)
+        assert (sm[~valid] == 0).all() and torch.allclose(sm.double(), ref_sm, rtol=1e-4, atol=1e-6), "softmax"
+    if lse is not None:
+        assert torch.allclose(lse.double(), torch.logsumexp(scores, 1), rtol=1e-5, atol=1e-5, equal_nan=False), "lse"
+    return rows
