@@ -15,8 +15,11 @@ AOT: ``aot.ops.dsa_indexer_forward_top_k._tail_into`` (the same two launches of 
 every block size (256 / 512 / 1024 threads), BSHD and THD, causal offsets, softmax on and off, ties
 with ``deterministic``, local and global ids, top-k 512 / 1024 / 2048, ratio 4 and 1.
 
-``compare``: per row the selected (id, logit, softmax) triples bitwise equal JIT vs AOT (slot order is
-unspecified upstream: rows are compared sorted by id), both sides within the fp64 reference
+``compare``: per row the selected ids and logits bitwise equal JIT vs AOT (slot order is unspecified
+upstream: rows are compared sorted by id); the softmax within the JIT's own run-to-run jitter
+(``jitter_verdict``, three reruns a side): its fp32 sum runs over the slots, whose order the kernel's
+atomicAdd slot assignment decides (compress_top_k_sm100.py l.396-517, the sum l.588-591), so its last
+bits vary from run to run on one cubin (measured on the H200); both sides within the fp64 reference
 (``check_dense``, or ``check_rows`` for tied scores), the same kernels, each JIT cubin with the shipped
 sha256 (stage 2: this family; local-to-global: dsa_topk_utils).
 """
@@ -43,6 +46,7 @@ from parity_common import (  # noqa: E402
     first_call,
     jit_cubins,
     jit_side,
+    jitter_verdict,
     load_json,
     md_table,
     print_summary,
@@ -59,6 +63,7 @@ FAMILY = "dsa_indexer_forward_top_k"
 FAMILIES = (FAMILY, "dsa_topk_utils")  # local-to-global is that family's entry
 SCRIPT = "ci/parity/dsa_indexer_forward_top_k.py"
 POISON = 0x7EADBEEF
+RERUNS = ("run2", "run3", "run4")
 
 
 def build_cases(quick=False):
@@ -147,10 +152,11 @@ def run_case(name, spec, x, api, args, out_dir):
     row["first_s"] = first_call(lambda: api.call(spec, x, outs))
     row.update(api.end_first(spec))
     saved = {f"first.{n}": _host(t) for n, t in outs.items()}
-    again = _outs(spec)
-    api.call(spec, x, again)
-    torch.cuda.synchronize()
-    saved.update({f"again.{n}": _host(t) for n, t in again.items()})
+    for run in RERUNS:  # the softmax's last bits follow the slot order the kernel's atomics give: measure that jitter
+        again = _outs(spec)
+        api.call(spec, x, again)
+        torch.cuda.synchronize()
+        saved.update({f"{run}.{n}": _host(t) for n, t in again.items()})
     row["inputs_untouched"] = all(_same(x[k], v) for k, v in pristine.items())
     row["warm_us"] = warm_us(lambda: api.call(spec, x, again), args.calls, sync_every=16)
     row["device_us"] = device_us(lambda: api.call(spec, x, again))
@@ -163,6 +169,18 @@ def failed_row(name, spec, exc, side):
 
     traceback.print_exc()
     return {"case": name, "label": label(spec), "spec": spec, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+
+
+class _Recording(dict):
+    """A JIT compile cache that notes the keys looked up (``_compile_cache[key](...)``)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.used = []
+
+    def __getitem__(self, k):
+        self.used.append(k)
+        return super().__getitem__(k)
 
 
 class JitApi:
@@ -186,11 +204,17 @@ class JitApi:
         return (("stage2", self.s2._compile_cache), ("l2g", self.l2g._compile_cache))
 
     def begin_first(self, spec):
+        # the kernels a call uses, compiled now or before: every lookup of the compile caches, recorded
+        for mod in (self.s2, self.l2g):
+            if not isinstance(mod._compile_cache, _Recording):
+                mod._compile_cache = _Recording(mod._compile_cache)
+            mod._compile_cache.used.clear()
         self._before = {kind: set(t) for kind, t in self._tables()}
 
     def end_first(self, spec):
-        new = [self.index_key(kind, k) for kind, t in self._tables() for k in t if k not in self._before[kind]]
-        return {"keys": [list(k) for k in new], "new": bool(new)}
+        new = [k for kind, t in self._tables() for k in t if k not in self._before[kind]]
+        used = [list(self.index_key(kind, k)) for kind, t in self._tables() for k in t.used]
+        return {"keys": used, "new": bool(new)}
 
     def call(self, spec, x, outs):
         rows, lead, s_q, s_k = _geometry(spec)
@@ -281,12 +305,24 @@ def cmd_compare(args):
         jo = torch.load(os.path.join(args.dir, "jit", f"{name}.pt"))
         ao = torch.load(os.path.join(args.dir, "aot", f"{name}.pt"))
         ok = True
-        for form in ("first", "again"):
-            for j, a, n in zip(by_id(jo, "first"), by_id(ao, form), ("indices", "logits", "softmax")):
-                eq, cnt = bitwise(j, a)
+        js, as_ = {}, {}
+        want = by_id(jo, "first")
+        for form in ("first",) + RERUNS:
+            jf, af = by_id(jo, form), by_id(ao, form)
+            for i, n in enumerate(("indices", "logits")):
+                eq, cnt = bitwise(want[i], af[i])
                 if not eq:
                     ok = False
                     failures.append(f"{name}: AOT {form}.{n} (rows sorted by id) not bitwise equal to JIT ({cnt} elements)")
+            if spec["softmax"]:
+                key = "softmax" if form == "first" else f"softmax.{form}"
+                js[key], as_[key] = jf[2], af[2]
+        sm_text = "-"
+        if spec["softmax"]:  # its fp32 sum runs in slot order, which the kernel's atomics decide: against the JIT's own jitter
+            sm_ok, sm_text, _ = jitter_verdict(js, as_, "softmax")
+            if not sm_ok:
+                ok = False
+                failures.append(f"{name}: AOT softmax vs JIT {sm_text}")
         dense, offs = problem(spec)
         rows, _, _, s_k = _geometry(spec)
         segs = spec["segs"]
@@ -301,7 +337,7 @@ def cmd_compare(args):
             try:
                 if spec["det"] or spec["ties"]:
                     ref.check_rows(idx, val, sm, dense, spec["ratio"], offs, spec["top_k"], deterministic=spec["det"], base=starts)
-                else:
+                else:  # random fp32 scores rarely tie at the boundary; check_rows decides those (ref.Tie)
                     scores = torch.full((rows, s_k), -math.inf, dtype=torch.float64)
                     r0 = 0
                     for d, off in zip(dense, offs):
@@ -310,7 +346,10 @@ def cmd_compare(args):
                             scores[r0 + i, :n] = d[i, :n]
                         r0 += d.shape[0]
                     base = torch.cat([torch.full((d.shape[0],), st) for d, st in zip(dense, starts)])
-                    ref.check_dense(idx, val, sm, scores, spec["top_k"], base)
+                    try:
+                        ref.check_dense(idx, val, sm, scores, spec["top_k"], base)
+                    except ref.Tie:
+                        ref.check_rows(idx, val, sm, dense, spec["ratio"], offs, spec["top_k"], base=starts)
             except AssertionError as e:
                 ok = False
                 failures.append(f"{name}: {side} off the reference ({e})")
@@ -322,15 +361,15 @@ def cmd_compare(args):
         if not same_k or sha != "yes":
             ok = False
             failures.append(f"{name}: kernels {jr['keys']} vs {ar['keys']}, sha256 {sha}")
-        lines.append((name, jr["label"], "yes" if ok else "NO", sha, f"{jr['first_s']:.3f}", f"{1e3 * ar['first_s']:.2f}", f"{jr['warm_us']:.1f}",
+        lines.append((name, jr["label"], "yes" if ok else "NO", sm_text, sha, f"{jr['first_s']:.3f}", f"{1e3 * ar['first_s']:.2f}", f"{jr['warm_us']:.1f}",
                       f"{ar['warm_us']:.1f}", f"{jr['device_us']:.1f} / {ar['device_us']:.1f}"))
     cubins, cubin_fails = cubin_report(jit.get("cubins", []), entries)
     failures += cubin_fails
-    print(md_table(("case", "kernel", "ok", "sha256", "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us", "device us JIT/AOT"), lines))
+    print(md_table(("case", "kernel", "ok", "softmax vs JIT", "sha256", "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us", "device us JIT/AOT"), lines))
     print_summary(jit["meta"], aot["meta"], cubins, jit["rows"], aot["rows"])
     write_report(args.dir, failures, arch, report, cubins, jit["meta"], aot["meta"])
-    return verdict(failures, f"{len(lines)} cases: selected ids, logits and softmax bitwise equal JIT vs AOT (rows sorted by id) and within the "
-                             f"reference, same kernels, cubin sha256 equal")
+    return verdict(failures, f"{len(lines)} cases: selected ids and logits bitwise equal JIT vs AOT (rows sorted by id), softmax within the JIT's "
+                             f"own run-to-run jitter, both within the reference, same kernels, cubin sha256 equal")
 
 
 def main(argv=None):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["G", "visible", "compact", "select", "check_rows", "check_dense"]
+__all__ = ["G", "visible", "compact", "select", "check_rows", "check_dense", "Tie"]
 
 
 def G(m: int, ratio: int) -> int:
@@ -104,10 +104,14 @@ def check_rows(idx, val, sm, dense, ratio, offs, top_k, deterministic=False, bas
     return rows
 
 
+class Tie(AssertionError):
+    """check_dense met rows tied at the top-k boundary: check_rows decides those (it knows the tie rules)."""
+
+
 def check_dense(idx, val, sm, scores, top_k, base=None, lse=None):
     """:func:`check_rows` for many rows at once: ``scores`` (rows, S) float64 with -inf where a key is not
     visible (what :mod:`ref_indexer_forward` returns), ``base`` a (rows,) tensor added to global ids.
-    Rows whose ``top_k``-th and next score tie are refused (use check_rows, which knows the tie rules).
+    Rows whose ``top_k``-th and next score tie raise :class:`Tie` (check them with check_rows).
     Returns the rows checked."""
     rows, s = scores.shape
     n = (scores > float("-inf")).sum(1)
@@ -117,7 +121,8 @@ def check_dense(idx, val, sm, scores, top_k, base=None, lse=None):
     if s > top_k:
         nxt = torch.topk(scores, top_k + 1, dim=1).values[:, top_k]
         tie = (n > top_k) & (nxt == top[:, top_k - 1])
-        assert not tie.any(), f"rows {tie.nonzero().flatten().tolist()[:5]} tie at the boundary: check them with check_rows"
+        if tie.any():
+            raise Tie(f"rows {tie.nonzero().flatten().tolist()[:5]} tie at the boundary: check them with check_rows")
     valid = idx >= 0
     assert torch.equal(valid.sum(1), count), "selected count per row"
     local = idx.long() - (base.long().unsqueeze(1) if base is not None else 0)

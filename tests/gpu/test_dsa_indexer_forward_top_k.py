@@ -111,11 +111,15 @@ def test_tail_selects_each_rows_top_k(ratio, threads, which, top_k, offsets, sof
     rows = sum(s for s, _ in segs)
     assert stage2_threads(rows, max(k for _, k in segs)) == threads  # the shape reaches the entry it is meant to
     idx, val, sm, starts, s_k = _run(segs, dense, offs, varlen, ratio, top_k, softmax, deterministic, which == 1, offsets)
-    if deterministic:
-        n = ref.check_rows(idx, val, sm, dense, ratio, offs, top_k, deterministic=True, base=starts)
-    else:
+    n = None
+    if not deterministic:  # fast; random fp32 scores can still tie at the boundary (seen at S_k 8191): check_rows decides those
         base = torch.cat([torch.full((d.shape[0],), st) for d, st in zip(dense, starts)]) if rows else torch.zeros(0)
-        n = ref.check_dense(idx, val, sm, _scores(dense, offs, ratio, s_k), top_k, base)
+        try:
+            n = ref.check_dense(idx, val, sm, _scores(dense, offs, ratio, s_k), top_k, base)
+        except ref.Tie:
+            pass
+    if n is None:
+        n = ref.check_rows(idx, val, sm, dense, ratio, offs, top_k, deterministic=deterministic, base=starts)
     assert n == rows
 
 
