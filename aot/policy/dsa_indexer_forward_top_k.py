@@ -1,6 +1,5 @@
 """Policy of the fused DSA indexer forward + top-k (cudnn.deepseek_sparse_attention.indexer_forward,
-1.32.0): ``indexer_forward_top_k_wrapper`` and ``compress_topk_cand_buffer_size(_thd)``. Work in
-progress (branch): the BSHD kernels; THD, the op and its tests are not written yet.
+1.32.0): ``indexer_forward_top_k_wrapper`` and ``compress_topk_cand_buffer_size(_thd)``.
 
 One call runs three kernels: the compressed-logits GEMM (``gemm``), stage 2 (``stage2``: the top-k of
 each row's compact candidates, and the softmax over them) and, for global ids, local_to_global in
