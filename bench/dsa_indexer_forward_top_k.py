@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import dsa_indexer_backward as _bi  # noqa: E402  (the indexer bench: its runner, blocker, timers)
 import dsa_indexer_forward as _fw  # noqa: E402  (its report: the same rows, prefill / decode, allocating / _into)
+import dsa_sparse_attention_forward as _sf  # noqa: E402  (the SM100-only main)
 
 BLOCK = _bi.BLOCK
 TIMERS = _fw.TIMERS
@@ -97,17 +98,7 @@ KEYS = _fw.KEYS  # the same row names: prefill / decode, allocating / _into / cu
 
 
 def main(argv=None):
-    import argparse
-    import importlib.util
-    import subprocess
-
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Runs every measurement in fresh subprocesses; no options.").parse_args(argv)
-    major = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_capability()[0])"], capture_output=True, text=True)
-    if major.stdout.strip() != "10":
-        print(f"this GPU is not SM100 (capability major {major.stdout.strip() or '?'}): cudnn's fused indexer forward + top-k exists for SM100 only")
-        sys.exit(2)
-    have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
-    _fw.report(_bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM), have_jit, f"DSA fused indexer forward + top-k, {SHAPE}")
+    _sf.sm100_main(__doc__, argv, "fused indexer forward + top-k", FIRST, AOT_WARM, JIT_WARM, f"DSA fused indexer forward + top-k, {SHAPE}")
 
 
 if __name__ == "__main__":

@@ -80,18 +80,23 @@ dev_d["cudnn decode"] = device(lambda: sparse_attention_forward_wrapper(dq, kv, 
 KEYS = _fw.KEYS  # the same row names: prefill / decode, allocating / _into / cudnn
 
 
-def main(argv=None):
+def sm100_main(doc, argv, what, first, aot_warm, jit_warm, title):
+    """The main of an SM100-only family's bench: on another GPU say so and exit 2, else measure and report."""
     import argparse
     import importlib.util
     import subprocess
 
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Runs every measurement in fresh subprocesses; no options.").parse_args(argv)
+    argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog="Runs every measurement in fresh subprocesses; no options.").parse_args(argv)
     major = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_capability()[0])"], capture_output=True, text=True)
     if major.stdout.strip() != "10":
-        print(f"this GPU is not SM100 (capability major {major.stdout.strip() or '?'}): cudnn's sparse attention forward exists for SM100 only")
+        print(f"this GPU is not SM100 (capability major {major.stdout.strip() or '?'}): cudnn's {what} exists for SM100 only")
         sys.exit(2)
     have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
-    _fw.report(_bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM), have_jit, f"DSA sparse attention forward, {SHAPE}")
+    _fw.report(_bi.measure_scripts(have_jit, first, aot_warm, jit_warm), have_jit, title)
+
+
+def main(argv=None):
+    sm100_main(__doc__, argv, "sparse attention forward", FIRST, AOT_WARM, JIT_WARM, f"DSA sparse attention forward, {SHAPE}")
 
 
 if __name__ == "__main__":

@@ -139,11 +139,25 @@ def _replay(ns, rec, values, want):
     return seq[0][1], seq[0][2]
 
 
+def _fakes(shapes, names):
+    """What the op-call checks record against: fake tensors of ``shapes`` (None: absent), a made-up distinct
+    pointer per tensor, the values a replay binds (those pointers, the stream, the scale 0.5), a Recorder,
+    and ``t(i)``: tensor i as upstream's argument list takes it (pointer, extents, non-unit strides)."""
+    from aot.ops.plan import Recorder
+
+    ts = [None if sh is None else _T(sh) for sh in shapes]
+    ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
+
+    def t(i):
+        return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+
+    return ts, ptr, ptr | {"s": STREAM, "x[0]": 0.5}, Recorder(len(names), 1), t
+
+
 def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 3) -> list:
     """Record the op's SM100 indexer-forward launch of ``key`` (BSHD S_q x S_k, or THD segments of at
     most that) and run it through launcher namespace ``ns``; return problems."""
     import aot.ops.dsa_indexer_forward as op_mod
-    from aot.ops.plan import Recorder
     from aot.policy import dsa_indexer_forward as policy
 
     prec, h, vl = key["precision"], key["heads"], key["varlen"]
@@ -165,16 +179,10 @@ def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 
     shapes += [(batch + 1,), (batch + 1,)] if vl else [None, None]
     shapes += [(batch,) if key["offsets"] else None]
     shapes += [(batch + 1,), (batch + 1,)] if vl and prec != "bf16" else [None, None]
-    ts = [None if sh is None else _T(sh) for sh in shapes]
     names = op_mod._TENSORS
-    ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
-    values = ptr | {"s": STREAM, "x[0]": 0.5}
+    ts, ptr, values, rec, t = _fakes(shapes, names)
     c = op_mod._Call(dev=0, arch="sm_100a", sm100=True, varlen=vl, b=batch, s_q=s_q, s_k=s_k, h=h, scores=scores, lse=None, prec=prec,
                      w_dtype=key["w_dtype"])
-    rec = Recorder(len(names), 1)
-
-    def t(i):
-        return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *_T(ts[i].shape).stride()[:-1]]
 
     # upstream's order (_interface._indexer_fwd_bound's cute.compile call), each tensor as its pointer, extents and non-unit strides
     out = [ptr["p[0]"], *scores, *[st * s_kp for st in _T(scores[:-1]).stride()]]
@@ -198,19 +206,12 @@ def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> li
     """Record the op's sparse-attention-forward launch of ``key`` at (S_q, S_kv, K index slots, a
     multiple of 64) and run it through launcher namespace ``ns``; return problems."""
     import aot.ops.dsa_sparse_attention_forward as op_mod
-    from aot.ops.plan import Recorder
 
     h, d, it = key["heads"], key["dim"], key["indexer_topk"]
     shapes = [(s_q, h, 512), (s_q, h), (s_q, h), (s_q, h) if it else None, (s_q, h, d), (s_kv, d), (s_q, k), (h,) if key["sink"] else None,
               (s_q,) if key["topk_length"] else None]
-    ts = [None if sh is None else _T(sh) for sh in shapes]
     names = op_mod._TENSORS
-    ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
-    values = ptr | {"s": STREAM, "x[0]": 0.5}
-    rec = Recorder(len(names), 1)
-
-    def t(i):
-        return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+    ts, ptr, values, rec, t = _fakes(shapes, names)
 
     # upstream's order (_interface_sm100._compile_kernel): q, kv, idx, out, max_logits, lse, [lse_indexer], [sink], [topk_length]
     want = t(4) + t(5) + t(6) + t(0) + t(1) + t(2) + t(3) + t(7) + t(8) + [0.5, STREAM]
@@ -234,7 +235,6 @@ def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
     that) and run it through ``ns``; return problems."""
     import aot.ops.dsa_indexer_forward_top_k as op_mod
     from aot.ops._support import tensor_args
-    from aot.ops.plan import Recorder
     from aot.policy import dsa_indexer_forward_top_k as policy
 
     prec, h, ratio, offs, lse, vl = key["precision"], key["heads"], key["ratio"], key["offsets"], key["lse"], key["varlen"]
@@ -252,14 +252,8 @@ def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
         shapes = [(b, s_q, 512), (b, s_q, 512), None, (b, s_q) if lse else None, (b * pbf,), (b, s_q, h, d), (b, s_k, 1, d), (b, s_q, h),
                   (b, -(-s_q * h // 128) * 128, 4) if mx else None, (b, -(-s_k // 128) * 128, 4) if mx else None, (b,) if offs else None,
                   (b + 1,) if cbo else None, None, None, None, None]
-    ts = [None if sh is None else _T(sh) for sh in shapes]
     names = op_mod._TENSORS
-    ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
-    values = ptr | {"s": STREAM, "x[0]": 0.5}
-    rec = Recorder(len(names), 1)
-
-    def t(i):
-        return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+    ts, ptr, values, rec, t = _fakes(shapes, names)
 
     # upstream's order (_compressed_top_k_sm100's cute.compile calls), written down here, not taken from the op
     cand = [ptr["p[4]"], b, pbf, pbf] if cand_2d else [ptr["p[4]"], b * pbf]
