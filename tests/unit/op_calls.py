@@ -110,6 +110,36 @@ def indexer_forward(dev, stream, s_q=8, s_k=40):
     return aot.dsa.indexer_forward_into, (scores, lse, q, k, w), dict(ratio=4, sm_scale=0.1, stream=stream), (scores, lse)
 
 
+def fused_top_k(dev, stream, b=2, s_q=256, s_k=65, top_k=512):
+    """The fused indexer top-k, BSHD (SM100 only: the sm100 build, a capability-10.0 stand-in)."""
+    import aot.dsa
+
+    h, d = 64, 128
+    q, k, w = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_k, 1, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev)
+    idx, val, sm = _t((b, s_q, top_k), torch.int32, dev), _t((b, s_q, top_k), torch.float32, dev), _t((b, s_q, top_k), torch.float32, dev)
+    cand = _t((aot.dsa.compress_topk_cand_buffer_size(b, s_q, s_k, 4),), torch.float32, dev)
+    return (aot.dsa.indexer_forward_top_k_into, (idx, val, sm, None, cand, q, k, w, top_k), dict(sm_scale=0.1, stream=stream),
+            (idx, val, sm, cand))
+
+
+def fused_top_k_thd(dev, stream, top_k=512):
+    """The fused indexer top-k, THD: two segments (300 / 300 queries over 90 / 180 keys), every value given."""
+    import aot.dsa
+
+    h, d, tq, tk = 64, 128, 600, 270
+    q, k, w = _t((tq, h, d), torch.bfloat16, dev), _t((tk, 1, d), torch.bfloat16, dev), _t((tq, h), torch.bfloat16, dev)
+    cu_q = cuda_tensor(torch.tensor([0, 300, 600], dtype=torch.int32), dev)
+    cu_k = cuda_tensor(torch.tensor([0, 90, 270], dtype=torch.int32), dev)
+    cbo = _t((3,), torch.int64, dev)
+    idx, val, sm = _t((tq, top_k), torch.int32, dev), _t((tq, top_k), torch.float32, dev), _t((tq, top_k), torch.float32, dev)
+    cand = _t((40000,), torch.float32, dev)
+    return (aot.dsa.indexer_forward_top_k_into, (idx, val, sm, None, cand, q, k, w, top_k),
+            dict(cand_batch_offsets=cbo, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=180, stream=stream), (idx, val, sm, cand))
+
+
+SM100_FAMILIES = {"fused_top_k": fused_top_k, "fused_top_k_thd": fused_top_k_thd}  # on the sm100 build (sm100_env)
+
+
 def plan_class(fn):
     """The plan class of an ``_into`` op (its tensors in the op's order)."""
     import aot.csa

@@ -38,15 +38,19 @@ BAD = {
     "q_cluster_mode": ["x", None, ["off"], 0, "adaptive_pair"],
     "topk_length": ["x", [1], 3],
     "device": ["cuda:9", -1, "cpu", 1.5, [0], "gpu"],
+    "top_k": [0, 2049, 512.0, "512", None, [512], True],
+    "microbatch_rows": [-2, 1.5, "64", None, [0], True, 2**40],
+    "max_seqlen_q": [-1, 2**40, 300.0, "300", [300], True, 10**6],
+    "max_seqlen_k": [-1, 2**40, 180.0, "180", [180], True],
 }
 BAD_STREAMS = [-1, 2**64, "s0", 3.5, [0], True, 2**64 - 1]  # 2**64-1: the real driver answers INVALID_HANDLE
-NO_MISALIGN = ("cu_seqlens", "cu_seqlens_comp", "lse")  # their required alignment is their element size
+NO_MISALIGN = ("cu_seqlens", "cu_seqlens_comp", "lse", "logits", "softmax")  # their required alignment is their element size
 
 
 def _other_dtype(t, name):
     if name == "local_indices":  # int32 and int64 ids are both valid there
         return torch.float32
-    return {torch.bfloat16: torch.float32, torch.float32: torch.bfloat16, torch.int32: torch.int64, torch.uint8: torch.int32}[t.dtype]
+    return {torch.bfloat16: torch.float32, torch.float32: torch.bfloat16, torch.int32: torch.int64, torch.int64: torch.int32, torch.uint8: torch.int32}[t.dtype]
 
 
 def _tensor_mutations(name, t, inputs, env):
@@ -90,6 +94,8 @@ def _malformed(fn, bound, outputs, env, rng):
                 pool = [m for m in pool if m[0] != "cuda:1"]
             if fn.__name__ == "compactify":  # (1, rows, cols) is a valid (B, S, cols)
                 pool = [m for m in pool if m[0] != "rank"]
+            if name == "cand_buffer" and bound.get("cu_seqlens_q") is not None:  # THD: its size follows device values, trusted as upstream does
+                pool = [m for m in pool if m[0] != "shape"]
             if fn.__name__.startswith("indexer_top_k"):
                 if name == "input_values":  # one column fewer is the same bucket
                     pool = [m for m in pool if m[0] != "shape"]
@@ -165,3 +171,37 @@ def test_preload_refuses_a_bad_device(env):
     for bad in BAD["device"]:
         with pytest.raises(AotError):
             aot.runtime.preload(bad)
+
+
+def test_malformed_sm100_calls_raise_aot_errors_and_change_nothing(sm100_env, capsys):
+    """The same for the SM100-only fused indexer top-k (BSHD and THD), on a capability-10.0 stand-in over
+    the sm100 build: 2,000 malformed calls."""
+    rng = random.Random(20261201)
+    env = sm100_env
+    counts = collections.Counter()
+    cases = []
+    for make in op_calls.SM100_FAMILIES.values():
+        fn, args, kw, writes = make(0, env.new_stream(0))
+        fn(*args, **kw)  # the base call is valid
+        bound = dict(inspect.signature(fn).bind(*args, **kw).arguments)
+        cases.append((fn, bound, {n for n, v in bound.items() if any(v is w for w in writes)}))
+    env.launches.clear()
+    env.memsets.clear()
+    for fn, bound, writes in cases:
+        tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+        before = [stand_in.contents(t) for t in tensors]
+        for _ in range(1000):
+            kw, what = _malformed(fn, bound, writes, env, rng)
+            try:
+                fn(**kw)
+            except AotError as e:
+                counts[type(e).__name__] += 1
+            except Exception as e:  # noqa: BLE001
+                pytest.fail(f"{fn.__name__} with {what}: {type(e).__name__}: {e}")
+            else:
+                pytest.fail(f"{fn.__name__} with {what}: accepted")
+            assert not env.launches and not env.memsets, (fn.__name__, what)
+        assert [stand_in.contents(t) for t in tensors] == before, fn.__name__
+    with capsys.disabled():
+        print(f"\nmalformed SM100 calls: {sum(counts.values())} ({', '.join(f'{k} {v}' for k, v in counts.most_common())})")
+    assert sum(counts.values()) == 2000
