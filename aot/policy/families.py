@@ -11,6 +11,7 @@ __all__ = ["FAMILIES", "family_policy"]
 
 FAMILIES = {
     "csa_compressor": "csa",
+    "dsa_dense_indexer_backward": "dsa",
     "dsa_indexer_backward": "dsa",
     "dsa_indexer_forward": "dsa",
     "dsa_indexer_forward_top_k": "dsa",
