@@ -151,6 +151,19 @@ offsets = false
 lse = true
 unchecked = false
 masked = false
+[[bucket]]
+family = "dsa_dense_indexer_backward"
+op = "score_grad_sm90"
+varlen = [false, true]
+ratio = 4
+offsets = false
+[[bucket]]
+family = "dsa_dense_indexer_backward"
+op = "gemm_sm90"
+heads = 64
+varlen = [false, true]
+ratio = 4
+offsets = false
 """
 
 
@@ -226,6 +239,19 @@ op = "local_to_global"
 dtype = "int32"
 varlen = [false, true]
 preserve_negative = true
+[[bucket]]
+family = "dsa_dense_indexer_backward"
+op = "score_grad"
+varlen = [false, true]
+ratio = 4
+offsets = false
+[[bucket]]
+family = "dsa_dense_indexer_backward"
+op = "gemm"
+heads = 64
+varlen = [false, true]
+ratio = 4
+offsets = false
 """
 
 
@@ -255,5 +281,5 @@ def small_build(tmp_path_factory):
     CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128), the SM90
     sparse attention backward (H64, D512, top-k 128), local_to_global (both dtypes, both layouts),
     compactify (128 columns), the indexer top-k (fp32, 4096-column bucket, top-k 128) and the SM90 indexer
-    forward (bf16 H64 ratio 4 with LSE). Its directory."""
+    forward (bf16 H64 ratio 4 with LSE), the SM90 dense indexer backward (H64 ratio 4, BSHD and THD). Its directory."""
     return _real_build(tmp_path_factory, "small_build", SMALL_BUILD, 50)

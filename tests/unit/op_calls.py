@@ -1,6 +1,6 @@
 """Valid calls of every public op on stand-in CUDA tensors (tests/unit/stand_in.py), built on the
 small build of tests/unit/conftest.py (sm_90a: CSA ratio 4 d 128, indexer H64 top-k 128, sparse
-attention H64 D512 top-k 128, local_to_global, compactify 128 columns, indexer top-k fp32 4096-column bucket top-k 128, indexer forward bf16 H64 ratio 4 with LSE). Each call is (function, args, kwargs, outputs): ``outputs`` are the
+attention H64 D512 top-k 128, local_to_global, compactify 128 columns, indexer top-k fp32 4096-column bucket top-k 128, indexer forward bf16 H64 ratio 4 with LSE, dense indexer backward H64 ratio 4). Each call is (function, args, kwargs, outputs): ``outputs`` are the
 tensors the op may write (its outputs and workspace)."""
 
 from __future__ import annotations
@@ -137,6 +137,33 @@ def fused_top_k_thd(dev, stream, top_k=512):
             dict(cand_batch_offsets=cbo, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=180, stream=stream), (idx, val, sm, cand))
 
 
+def dense_indexer_backward(dev, stream, s_q=8, s_k=3, varlen=False, dk_dtype=torch.float32):
+    """The dense indexer backward (H64, ratio 4), BSHD (B 2) or THD (two segments of s_q / s_q - 3 queries over s_k / s_k - 1 keys);
+    fp32 d_index_k (a bf16 one takes the fp32 workspace and a torch cast)."""
+    import aot.dsa
+
+    h, d = 64, 128
+    if varlen:
+        lead, k_lead, score = (2 * s_q - 3,), (2 * s_k - 1,), (2 * s_q - 3, s_k)
+        cu = (cuda_tensor(torch.tensor([0, s_q, 2 * s_q - 3], dtype=torch.int32), dev), cuda_tensor(torch.tensor([0, s_k, 2 * s_k - 1], dtype=torch.int32), dev))
+        kw = dict(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=s_q, max_seqlen_k=s_k)
+    else:
+        lead, k_lead, score, kw = (2, s_q), (2, s_k), (2, s_q, s_k), {}
+    q, w, k = _t(lead + (h, d), torch.bfloat16, dev), _t(lead + (h,), torch.bfloat16, dev), _t(k_lead + (d,), torch.bfloat16, dev)
+    att, den, isc, lse = _t(score, torch.float32, dev), _t(lead, torch.float32, dev), _t(score, torch.float32, dev), _t(lead, torch.float32, dev)
+    gl = _t((1,), torch.float32, dev)
+    dq, dw, dk = _t(q.shape, torch.bfloat16, dev), _t(w.shape, torch.bfloat16, dev), _t(k.shape, dk_dtype, dev)
+    need = aot.dsa.dense_indexer_backward_workspace_bytes(k.shape, dk_dtype)
+    ws = _t((need,), torch.uint8, dev) if need else None
+    kw.update(sm_scale=0.1, loss_coeff=0.5, ratio=4, stream=stream, workspace=ws)
+    outs = (dq, dw, dk, isc) + ((ws,) if ws is not None else ())
+    return aot.dsa.dense_indexer_backward_into, (dq, dw, dk, q, w, k, att, den, isc, lse, gl), kw, outs
+
+
+def dense_indexer_backward_thd(dev, stream, s_q=8):
+    return dense_indexer_backward(dev, stream, s_q=s_q, varlen=True)
+
+
 SM100_FAMILIES = {"fused_top_k": fused_top_k, "fused_top_k_thd": fused_top_k_thd}  # on the sm100 build (sm100_env)
 
 
@@ -149,9 +176,10 @@ def plan_class(fn):
             aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward,
             aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward,
             aot.dsa.local_to_global_into: aot.dsa.LocalToGlobal, aot.dsa.compactify_into: aot.dsa.Compactify,
-            aot.dsa.indexer_top_k_into: aot.dsa.IndexerTopK, aot.dsa.indexer_forward_into: aot.dsa.IndexerForward}[fn]
+            aot.dsa.indexer_top_k_into: aot.dsa.IndexerTopK, aot.dsa.indexer_forward_into: aot.dsa.IndexerForward,
+            aot.dsa.dense_indexer_backward_into: aot.dsa.DenseIndexerBackward}[fn]
 
 
 FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
             "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k,
-            "indexer_forward": indexer_forward}
+            "indexer_forward": indexer_forward, "dense_indexer_backward": dense_indexer_backward, "dense_indexer_backward_thd": dense_indexer_backward_thd}

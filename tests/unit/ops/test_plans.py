@@ -54,7 +54,8 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
     plan = _build(fn, args, kw)
     xkw = _execute_kw(plan, kw)
     shape_arg = {"csa_forward": {"nb": 9}, "csa_backward": {"nb": 9}, "indexer_backward": {"s_q": 3}, "sparse_backward": {"s_q": 5}, "local_to_global": {"s_q": 3},
-                 "compactify": {"rows": 5}, "indexer_top_k": {"rows": 5}, "indexer_forward": {"s_q": 3}}[family]
+                 "compactify": {"rows": 5}, "indexer_top_k": {"rows": 5}, "indexer_forward": {"s_q": 3},
+                 "dense_indexer_backward": {"s_q": 5}, "dense_indexer_backward_thd": {"s_q": 5}}[family]
     other = make(0, env.new_stream(0), **shape_arg)[1]
     before = [stand_in.contents(t) for t in writes]
 

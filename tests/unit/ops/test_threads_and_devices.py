@@ -24,7 +24,8 @@ def _shape(family, i):
     """Each thread its own shape, so dims differ between threads as well as bytes."""
     return {"csa_forward": {"nb": 8 + i}, "csa_backward": {"nb": 8 + i}, "indexer_backward": {"s_q": 1 + i},
             "sparse_backward": {"s_q": 1 + i}, "local_to_global": {"s_q": 1 + i}, "compactify": {"rows": 1 + i},
-            "indexer_top_k": {"rows": 1 + i}, "indexer_forward": {"s_q": 1 + i}}[family]
+            "indexer_top_k": {"rows": 1 + i}, "indexer_forward": {"s_q": 1 + i},
+            "dense_indexer_backward": {"s_q": 1 + i}, "dense_indexer_backward_thd": {"s_q": 4 + i}}[family]
 
 
 @pytest.mark.parametrize("family", sorted(op_calls.FAMILIES))
