@@ -276,6 +276,40 @@ def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
     return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
 
 
+def check_dense_indexer_backward(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) -> list:
+    """Record the dense indexer backward's launch of entry (``op``, ``key``) (BSHD B x S_q x S_k, or THD
+    B segments of at most that) and run it through ``ns``; return problems."""
+    import aot.ops.dsa_dense_indexer_backward as op_mod
+    from aot.ops.plan import Recorder
+
+    vl, h, d = key["varlen"], key.get("heads", 64), 128
+    lead, klead = ((b * s_q,), (b * s_k,)) if vl else ((b, s_q), (b, s_k))
+    score = (b * s_q, s_k) if vl else (b, s_q, s_k)
+    shapes = [lead + (h, d), lead + (h,), klead + (d,), lead + (h, d), lead + (h,), klead + (d,), score, lead, score, lead, (1,),
+              (b + 1,) if vl else None, (b + 1,) if vl else None, (b,) if key["offsets"] else None, None]
+    names = op_mod._TENSORS
+    ts, ptr, values, _, t = _fakes(shapes, names)
+    rec = Recorder(len(names), 2)
+    values = values | {"x[1]": 0.25}
+    # upstream's order (dense_indexer_backward_sm100's two cute.compile calls), written down here, not taken from the op
+    if op == "score_grad":
+        want = t(8) + t(6) + t(9) + t(7) + t(11) + t(12) + t(13) + t(10) + [0.5, s_q, s_k, STREAM]
+        grid, block = (s_q, b, 1), 128
+    else:
+        want = t(3) + t(4) + t(5) + t(0) + t(1) + t(2) + t(8) + t(11) + t(12) + t(13) + [0.25, s_q, s_k, STREAM]
+        grid, block = (-(-s_q // 2), b, 1), 384
+    try:
+        rec.launch(None, *op_mod._launch_args(op, ts, rec.p, vl, s_q, s_k, True, rec.x[0], rec.x[1], rec.s))
+        dims, blob = _replay(ns, rec, values, want)
+    except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
+        return [f"{type(ex).__name__}: {ex}"]
+    if tuple(dims[:4]) != (*grid, block) or dims[7] != STREAM:
+        return [f"grid {dims[:3]} x {dims[3]} on stream {dims[7]} (upstream: {grid} x {block} on the caller's stream)"]
+    reads = (8, 6, 9, 7, 10, 11, 12, 13) if op == "score_grad" else (0, 1, 2, 4, 8, 11, 12, 13)  # q, k and dQ may sit in TMA descriptors
+    missing = [names[i] for i in reads if ts[i] is not None and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob]
+    return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
@@ -324,11 +358,20 @@ def main():
         for b, s_q, s_k in ((2, 256, 64), (1, 8192, 2048), (3, 5, 2)):
             bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_fused_gemm(ns, key, b, s_q, s_k)]
         g += 1
-    print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward, {f} sparse-forward and {g} fused top-k GEMM entries: the op's call runs "
-          f"each lifted host function; {len(bad)} problems")
+    dd = 0
+    for e in index["entries"]:
+        if e["family"] != "dsa_dense_indexer_backward" or e["arch"] == "sm_90a":
+            continue
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        for b, s_q, s_k in ((2, 256, 64), (1, 8191, 8191), (3, 5, 2)):
+            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_dense_indexer_backward(ns, e["op"], key, b, s_q, s_k)]
+        dd += 1
+    print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward, {f} sparse-forward, {g} fused top-k GEMM and {dd} dense indexer backward "
+          f"entries: the op's call runs each lifted host function; {len(bad)} problems")
     for b in bad:
         print("  -", b)
-    return 1 if bad or not n or not m or not f or not g else 0
+    return 1 if bad or not n or not m or not f or not g or not dd else 0
 
 
 if __name__ == "__main__":
