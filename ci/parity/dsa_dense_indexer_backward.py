@@ -289,8 +289,14 @@ class JitApi:
         return jit_cubins((("gemm", self.k90._dense_compile_cache), ("score_grad", self.k90._dense_score_grad_compile_cache)), self.index_key)
 
 
+def _describe(r):
+    if "race_off" in r:
+        return f"race: {r['race_off']}/{r['spec']['race']} calls with a dW row off the reference"
+    return f"warm {r['warm_us']:.1f} us" + (f" (into {r['warm_into_us']:.1f} us)" if "warm_into_us" in r else "") + f", device {r['device_us']:.1f} us"
+
+
 def cmd_jit(args):
-    jit_side(args, JitApi, build_cases, make_inputs, run_case, lambda r: f"warm {r['warm_us']:.1f} us, device {r['device_us']:.1f} us", failed_row)
+    jit_side(args, JitApi, build_cases, make_inputs, run_case, _describe, failed_row)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,8 +331,7 @@ class AotApi:
 
 
 def cmd_aot(args):
-    aot_side(args, SCRIPT, FAMILY, AotApi, run_case,
-             lambda r: f"warm {r['warm_us']:.1f} us (into {r['warm_into_us']:.1f} us), device {r['device_us']:.1f} us", failed_row)
+    aot_side(args, SCRIPT, FAMILY, AotApi, run_case, _describe, failed_row)
 
 
 # ------------------------------------------------------------------------------------------------
