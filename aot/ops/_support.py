@@ -224,6 +224,55 @@ def check(problems, t, name, shape, dtype, dev, align, layout=True):
         problems.append(f"{name}: data pointer 0x{t.data_ptr():x} is not {align}-byte aligned (expected a {align}-byte aligned base; clone() the tensor)")
 
 
+def thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev, layout=True):
+    """The THD arguments of an op, checked: with ``varlen``, cu_seqlens_q / cu_seqlens_k (1-D int32 on
+    GPU ``dev``, batch + 1 offsets, the same shape) and the caller's max_seqlen_q / max_seqlen_k; without,
+    no max_seqlen. Returns the batch (None without a valid cu_seqlens); problems appended."""
+    import torch
+
+    b = None
+    if not varlen:
+        for name, v in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+            if v is not None:
+                problems.append(f"{name}={v!r}: only with cu_seqlens_q / cu_seqlens_k (THD)")
+        return None
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.numel() < 1:
+            problems.append(f"{name}: THD needs cu_seqlens_q and cu_seqlens_k, 1-D int32 CUDA tensors of batch + 1 offsets; got "
+                            f"{getattr(t, 'shape', type(t).__name__)}")
+        else:
+            check(problems, t, name, t.shape, torch.int32, dev, 16, layout=layout)
+            b = t.shape[0] - 1
+    if isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor) and cu_q.shape != cu_k.shape:
+        problems.append(f"cu_seqlens_q {tuple(cu_q.shape)} and cu_seqlens_k {tuple(cu_k.shape)}: must have the same shape")
+    for name, v in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if v is None:
+            problems.append(f"{name}: THD needs max_seqlen_q and max_seqlen_k (the longest segments; nothing is read back from the device)")
+        else:
+            integer(problems, name, v, 0, 2**31 - 1)
+    return b
+
+
+def workspace_problems(workspace, need, dev, named, sizer, align=16) -> list:
+    """What is wrong with a caller's ``workspace`` for ``need`` bytes on GPU ``dev``: missing, not a 1-D
+    uint8 tensor there, too small, or its first ``need`` bytes overlapping one of ``named`` ((name,
+    tensor or None) pairs). ``sizer``: the public function that sizes it, named in the messages; ``align``:
+    the base alignment the kernels need."""
+    import torch
+
+    if workspace is None:
+        return [f"workspace: missing ({need} uint8 bytes needed; see {sizer})"]
+    wp = []
+    n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
+    check(wp, workspace, "workspace", (n,), torch.uint8, dev, align)
+    if not wp and n < need:
+        wp.append(f"workspace: {n} bytes (expected at least {need}; see {sizer})")
+    if not wp:
+        for i in overlapping(workspace, need, [t for _, t in named]):
+            wp.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
+    return wp
+
+
 def overlapping(workspace, need, tensors):
     """Indices of the tensors (None allowed) whose bytes overlap the first ``need`` bytes of workspace."""
     w0 = workspace.data_ptr()

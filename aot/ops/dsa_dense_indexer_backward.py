@@ -23,8 +23,8 @@ import functools
 from dataclasses import dataclass
 
 from ..policy import dsa_dense_indexer_backward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flat_args, footprint, input_error, integer, launcher, overlapping,
-                       require, scalar_f32, stream_handle, tensor_args, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flat_args, footprint, input_error, integer, launcher, require,
+                       scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
 from .dsa_indexer_backward import _cast_into
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
@@ -106,6 +106,7 @@ def dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm, i
         if call is None:
             call = _validate(ts, sm_scale, loss_coeff, block_I, ratio, max_seqlen_q, max_seqlen_k, allocating=True)
             remember(_CALLS, ALLOC, extra, probe_for(ts, call.dev, call.foot), call)
+        _scalars_of(call.rows)(sm_scale=sm_scale, loss_coeff=loss_coeff)  # the per-call scalars, before allocating
         dev = call.dev
         stream_handle(stream, dev)  # refuse a bad stream before allocating on it
 
@@ -262,30 +263,13 @@ def _validate(ts, sm_scale, loss_coeff, block_I, ratio, max_seqlen_q, max_seqlen
     arch, _ = arch_or_refuse(problems, dev)
     h, d = index_q.shape[-2], index_q.shape[-1]
     lead = tuple(index_q.shape[:-2])
-    b = None
+    b = thd_batch(problems, varlen, cu_q, cu_k, max_seqlen_q, max_seqlen_k, dev)
     if varlen:
-        for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-            if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.numel() < 1:
-                problems.append(f"{name}: THD needs cu_seqlens_q and cu_seqlens_k, 1-D int32 CUDA tensors of batch + 1 offsets; got "
-                                f"{getattr(t, 'shape', type(t).__name__)}")
-            else:
-                check(problems, t, name, t.shape, torch.int32, dev, 16)
-                b = t.shape[0] - 1
-        if isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor) and cu_q.shape != cu_k.shape:
-            problems.append(f"cu_seqlens_q {tuple(cu_q.shape)} and cu_seqlens_k {tuple(cu_k.shape)}: must have the same shape")
-        for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if v is None:
-                problems.append(f"{name}: THD needs max_seqlen_q and max_seqlen_k (the longest segments; the allocating form reads them back)")
-            else:
-                integer(problems, name, v, 0, _I32 - 1)
         s_q, s_k = max_seqlen_q, max_seqlen_k
         rows = lead[0]
         k_shape = (index_k.shape[0], d)
         score, denom = (rows, s_k), lead
     else:
-        for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if v is not None:
-                problems.append(f"{name}={v!r}: only with cu_seqlens_q / cu_seqlens_k (THD)")
         b, s_q = lead
         s_k = index_k.shape[1]
         rows = b * s_q
@@ -334,19 +318,7 @@ def _validate(ts, sm_scale, loss_coeff, block_I, ratio, max_seqlen_q, max_seqlen
     if not problems:
         need = policy.workspace_bytes(index_k.numel(), dk_f32)
         if need and not skip(workspace):
-            wp = []
-            if workspace is None:
-                wp.append(f"workspace: missing ({need} uint8 bytes needed for the fp32 dK behind a bf16 d_index_k; see "
-                          f"aot.dsa.dense_indexer_backward_workspace_bytes)")
-            else:
-                n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
-                check(wp, workspace, "workspace", (n,), torch.uint8, dev, 16)
-                if not wp and n < need:
-                    wp.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.dense_indexer_backward_workspace_bytes)")
-                if not wp:
-                    for i in overlapping(workspace, need, ts[:14]):
-                        wp.append(f"workspace: its first {need} bytes overlap {_TENSORS[i]}")
-            problems += wp
+            problems += workspace_problems(workspace, need, dev, list(zip(_TENSORS, ts[:14])), "aot.dsa.dense_indexer_backward_workspace_bytes")
     if not problems:
         named = [(n, t) for n, t in zip(_TENSORS, ts)]
         problems += aliasing([named[i] for i in _WRITES[:4]], [nt for i, nt in enumerate(named[:14]) if i not in _WRITES])

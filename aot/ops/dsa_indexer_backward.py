@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, one_of,
-                       overlapping, require, scalar_f32, stream_handle, target_sm_count, tensor_args, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, one_of, require,
+                       scalar_f32, stream_handle, target_sm_count, tensor_args, workspace_problems, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
@@ -362,21 +362,10 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
         need = policy.workspace_bytes(b, s_k, d, d_index_k_f32=dk_dt == f32, backend=backend, deterministic=deterministic,
                                       deterministic_dk_planes=planes)
         if need and not skip(workspace):
-            wp = []
-            if workspace is None:
-                wp.append(f"workspace: missing ({need} uint8 bytes needed; see aot.dsa.indexer_backward_workspace_bytes)")
-            else:
-                n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
-                check(wp, workspace, "workspace", (n,), torch.uint8, dev, 16)
-                if not wp and n < need:
-                    wp.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.indexer_backward_workspace_bytes)")
-                if not wp:
-                    named = (("index_q", index_q), ("weights", weights), ("index_k", index_k), ("attn_score", attn_score), ("index_score", index_score),
-                             ("topk_indices", topk_indices), ("grad_loss", grad_loss), ("d_index_q", d_index_q), ("d_weights", d_weights),
-                             ("d_index_k", d_index_k))
-                    for i in overlapping(workspace, need, [t for _, t in named]):
-                        wp.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
-            problems += wp
+            named = (("index_q", index_q), ("weights", weights), ("index_k", index_k), ("attn_score", attn_score), ("index_score", index_score),
+                     ("topk_indices", topk_indices), ("grad_loss", grad_loss), ("d_index_q", d_index_q), ("d_weights", d_weights),
+                     ("d_index_k", d_index_k))
+            problems += workspace_problems(workspace, need, dev, named, "aot.dsa.indexer_backward_workspace_bytes")
     if not problems:
         # attn_score is written too (the score-grad signal): it may alias nothing either
         problems += aliasing((("attn_score", attn_score), ("d_index_q", d_index_q), ("d_weights", d_weights), ("d_index_k", d_index_k)),

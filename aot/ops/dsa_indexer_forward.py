@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ..policy import dsa_indexer_forward as policy
 from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, footprint, input_error, integer, launcher, require, row_major,
-                       scalar_f32, stream_handle, tensor_args, writes_only)
+                       scalar_f32, stream_handle, tensor_args, thd_batch, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
@@ -126,28 +126,11 @@ def _inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlen
         problems.append(f"q_scale and k_scale: only with a scaled precision (this call's is {prec!r})")
     if (cu_q_scale is not None or cu_k_scale is not None) and not (mx and varlen):
         problems.append("cu_seqlens_q_scale_padded / cu_seqlens_k_scale_padded: only with THD mxfp8 / mxfp4 (SM100)")
-    b = None
+    b = thd_batch(problems, varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dev, layout=not staged)
     if varlen:
-        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-            if not _is_tensor(t) or t.ndim != 1 or t.numel() < 1:
-                problems.append(f"{name}: THD needs cu_seqlens_q and cu_seqlens_k, 1-D int32 CUDA tensors of batch + 1 offsets; got "
-                                f"{getattr(t, 'shape', type(t).__name__)}")
-            else:
-                tensor(t, name, t.shape, torch.int32)
-                b = t.shape[0] - 1
-        if _is_tensor(cu_seqlens_q) and _is_tensor(cu_seqlens_k) and cu_seqlens_q.shape != cu_seqlens_k.shape:
-            problems.append(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)}: must have the same shape")
-        for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if v is None:
-                problems.append(f"{name}: THD needs max_seqlen_q and max_seqlen_k (the longest segment; upstream requires them too)")
-            else:
-                integer(problems, name, v, 0, _I32)
         s_q, s_k = max_seqlen_q, max_seqlen_k
         scores_shape, lse_shape = (lead[0], s_k), lead
     else:
-        for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if v is not None:
-                problems.append(f"{name}={v!r}: only with cu_seqlens_q / cu_seqlens_k (THD)")
         b, s_q = lead
         s_k = k.shape[1]
         scores_shape, lse_shape = (b, s_q, s_k), lead

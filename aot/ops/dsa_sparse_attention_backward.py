@@ -17,7 +17,7 @@ from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, one_of,
-                       overlapping, require, scalar_f32, sm_count_of, stream_handle, target_sm_count, tensor_args, writes_only)
+                       require, scalar_f32, sm_count_of, stream_handle, target_sm_count, tensor_args, workspace_problems, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
@@ -289,15 +289,9 @@ def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk
     if not problems:
         need = policy.workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=deterministic)
     if not problems and not (allocating and workspace is None):
-        n = workspace.numel() if isinstance(workspace, torch.Tensor) else -1
-        check(problems, workspace, "workspace", (n,), torch.uint8, dev, ws_align)
-        if not problems and n < need:
-            problems.append(f"workspace: {n} bytes (expected at least {need}; see aot.dsa.sparse_attention_backward_workspace_bytes)")
-        if not problems:
-            named = (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", attn_sink), ("topk_idxs", topk_idxs),
-                     ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink))
-            for i in overlapping(workspace, need, [t for _, t in named]):
-                problems.append(f"workspace: its first {need} bytes overlap {named[i][0]}")
+        named = (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", attn_sink), ("topk_idxs", topk_idxs),
+                 ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink))
+        problems += workspace_problems(workspace, need, dev, named, "aot.dsa.sparse_attention_backward_workspace_bytes", ws_align)
     if not problems:
         problems += aliasing((("dq", dq), ("dkv", dkv), ("d_sink", d_sink)), (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse),
                                                                             ("attn_sink", attn_sink), ("topk_idxs", topk_idxs), ("topk_length", topk_length)))
