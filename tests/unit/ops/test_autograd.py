@@ -36,10 +36,10 @@ def test_the_differentiable_ops_are_exported_and_registered_with_an_autograd_for
     assert aot.csa.compressor is csa_compressor.compressor and "compressor" in aot.csa.__all__
     assert aot.dsa.sparse_attention is dsa_sparse_attention_forward.sparse_attention and "sparse_attention" in aot.dsa.__all__
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for name, writes_nothing in (("csa_compressor", True), ("dsa_sparse_attention", True)):
+    for name in ("csa_compressor", "dsa_sparse_attention"):
         op = getattr(torch.ops.dsa_aot, name).default
         assert has(f"dsa_aot::{name}", "Autograd"), f"{name}: no autograd formula registered"
-        assert writes_nothing and not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+        assert not any(a.alias_info is not None for a in op._schema.arguments)  # functional, as register_autograd needs
     # the plain ops have none: the formula is what makes these two differentiable
     assert not has("dsa_aot::csa_compressor_forward", "Autograd") and not has("dsa_aot::dsa_sparse_attention_forward", "Autograd")
 
@@ -240,6 +240,29 @@ def test_compressor_launches_what_the_forward_and_backward_launch(env, on_stand_
     _, want_bwd, want_bwd_sets = _record(env, made, lambda: aot.csa.compressor_backward(*plain, go, deterministic=deterministic))
     assert fwd == want_fwd and fwd_sets == want_fwd_sets
     assert bwd == want_bwd and bwd_sets == want_bwd_sets and (len(bwd) > 1) == deterministic  # + the dAPE reduction
+
+
+@pytest.mark.parametrize("bad,want", [
+    (dict(kv=_t((163, 256), torch.float16)), "kv: dtype torch.float16"),
+    (dict(score=stand_in.cuda_tensor(torch.zeros(256, 163, dtype=BF16)).t()), "score: strides"),
+    (dict(ape=torch.zeros(4, 256)), "ape: on cpu"),
+    (dict(ratio=3), "ratio=3"),
+    (dict(ratio=4.0), "ratio: a float (expected int)"),
+    (dict(head_dim=64), "kv: width 256 (expected coff * head_dim = 2 * 64)"),
+    (dict(total_comp=-1), "total_comp=-1"),
+    (dict(deterministic="yes"), "deterministic: a str (expected bool)"),
+    (dict(cu_seqlens=[0, 163]), "cu_seqlens: a list (expected Tensor)"),
+], ids=lambda x: "" if isinstance(x, str) else next(iter(x)))
+def test_malformed_compressor_calls_raise_input_error_before_anything_runs(env, bad, want):
+    import aot.csa
+
+    kv, score, ape, cu, cuc = _csa_inputs()
+    args = dict(kv=kv, score=score, ape=ape, cu_seqlens=cu, cu_seqlens_comp=cuc, ratio=4, head_dim=None, coff=2, total_comp=40, deterministic=True)
+    env.launches.clear()
+    env.memsets.clear()
+    with pytest.raises(InputError) as e:
+        aot.csa.compressor(**dict(args, **bad))
+    assert want in str(e.value) and not env.launches and not env.memsets
 
 
 def test_compressor_grads_only_where_asked(env, on_stand_in):
