@@ -13,8 +13,8 @@ from .outputs import Outputs
 from .library import call
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
-__all__ = ["compressor", "compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes",
-           "CompressorForward", "CompressorBackward"]
+__all__ = ["compressor", "compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into",
+           "backward_workspace_bytes", "CompressorForward", "CompressorBackward"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31

@@ -222,7 +222,8 @@ def _check_sparse_forward(r, x, h, ctx):
 SPARSE_CASES = [(64, 512, 2048, False, True), (64, 576, 500, True, False), (128, 512, 1000, True, True)]
 
 
-@pytest.mark.parametrize("h,d,topk,tlen,sink", SPARSE_CASES, ids=[f"H{c[0]}D{c[1]}k{c[2]}{'-len' if c[3] else ''}{'-sink' if c[4] else ''}" for c in SPARSE_CASES])
+@pytest.mark.parametrize("h,d,topk,tlen,sink", SPARSE_CASES,
+                         ids=[f"H{c[0]}D{c[1]}k{c[2]}{'-len' if c[3] else ''}{'-sink' if c[4] else ''}" for c in SPARSE_CASES])
 def test_sparse_attention_and_its_gradients_match_the_reference(dsa, h, d, topk, tlen, sink):
     if not _sm100():
         pytest.skip(_NO_FORWARD)
