@@ -1,6 +1,7 @@
 """The ops as PyTorch custom ops. ``import aot.library`` registers ``torch.ops.dsa_aot.<name>`` for
-every op (see :mod:`aot.ops.library`): the CSA compressor forward/backward, the DSA indexer and sparse
-attention backward, each as an allocating op and an ``_into`` op that writes its arguments.
+every op (see :mod:`aot.ops.library`): each op of ``aot.csa`` and ``aot.dsa`` as an allocating op and
+an ``_into`` op that writes its arguments, and the two differentiable ops (``csa_compressor``,
+``dsa_sparse_attention``) with their backward registered as their autograd formula.
 
 They run on torch's current stream, trace under ``torch.compile(fullgraph=True)`` (fake kernels give
 the output shapes) and capture in CUDA graphs. The direct calls (``aot.csa.*``, ``aot.dsa.*``) skip

@@ -10,10 +10,11 @@ from ..policy import csa_compressor as policy
 from ._support import (aliasing, alloc_on, allocate, check, flag, footprint, input_error, integer, launcher, one_of, overlapping, require,
                        sm_count_of, stream_handle, writes_only)
 from .outputs import Outputs
+from .library import call
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
-__all__ = ["compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into", "backward_workspace_bytes",
-           "CompressorForward", "CompressorBackward"]
+__all__ = ["compressor", "compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into",
+           "backward_workspace_bytes", "CompressorForward", "CompressorBackward"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31
@@ -351,6 +352,18 @@ def compressor_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, r
     return Outputs(grad_kv=gkv, grad_score=gs, grad_ape=gape)
 
 
+def compressor(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, head_dim=None, coff=2, total_comp=None, deterministic=False):
+    """The CSA compressor as one differentiable op (``torch.ops.dsa_aot.csa_compressor``): returns
+    ``out`` (total_comp, head_dim) bf16, computed by :func:`compressor_forward`, with
+    :func:`compressor_backward` as its autograd formula: gradients flow to ``kv``, ``score`` and
+    ``ape`` (the backward's three outputs; the int32 ``cu_seqlens*`` have none). ``deterministic``
+    is the backward's (fixed-order dAPE instead of fp32 atomics). Runs on torch's current stream,
+    traces under ``torch.compile(fullgraph=True)`` and captures in CUDA graphs (forward and backward)
+    when ``total_comp`` is given; None reads ``cu_seqlens_comp[-1]`` (a device sync), as the forward.
+    Every argument is checked by the forward's own checks before anything runs."""
+    return call("csa_compressor", kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp, deterministic)
+
+
 # --- torch.library (aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
 # The ops run on torch's current stream. Sizes the fake needs and a tensor cannot give (total_comp,
 # whose value lives on the device) are arguments.
@@ -382,6 +395,33 @@ def _t_backward_into(grad_kv, grad_score, grad_ape, kv, score, ape, cu_seqlens, 
                              deterministic, workspace)
 
 
+def _t_compressor(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, head_dim=None, coff=2, total_comp=None, deterministic=False):
+    return compressor_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, total_comp)["out"]
+
+
+def _f_compressor(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=4, head_dim=None, coff=2, total_comp=None, deterministic=False):
+    if total_comp is None:  # cu_seqlens_comp[-1]: a value on the device, a data-dependent size for the tracer
+        import torch
+
+        total_comp = torch.library.get_ctx().new_dynamic_size()
+    return _f_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, total_comp, head_dim)
+
+
+def _compressor_setup(ctx, inputs, output):
+    kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, head_dim, coff, _, deterministic = inputs
+    ctx.save_for_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp)
+    ctx.options = ratio, coff, deterministic, head_dim
+
+
+def _compressor_grad(ctx, grad_out):
+    """The backward op on the saved inputs: (grad_kv, grad_score, grad_ape), the rest None."""
+    import torch
+
+    ratio, coff, deterministic, head_dim = ctx.options
+    grads = torch.ops.dsa_aot.csa_compressor_backward(*ctx.saved_tensors, grad_out.contiguous(), ratio, coff, deterministic, head_dim)
+    return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), *(None,) * 7)
+
+
 _IN = "Tensor kv, Tensor score, Tensor ape, Tensor cu_seqlens, Tensor cu_seqlens_comp"
 TORCH_OPS = {
     "csa_compressor_forward": (f"({_IN}, int ratio, int coff, SymInt total_comp, SymInt? head_dim=None) -> Tensor", _t_forward, _f_forward),
@@ -390,4 +430,6 @@ TORCH_OPS = {
                                 _t_backward, _f_backward),
     "csa_compressor_backward_into": (f"(Tensor(a!) grad_kv, Tensor(b!) grad_score, Tensor(c!) grad_ape, {_IN}, Tensor grad_out, int ratio, int coff, "
                                      f"bool deterministic=False, Tensor(d!)? workspace=None, SymInt? head_dim=None) -> ()", _t_backward_into, writes_only),
+    "csa_compressor": (f"({_IN}, int ratio=4, SymInt? head_dim=None, int coff=2, SymInt? total_comp=None, bool deterministic=False) -> Tensor",
+                       _t_compressor, _f_compressor, (_compressor_setup, _compressor_grad)),
 }  # fmt: skip

@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 
 from ..policy import dsa_sparse_attention_forward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, footprint, input_error, launcher, require, scalar_f32, stream_handle,
-                       tensor_args, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flag, footprint, input_error, launcher, require, scalar_f32,
+                       stream_handle, tensor_args, writes_only)
+from .library import call
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
-__all__ = ["sparse_attention_forward", "sparse_attention_forward_into", "SparseAttentionForward"]
+__all__ = ["sparse_attention", "sparse_attention_forward", "sparse_attention_forward_into", "SparseAttentionForward"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31 - 1
@@ -56,10 +57,12 @@ class _Call:
             setattr(self, k, v)
 
 
-def _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, staged=False):
+def _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, staged=False, heads=None):
     """A :class:`_Call` for valid inputs (problems appended otherwise). ``staged``: the layout and
     alignment of the inputs are not checked (the allocating form stages them as upstream does), and
-    the index rows may have any width (it pads them)."""
+    the index rows may have any width (it pads them). ``heads``: the head count of the launch when the
+    caller pads q and the sink to it (:func:`sparse_attention` runs H16 and H32 as H64); the tensors
+    given are checked against their own H."""
     import torch
 
     if not _is_tensor(q) or q.ndim != 3 or str(q.dtype) not in _DTYPES:
@@ -82,7 +85,7 @@ def _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, st
         check(problems, t, name, shape, dtype, dev, align, layout=not staged)
 
     tensor(q, "q", q.shape, q.dtype, 16)
-    if (h, d) not in ((64, 512), (64, 576), (128, 512)):
+    if (heads or h, d) not in ((64, 512), (64, 576), (128, 512)):
         problems.append(f"q: H {h}, D {d} (upstream's kernels serve (64, 512), (64, 576), (128, 512))")
     if not _is_tensor(kv) or kv.ndim != 2:
         problems.append(f"kv: expected a (S_kv, {d}) tensor, got {tuple(getattr(kv, 'shape', ()))}")
@@ -96,9 +99,9 @@ def _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, st
     if not staged and k % policy.SLOT_TILE:
         problems.append(f"topk_idxs: {k} slots a row (the kernels read 64 at a time: pad the rows with -1 to {policy.padded_topk(k)}; "
                         f"the allocating form does, as upstream)")
-    allowed = policy.INDEXER_TOPK.get(h, ())
+    allowed = policy.INDEXER_TOPK.get(heads or h, ())
     if not (type(indexer_topk) is int and indexer_topk in allowed):
-        problems.append(f"indexer_topk={indexer_topk!r} (H {h} takes {', '.join(map(str, allowed))})")
+        problems.append(f"indexer_topk={indexer_topk!r} (H {heads or h} takes {', '.join(map(str, allowed))})")
     elif indexer_topk > k:
         problems.append(f"indexer_topk={indexer_topk} exceeds the {k} slots of topk_idxs")
     if attn_sink is not None:
@@ -111,7 +114,24 @@ def _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, st
             break
     if problems:
         return None
-    return _Call(dev=dev, s_q=s_q, h=h, d=d, s_kv=kv.shape[0], k=k, dtype=_DTYPES[str(q.dtype)])
+    return _Call(dev=dev, s_q=s_q, h=heads or h, d=d, s_kv=kv.shape[0], k=k, dtype=_DTYPES[str(q.dtype)])
+
+
+def _staged_call(problems, q, kv, topk_idxs, attn_sink, topk_length, softmax_scale, indexer_topk, heads=None):
+    """What the allocating form checks before it stages or allocates anything: the :class:`_Call`
+    (None, the problems appended, when the call is invalid). ``heads``: see :func:`_inputs`."""
+    c = _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, staged=True, heads=heads)
+    if c is not None:
+        scalar_f32(problems, "softmax_scale", 1.0 / math.sqrt(c.d) if softmax_scale is None else softmax_scale, positive=True)
+    return c
+
+
+def _require(c, indexer_topk, sink, topk_length) -> None:
+    """The entry a valid call launches (none for an empty problem) ships for its device:
+    KernelNotFoundError / ArchMismatchError naming the bucket to add otherwise."""
+    if c.s_q and c.k and c.s_kv:
+        key = policy.kernel(c.h, c.d, c.dtype, indexer_topk, sink, topk_length)
+        require(FAMILY, {"main": key}, c.dev, {"main": _hint(key[1])})
 
 
 def _scale_of(softmax_scale, d):
@@ -205,15 +225,11 @@ def sparse_attention_forward(q, kv, topk_idxs, *, attn_sink=None, topk_length=No
         c, box = hit[0]
     else:
         problems = []
-        c = _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, staged=True)
-        if c is not None:
-            scalar_f32(problems, "softmax_scale", 1.0 / math.sqrt(c.d) if softmax_scale is None else softmax_scale, positive=True)
+        c = _staged_call(problems, q, kv, topk_idxs, attn_sink, topk_length, softmax_scale, indexer_topk)
         if problems:
             raise input_error(problems)
         stream_handle(stream, c.dev)  # refuse a bad stream, and a missing entry, before allocating
-        if c.s_q and c.k and c.s_kv:
-            key = policy.kernel(c.h, c.d, c.dtype, indexer_topk, attn_sink is not None, topk_length is not None)
-            require(FAMILY, {"main": key}, c.dev, {"main": _hint(key[1])})
+        _require(c, indexer_topk, attn_sink is not None, topk_length is not None)
         box = [None]
         aligned = {0: 16, 1: 16, 2: policy.IDX_ALIGN, 3: 4, 4: 4}
         if c.k % policy.SLOT_TILE == 0 and all(t is None or (t.is_contiguous() and t.data_ptr() % aligned[i] == 0) for i, t in enumerate(ins)):
@@ -266,6 +282,136 @@ class SparseAttentionForward(Plan):
     _scalars = ("softmax_scale",)
 
 
+# --- the differentiable op: cudnn.DSA.sparse_attention (deepseek_sparse_attention/training.py) ------------
+
+_TOPK_TILE = 128  # upstream's training composition pads the index rows with -1 to a multiple of 128 slots
+_PADDED_HEADS = 64  # ... and runs the forward of H16 and H32 as H64
+
+
+def sparse_attention(q, kv, indices, attn_sink=None, softmax_scale=None, topk_length=None, trusted_compact_metadata=False):
+    """cudnn's ``DSA.sparse_attention`` (training.py): bf16 MQA sparse attention with first-order
+    autograd, as one op (``torch.ops.dsa_aot.dsa_sparse_attention``). Returns ``{'out', 'max_logits',
+    'lse'}`` (``lse`` KV-only, natural log); only ``out`` is differentiable, with respect to ``q``,
+    ``kv`` and ``attn_sink`` (the backward: :func:`aot.dsa.sparse_attention_backward`).
+
+    Upstream's contract: q (S_q, H, D) with H 16, 32, 64 or 128 and D 512 or 576 (not H128 D576), kv
+    (S_kv, D), ``indices`` (S_q, K) int32 global ids, ``attn_sink`` (H,) fp32 or None (no sink),
+    ``topk_length`` (S_q,) int32 or None; every tensor contiguous on one device, no empty extent,
+    ``softmax_scale`` finite and > 0 (default 1/sqrt(D)). Unless ``trusted_compact_metadata``, ids
+    outside [0, S_kv) and slots past ``clamp(topk_length, 0, K)`` become -1 and, with lengths, each
+    row's valid ids move to its front (:func:`aot.dsa.compactify`, which gives the new lengths); the
+    rows are then padded with -1 to a multiple of 128 slots. H16 and H32 run the forward as H64 (zero
+    heads, a -inf sink) and slice the outputs back. Forward and backward read the same normalised
+    metadata (saved with q, kv, out, lse and the sink).
+
+    Upstream accepts compute capability 10.0 only; this runs on any device the build has the forward's
+    entry for. Where it has none, the forward's own error is raised (on an SM90 GPU its InputError:
+    upstream has no SM90 forward kernel; a missing bucket: KernelNotFoundError), before anything runs,
+    as every other malformed input. Runs on torch's current stream; traces under
+    ``torch.compile(fullgraph=True)``.
+    """
+    out, max_logits, lse, _, _ = call("dsa_sparse_attention", q, kv, indices, attn_sink, softmax_scale, topk_length, trusted_compact_metadata)
+    return Outputs(out=out, max_logits=max_logits, lse=lse)
+
+
+def _training_call(q, kv, indices, attn_sink, softmax_scale, topk_length, trusted):
+    """Everything :func:`sparse_attention` checks before it runs anything: the forward's own checks of
+    the launch it makes (q's heads padded for H16 / H32, always a sink), upstream's training contract
+    beyond them, then the entries it launches (the forward's; compactify's when it compacts lengths).
+    Returns (the forward's :class:`_Call`, trusted)."""
+    problems = []
+    trusted = flag(problems, "trusted_compact_metadata", trusted)
+    h = q.shape[1] if _is_tensor(q) and q.ndim == 3 else None
+    c = _staged_call(problems, q, kv, indices, attn_sink, topk_length, softmax_scale, 0, heads=_PADDED_HEADS if h in (16, 32) else None)
+    if c is not None:
+        # upstream's training contract beyond the forward's: bf16 (the backward has no fp16 kernels), every
+        # tensor contiguous, q, kv and the sink 16-byte aligned (the backward reads them in place), no empty extent
+        if c.dtype != "bf16":
+            problems.append(f"q: dtype {q.dtype} (expected torch.bfloat16: the sparse attention backward is bf16 only)")
+        for name, t, align in (("q", q, 16), ("kv", kv, 16), ("indices", indices, 4), ("attn_sink", attn_sink, 16), ("topk_length", topk_length, 4)):
+            if t is not None:
+                check(problems, t, name, t.shape, t.dtype, c.dev, align)
+        if not (c.s_q and c.s_kv and c.k):
+            problems.append(f"S_q = {c.s_q}, S_kv = {c.s_kv}, top-k = {c.k} (expected each >= 1, as upstream's sparse_attention)")
+    if problems:
+        raise input_error(problems)
+    _require(c, 0, True, topk_length is not None)
+    if topk_length is not None and not trusted:
+        from ..policy import dsa_topk_utils as topk_utils
+
+        require(topk_utils.FAMILY, {"main": topk_utils.compactify_kernel(c.k)}, c.dev)
+    return c, trusted
+
+
+def _t_sparse_attention(q, kv, indices, attn_sink=None, softmax_scale=None, topk_length=None, trusted_compact_metadata=False):
+    """(out, max_logits, lse, the index rows and lengths the forward read: saved for the backward;
+    lengths (0,) when None). Outputs never alias inputs: trusted metadata the forward reads as given is copied."""
+    import torch
+    import torch.nn.functional as F
+
+    from .dsa_topk_utils import compactify
+
+    c, trusted = _training_call(q, kv, indices, attn_sink, softmax_scale, topk_length, trusted_compact_metadata)
+    h = q.shape[1]
+    with alloc_on(None, c.dev):  # torch's current stream of the tensors' device (upstream: torch.cuda.device(q.device))
+        idx, lengths = indices, topk_length
+        if not trusted:  # ids outside [0, S_kv) and slots past the clamped length become -1 ...
+            valid = (indices >= 0) & (indices < c.s_kv)
+            if topk_length is not None:
+                slots = torch.arange(c.k, dtype=torch.int32, device=indices.device)
+                valid &= slots[None, :] < topk_length.clamp(0, c.k)[:, None]
+            idx = torch.where(valid, indices, -1)
+            if topk_length is not None:  # ... and each row's valid ids move to its front, their count the new length
+                idx, lengths = compactify(idx)
+        k = -(-c.k // _TOPK_TILE) * _TOPK_TILE
+        idx = F.pad(idx, (0, k - c.k), value=-1) if k != c.k else idx.clone() if idx is indices else idx
+        lengths = idx.new_empty(0) if lengths is None else lengths.clone() if lengths is topk_length else lengths
+        sink = attn_sink if attn_sink is not None else torch.full((h,), -math.inf, dtype=torch.float32, device=q.device)
+        launch_q, launch_sink = q, sink
+        if h < c.h:  # zero heads with a -inf sink, sliced off below
+            launch_q = F.pad(q, (0, 0, 0, c.h - h))
+            launch_sink = F.pad(sink, (0, c.h - h), value=-math.inf)
+        r = sparse_attention_forward(launch_q, kv, idx, attn_sink=launch_sink, topk_length=None if topk_length is None else lengths,
+                                     softmax_scale=softmax_scale)
+        out, max_logits, lse = r["out"], r["max_logits"], r["lse"]
+        if h < c.h:
+            out, max_logits, lse = (t[:, :h].contiguous() for t in (out, max_logits, lse))
+    return out, max_logits, lse, idx, lengths
+
+
+def _f_sparse_attention(q, kv, indices, attn_sink=None, softmax_scale=None, topk_length=None, trusted_compact_metadata=False):
+    import torch
+
+    s_q, h = q.shape[0], q.shape[1]
+    k = -(-indices.shape[1] // _TOPK_TILE) * _TOPK_TILE
+    stats = [q.new_empty((s_q, h), dtype=torch.float32) for _ in range(2)]
+    return q.new_empty((s_q, h, policy.DV)), *stats, indices.new_empty((s_q, k)), indices.new_empty((s_q,) if topk_length is not None else (0,))
+
+
+def _sparse_attention_setup(ctx, inputs, output):
+    q, kv, _, attn_sink, softmax_scale, topk_length, _ = inputs
+    out, max_logits, lse, idx, lengths = output
+    ctx.mark_non_differentiable(max_logits, lse, idx, lengths)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, kv, out, lse, attn_sink, idx, lengths)
+    ctx.softmax_scale, ctx.has_lengths = softmax_scale, topk_length is not None
+
+
+def _sparse_attention_grad(ctx, dout, *_):
+    """The backward op on what the forward saved (the sink -inf when there was none): dq, dkv, d_sink where wanted."""
+    import torch
+
+    if dout is None:  # out took no part in the loss
+        return (None,) * 7
+    q, kv, out, lse, sink, idx, lengths = ctx.saved_tensors
+    if sink is None:
+        sink = torch.full((q.shape[1],), -math.inf, dtype=torch.float32, device=q.device)
+    dq, dkv, d_sink = torch.ops.dsa_aot.dsa_sparse_attention_backward(q, kv, out, dout.contiguous(), lse, sink, idx, ctx.softmax_scale,
+                                                                      lengths if ctx.has_lengths else None)
+    need = ctx.needs_input_grad
+    return dq if need[0] else None, dkv if need[1] else None, None, d_sink if need[3] else None, None, None, None
+
+
 # --- torch.library (aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
 
 
@@ -293,4 +439,7 @@ TORCH_OPS = {
     "dsa_sparse_attention_forward_into": ("(Tensor(a!) out, Tensor(b!) max_logits, Tensor(c!) lse, Tensor(d!)? lse_indexer, Tensor q, Tensor kv, "
                                           "Tensor topk_idxs, Tensor? attn_sink=None, Tensor? topk_length=None, float? softmax_scale=None, "
                                           "int indexer_topk=0) -> ()", _t_forward_into, writes_only),
+    "dsa_sparse_attention": ("(Tensor q, Tensor kv, Tensor indices, Tensor? attn_sink=None, float? softmax_scale=None, Tensor? topk_length=None, "
+                             "bool trusted_compact_metadata=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", _t_sparse_attention,
+                             _f_sparse_attention, (_sparse_attention_setup, _sparse_attention_grad)),
 }  # fmt: skip

@@ -191,6 +191,19 @@ indexer_topk = 512
 sink = true
 topk_length = false
 [[bucket]]
+family = "dsa_sparse_attention_forward"
+op = "fwd"
+heads = 64
+dim = 512
+dtype = "bf16"
+indexer_topk = 0
+sink = true
+topk_length = [false, true]
+[[bucket]]
+family = "dsa_topk_utils"
+op = "compactify"
+cols = 128
+[[bucket]]
 family = "dsa_indexer_forward_top_k"
 op = "gemm"
 precision = "bf16"
@@ -268,10 +281,10 @@ def _real_build(tmp_path_factory, name, manifest, samples):
 
 @pytest.fixture(scope="session")
 def sm100_build(tmp_path_factory):
-    """The two sm_100a entries of SM100_BUILD: the SM100 indexer forward (bf16 H64 ratio 4) and the
-    sparse attention forward (H64 D512, indexer_topk 512, a sink). No SM100 GPU here: the ops' SM100
-    paths run on it with a stand-in capability-10.0 driver, their launches through the real lifted
-    host functions."""
+    """The sm_100a entries of SM100_BUILD: the SM100 indexer forward (bf16 H64 ratio 4), the sparse
+    attention forward (H64 D512, a sink: indexer_topk 512; 0 with and without topk_length), compactify (128 columns), the fused
+    indexer top-k and local_to_global. No SM100 GPU here: the ops' SM100 paths run on it with a
+    stand-in capability-10.0 driver, their launches through the real lifted host functions."""
     return _real_build(tmp_path_factory, "sm100_build", SM100_BUILD, 20)
 
 
