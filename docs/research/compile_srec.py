@@ -33,7 +33,7 @@ import time
 import traceback
 
 ARCH = os.environ["CUTE_DSL_ARCH"]
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 
 import torch  # noqa: E402
 import cutlass  # noqa: E402
