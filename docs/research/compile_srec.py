@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import sys
 import time
