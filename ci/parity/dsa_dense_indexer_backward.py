@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    CompileKeys,
     LauncherSpy,
     aot_side,
     bitwise,
@@ -240,7 +241,7 @@ def _args(x, score):
 # ------------------------------------------------------------------------------------------------
 
 
-class JitApi:
+class JitApi(CompileKeys):
     def __init__(self):
         self.api = importlib.import_module("cudnn.deepseek_sparse_attention.indexer_backward.api")
         self.k90 = importlib.import_module("cudnn.deepseek_sparse_attention.indexer_backward.dense_indexer_backward_sm90")
@@ -268,19 +269,6 @@ class JitApi:
         key = {"heads": h, "varlen": vl, "ratio": r, "offsets": o}
         key.update({n: v for n, v, want in (("dim", d, D), ("block_I", block_i, BLOCK_I)) if v != want})
         return "gemm_sm90", key
-
-    def begin_first(self, spec):
-        self._before = self._snapshot()
-
-    def end_first(self, spec):
-        want = self.jit_keys(spec)
-        after = self._snapshot()
-        res = {"keys": [list(self.index_key(*k)) for k in want], "new": any(k not in self._before for k in want)}
-        missing = [k for k in want if k not in after]
-        unexpected = sorted(repr(k) for k in after - self._before if k not in want)
-        if missing or unexpected:
-            res["key_error"] = f"predicted compile keys not in cudnn's caches: {missing}; compiled besides: {unexpected}"
-        return res
 
     def call(self, spec, x, score, outs, ws):
         self.api.dense_indexer_backward_wrapper(*_args(x, score), **_kwargs(spec, x), **outs, workspace=ws)

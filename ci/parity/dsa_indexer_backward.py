@@ -67,6 +67,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    CompileKeys,
+    LauncherSpy,
     aot_side,
     jit_cubins,
     keep_cubins,
@@ -262,7 +264,7 @@ def _op_kwargs(x, attn, outs, ws, spec):
 # ------------------------------------------------------------------------------------------------
 
 
-class JitApi:
+class JitApi(CompileKeys):
     def __init__(self):
         from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90
         from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_wrapper
@@ -307,19 +309,6 @@ class JitApi:
         from cudnn.api_base import ws_align
 
         return 0 if dk_dtype == torch.float32 else ws_align(spec["b"] * spec["s_k"] * spec["d"] * 4)
-
-    def begin_first(self, spec):
-        self._before = self._snapshot()
-
-    def end_first(self, spec):
-        want = self.jit_keys(spec)
-        after = self._snapshot()
-        res = {"keys": [list(self.index_key(*k)) for k in want], "new": any(k not in self._before for k in want)}
-        missing = [k for k in want if k not in after]
-        unexpected = sorted(repr(k) for k in after - self._before if k not in want)
-        if missing or unexpected:
-            res["key_error"] = f"predicted compile keys not in cudnn's caches: {missing}; compiled besides: {unexpected}"
-        return res
 
     def call(self, x, attn, outs, ws, spec):
         self.wrapper(**_op_kwargs(x, attn, outs, ws, spec))
@@ -373,8 +362,7 @@ def cmd_jit(args):
 
 class AotApi:
     def __init__(self, dsa, runtime):
-        self.dsa, self.runtime = dsa, runtime
-        self._used, self._loaded = None, None
+        self.dsa, self.spy = dsa, LauncherSpy(runtime)
 
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used
@@ -383,25 +371,14 @@ class AotApi:
         return self.dsa.indexer_backward_workspace_bytes(spec["b"], spec["s_k"], spec["d"], d_index_k_dtype=dk_dtype)
 
     def begin_first(self, spec):
-        """Record the (op, key) lookups of the first call (the spy is removed before any timing loop)."""
+        """Record the (op, key) lookups of the first call (the spy is removed before any timing loop; the
+        op's validated calls are dropped first, or a case of an earlier case's shapes would look nothing up)."""
         import aot.ops.dsa_indexer_backward as op_mod
 
-        self._used, self._loaded = [], set(self.runtime.load_stats())
-        # the op keeps its validated calls (aot.ops.plan): a case of the same shapes as an earlier one would
-        # reuse it and look nothing up, so the spy would see no lookup; the first call starts from none
-        op_mod._CALLS.clear()
-        orig = op_mod.launcher
-
-        def spy(family, op, key, dev, hint=""):
-            self._used.append([op, dict(key)])
-            return orig(family, op, key, dev, hint)
-
-        self._op_mod, self._orig, op_mod.launcher = op_mod, orig, spy
+        self.spy.begin(op_mod, op_mod._CALLS)
 
     def end_first(self, spec):
-        self._op_mod.launcher = self._orig
-        new = {k: v for k, v in self.runtime.load_stats().items() if k not in self._loaded}
-        return {"keys": self._used, "new": bool(new), "loaded": {f"{k[0]}@{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in new.items()}}
+        return self.spy.end()
 
     def call(self, x, attn, outs, ws, spec):
         self.dsa.indexer_backward(**_op_kwargs(x, attn, outs, ws, spec))

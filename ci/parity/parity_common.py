@@ -559,6 +559,26 @@ def jit_side(args, make_api, build_cases, make_inputs, run_case, describe, faile
     print(f"wrote {os.path.join(args.dir, 'jit.json')}")
 
 
+class CompileKeys:
+    """The JIT side's view of a first call, from cudnn's compile caches: a subclass gives ``_snapshot()``
+    (the set of (kind, cache key) the caches hold), ``jit_keys(spec)`` (the keys upstream must use for a
+    case) and ``index_key(kind, key)`` (a cache key as the index's (op, key)). ``end_first`` returns
+    {"keys", "new", "key_error" when a predicted key is missing or another was compiled}."""
+
+    def begin_first(self, spec):
+        self._before = self._snapshot()
+
+    def end_first(self, spec):
+        want = self.jit_keys(spec)
+        after = self._snapshot()
+        res = {"keys": [list(self.index_key(*k)) for k in want], "new": any(k not in self._before for k in want)}
+        missing = [k for k in want if k not in after]
+        unexpected = sorted(repr(k) for k in after - self._before if k not in want)
+        if missing or unexpected:
+            res["key_error"] = f"predicted compile keys not in cudnn's caches: {missing}; compiled besides: {unexpected}"
+        return res
+
+
 class LauncherSpy:
     """The AOT side's view of a first call: the (op, key) entries an op module's ``launcher`` resolves
     (as often as it does: a second lookup of one kernel shows as a mismatch with the JIT's keys), and
