@@ -83,7 +83,7 @@ import math
 
 import torch
 
-from refutil import generator, rel_err  # noqa: F401 - rel_err: the tests use ref.rel_err
+from refutil import generator, one_value, rel_err  # noqa: F401 - rel_err: the tests use ref.rel_err
 
 __all__ = [
     "CLIP_LOG_MIN",
@@ -112,14 +112,6 @@ REL_ERR_BOUNDS = {
 
 # Rows per GEMM chunk are chosen so one (rows, H, keys) float64 tensor holds at most this many elements.
 DEFAULT_MAX_CHUNK_ELEMS = 1 << 24
-
-
-def _scalar(x) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise ValueError(f"dense indexer backward reference: grad_loss must have one element, got shape {tuple(x.shape)}")
-        return float(x.detach().reshape(-1)[0].item())
-    return float(x)
 
 
 def _ints(t) -> list:
@@ -201,7 +193,7 @@ def dense_indexer_backward_ref(index_q, weights, index_k, attn_score, attn_l1nor
     t_raw = attn_score.detach().reshape(rows, width)
     lse = index_lse.detach().to(f64).reshape(rows)
     l1 = attn_l1norm.detach().to(f64).reshape(rows)
-    c = float(loss_coeff) / max(rows, 1) * _scalar(grad_loss)
+    c = float(loss_coeff) / max(rows, 1) * one_value(grad_loss, "dense indexer backward reference: grad_loss")
     scale = float(sm_scale)
 
     G = torch.zeros(rows, width, dtype=f64, device=dev)

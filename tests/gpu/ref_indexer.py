@@ -97,7 +97,7 @@ import math
 
 import torch
 
-from refutil import distinct_ids, generator, rel_err  # noqa: F401 - rel_err: the tests use ref.rel_err
+from refutil import distinct_ids, generator, one_value, rel_err  # noqa: F401 - rel_err: the tests use ref.rel_err
 
 __all__ = [
     "CLIP_LOG_MIN",
@@ -126,14 +126,6 @@ REL_ERR_BOUNDS = {
 DEFAULT_MAX_CHUNK_ELEMS = 1 << 24
 
 
-def _scalar(x) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise ValueError(f"indexer reference: grad_loss must have one element, got shape {tuple(x.shape)}")
-        return float(x.detach().reshape(-1)[0].item())
-    return float(x)
-
-
 def score_grad_ref(attn_score, index_score, grad_loss, grad_scale):
     """float64 ``grad_signal`` (same shape as ``attn_score``; the last dim is the slot dim).
 
@@ -142,7 +134,7 @@ def score_grad_ref(attn_score, index_score, grad_loss, grad_scale):
     """
     if attn_score.shape != index_score.shape:
         raise ValueError(f"indexer reference: attn_score {tuple(attn_score.shape)} and index_score {tuple(index_score.shape)} differ")
-    c = grad_scale * _scalar(grad_loss)
+    c = grad_scale * one_value(grad_loss, "indexer reference: grad_loss")
     t = attn_score.detach().to(torch.float64)
     p = index_score.detach().to(torch.float64)
     g = -t.clamp_min(CLIP_PROB_MIN) * (p >= CLIP_PROB_MIN).to(torch.float64) * c

@@ -41,3 +41,12 @@ def distinct_ids(rows: int, n: int, topk: int, gen) -> torch.Tensor:
         order = torch.rand(r1 - r0, topk, generator=gen).argsort(dim=-1)
         ids[r0:r1] = chosen.gather(-1, order)
     return ids
+
+
+def one_value(x, what) -> float:
+    """A Python float from a number or a one-element tensor (``what`` names it in the error)."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"{what} must have one element, got shape {tuple(x.shape)}")
+        return float(x.detach().reshape(-1)[0].item())
+    return float(x)
