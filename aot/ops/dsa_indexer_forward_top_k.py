@@ -154,6 +154,12 @@ def _record_l2g(rec, dev, idx, s_k, cu) -> None:
     rec.launch(launcher("dsa_topk_utils", *lkey, dev), *idx, *idx, 0 if cu else s_k, *[a for t in cu for a in t], rec.s)
 
 
+def _stage2_outs(pairs, varlen, top_k) -> list:
+    """Stage 2's output arguments from (tensor or None, pointer) pairs: BSHD as the tensors are; THD as the
+    (total_q, 1, top_k) views upstream binds."""
+    return [None if t is None else (pt, t.shape[0], 1, top_k, top_k, top_k) if varlen else tensor_args(t, pt) for t, pt in pairs]
+
+
 def _plan_tail(indices, logits, softmax, cand, cbo, qco, cu_q, cu_k, s_q, s_k, top_k, ratio, deterministic, topk_indices_global):
     """Validate the fused call's tail alone, stage 2 and local-to-global, over a caller's candidate buffer
     (BSHD: outputs (B, S_q, top_k); THD with ``cu_q`` / ``cu_k``: (total_q, top_k), ``s_q`` / ``s_k`` the
@@ -206,7 +212,7 @@ def _plan_tail(indices, logits, softmax, cand, cbo, qco, cu_q, cu_k, s_q, s_k, t
     if rows[0] and (vl or rows[1]):
         key = _stage2_key(top_k, ratio, rows[0] if vl else rows[0] * rows[1], s_k, qco is not None, softmax is not None, deterministic, vl)
         cu = [tensor_args(cu_q, p[6]), tensor_args(cu_k, p[7])] if vl else []
-        outs = [None if t is None else (pt, t.shape[0], 1, top_k, top_k, top_k) if vl else tensor_args(t, pt) for t, pt in zip(ts[:3], p)]
+        outs = _stage2_outs(zip(ts[:3], p), vl, top_k)
         _record_stage2(rec, launcher(FAMILY, "stage2", key, dev), (p[3], cand.shape[0]), outs, s_q, s_k,
                        tensor_args(cbo, p[4]) if cbo is not None else None, tensor_args(qco, p[5]) if qco is not None else None, cu)
         if topk_indices_global:
@@ -394,8 +400,7 @@ def _plan_fused(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, rati
             gcu = cu + ([tensor_args(cu_seqlens_q_scale_padded, p[14]), tensor_args(cu_seqlens_k_scale_padded, p[15])] if vl and scales else [])
             _record_gemm(rec, gemm, tensor_args(q, p[5]), tensor_args(k, p[6]), tensor_args(w, p[7]), scales, (p[4], b, pbf, pbf) if cand_2d else cand,
                          tensor_args(lse, p[3]) if lse is not None else None, s_q, s_k, gcu, qco, cbo)
-            # THD: stage 2 binds the outputs as (total_q, 1, top_k), as upstream views them
-            o = [None if t is None else (pt, t.shape[0], 1, top_k, top_k, top_k) if vl else tensor_args(t, pt) for t, pt in outs]
+            o = _stage2_outs(outs, vl, top_k)
             _record_stage2(rec, stage2, cand, o, s_q, s_k, cbo, qco, cu)
         if topk_indices_global:
             _record_l2g(rec, c.dev, tensor_args(indices, p[0]), s_k, [tensor_args(cu_seqlens_q, p[12]), tensor_args(cu_seqlens_k, p[13])] if vl else [])
