@@ -14,7 +14,7 @@ import aot.library  # noqa: E402,F401 - registers torch.ops.dsa_aot
 from test_runtime_safety import OPS as CALLS, same  # noqa: E402
 
 NS = {"csa_forward": "csa_", "csa_backward": "csa_", "indexer_backward": "dsa_", "sparse_backward": "dsa_", "local_to_global": "dsa_", "compactify": "dsa_",
-      "indexer_top_k": "dsa_", "indexer_forward": "dsa_"}
+      "indexer_top_k": "dsa_", "indexer_forward": "dsa_", "dense_indexer_backward": "dsa_"}
 
 
 def torch_calls(which, seed):
@@ -49,14 +49,18 @@ def _fresh_dynamo():
     yield
 
 
+_MUTATED = {"indexer_backward": 3, "dense_indexer_backward": 5}  # the allocating op's argument it overwrites (attn_score / index_score)
+
+
 class Step(torch.nn.Module):
     def __init__(self, which, op, kw):
         super().__init__()
         self.which, self.op, self.kw = which, op, kw
 
     def forward(self, *args):
-        if self.which == "indexer_backward":  # the op overwrites attn_score: keep the inputs unmutated, so the graph is capturable
-            args = (*args[:3], args[3].clone(), *args[4:])
+        i = _MUTATED.get(self.which)
+        if i is not None:  # the op overwrites these scores: keep the inputs unmutated, so the graph is capturable
+            args = (*args[:i], args[i].clone(), *args[i + 1 :])
         r = self.op(*args, **self.kw)
         return (r,) if isinstance(r, torch.Tensor) else tuple(r)
 
