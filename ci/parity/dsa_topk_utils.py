@@ -61,6 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    CompileKeys,
     LauncherSpy,
     jit_side,
     aot_side,
@@ -347,7 +348,7 @@ def _l2g_args(x):
 # ------------------------------------------------------------------------------------------------
 
 
-class JitApi:
+class JitApi(CompileKeys):
     def __init__(self):
         base = "cudnn.deepseek_sparse_attention.indexer_top_k"
         api = importlib.import_module(base)
@@ -378,19 +379,6 @@ class JitApi:
             (cols,) = jit_key
             return "compactify", {"cols": int(cols)}
         raise ValueError(f"unknown cudnn cache {kind!r}")
-
-    def begin_first(self, spec):
-        self._before = self._snapshot()
-
-    def end_first(self, spec):
-        want = self.jit_keys(spec)
-        after = self._snapshot()
-        res = {"keys": [list(self.index_key(*k)) for k in want], "new": any(k not in self._before for k in want)}
-        missing = [k for k in want if k not in after]
-        unexpected = sorted(repr(k) for k in after - self._before if k not in want)
-        if missing or unexpected:
-            res["key_error"] = f"predicted compile keys not in cudnn's caches: {missing}; compiled besides: {unexpected}"
-        return res
 
     def call(self, spec, x):
         if spec["op"] == "local_to_global":
