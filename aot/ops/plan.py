@@ -58,14 +58,15 @@ class Sym:
 class Recorder:
     """What one call does, recorded with symbolic pointers ``p``, stream ``s`` and scalars ``x``.
 
-    Order is fixed, as every op runs: memsets, then the launches (each checked, bytes and dims, before
-    the first memset), then torch steps on the call's stream (a cast, zeroing an empty result)."""
+    Order is fixed, as every op runs: torch steps that prepare an input (a transposed copy into the
+    workspace), memsets, then the launches (each checked, bytes and dims, before any of those), then
+    torch steps on the call's stream (a cast, zeroing an empty result)."""
 
     def __init__(self, n_ptrs: int, n_scalars: int = 0):
         self.p = tuple(Sym(f"p[{i}]") for i in range(n_ptrs))
         self.s = Sym("s")
         self.x = tuple(Sym(f"x[{j}]") for j in range(n_scalars))
-        self.memsets, self.launches, self.after = [], [], []
+        self.before, self.memsets, self.launches, self.after = [], [], [], []
 
     def memset(self, ptr, nbytes: int, word: int = 0) -> None:
         """Zero ``nbytes`` at ``ptr`` before the launches, or fill them with the 32-bit ``word``."""
@@ -80,6 +81,11 @@ class Recorder:
         if self.after:
             raise RuntimeError("a plan's torch steps follow its launches")
         self.launches.append((entry, args))
+
+    def first(self, fn) -> None:
+        """``fn(ts, stream)`` before the memsets and launches (once they are checked): torch work on the
+        call's stream that prepares what an entry reads."""
+        self.before.append(fn)
 
     def then(self, fn) -> None:
         """``fn(ts, stream)`` after the launches: torch work on the call's stream (see _support.alloc_on)."""
@@ -117,7 +123,8 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
     lines = ["def run(p, s, x, ts, stream):"]
     for k, (entry, _) in enumerate(rec.launches):
         env[f"E{k}"] = entry
-    if len(rec.launches) == 1 and not rec.memsets:
+    direct = len(rec.launches) == 1 and not rec.memsets and not rec.before
+    if direct:
         lines.append(f"    E0({', '.join(_lit(a, env) for a in rec.launches[0][1])})")  # the entry's own last-call memo
     elif rec.launches:
         # the last call's prepared launches are kept whole (immutable): the same pointers, stream and
@@ -128,7 +135,10 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
         for k, (_, args) in enumerate(rec.launches):
             lines.append(f"        l{k} = E{k}.prepare({', '.join(_lit(a, env) for a in args)})")
         lines.append(f"        M[0] = ((p, s, x), ({ls}))")
-    if not (len(rec.launches) == 1 and not rec.memsets):
+    if not direct:
+        for j, fn in enumerate(rec.before):
+            env[f"B{j}"] = fn
+            lines.append(f"    B{j}(ts, stream)")
         for ptr, n, word in rec.memsets:
             lines.append(f"    memset0({_lit(ptr, env)}, {n}, s, DEV{f', 0x{word:x}' if word else ''})")
         lines += [f"    l{k}.fire()" for k in range(len(rec.launches))]

@@ -16,6 +16,7 @@ FAMILIES = {
     "dsa_indexer_forward": "dsa",
     "dsa_indexer_forward_top_k": "dsa",
     "dsa_indexer_top_k": "dsa",
+    "dsa_score_recompute": "dsa",
     "dsa_sparse_attention_backward": "dsa",
     "dsa_sparse_attention_forward": "dsa",
     "dsa_topk_utils": "dsa",

@@ -164,6 +164,13 @@ heads = 64
 varlen = [false, true]
 ratio = 4
 offsets = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "sparse_indexer_sm90"
+heads = 64
+topk = 512
+length = [false, true]
+topk_global = false
 """
 
 
@@ -265,6 +272,13 @@ heads = 64
 varlen = [false, true]
 ratio = 4
 offsets = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "sparse_indexer"
+heads = 64
+topk = 512
+length = [false, true]
+topk_global = false
 """
 
 

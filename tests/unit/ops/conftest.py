@@ -11,6 +11,7 @@ def env(small_build, monkeypatch) -> stand_in.Driver:
     """The stand-in driver over the small build, with every op's per-process caches emptied."""
     import aot.ops.csa_compressor as csa
     import aot.ops.dsa_dense_indexer_backward as didx
+    import aot.ops.dsa_score_recompute as srec
     import aot.ops.dsa_indexer_backward as ib
     import aot.ops.dsa_indexer_forward as ifw
     import aot.ops.dsa_sparse_attention_backward as sab
@@ -18,7 +19,7 @@ def env(small_build, monkeypatch) -> stand_in.Driver:
     import aot.ops.dsa_indexer_top_k as itk
     import aot.ops.dsa_topk_utils as tk
 
-    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (itk, "_CACHE"), (ifw, "_CALLS"), (saf, "_CALLS"), (didx, "_CALLS")):
+    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (itk, "_CACHE"), (ifw, "_CALLS"), (saf, "_CALLS"), (didx, "_CALLS"), (srec, "_CALLS")):
         monkeypatch.setattr(mod, name, {})
     return stand_in.install(monkeypatch, Index(small_build))
 
@@ -33,6 +34,8 @@ def sm100_env(sm100_build, monkeypatch) -> stand_in.Driver:
 
     import aot.ops.dsa_dense_indexer_backward as didx
 
-    for mod in (ifw, saf, ftk, didx):
+    import aot.ops.dsa_score_recompute as srec
+
+    for mod in (ifw, saf, ftk, didx, srec):
         monkeypatch.setattr(mod, "_CALLS", {})
     return stand_in.install(monkeypatch, Index(sm100_build), capability=(10, 0), sm_count=148)

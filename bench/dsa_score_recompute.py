@@ -1,0 +1,99 @@
+"""DSA sparse indexer score recompute: time to first call and host cost per op call, dsa-aot vs cudnn's JIT path vs torch.add.
+
+    python bench/dsa_score_recompute.py        # on a GPU machine; cudnn side runs only where cutlass and cudnn import
+
+Shape: the indexer's predicted distribution of a training step, H 64, D 128, B 1, S_q 4096 queries over
+S_k 4096 keys, top-k 2048 local ids, ``out`` given. cudnn's side is its public wrapper
+``sparse_indexer_score_recompute_wrapper`` (SM90 path: the weights copied transposed, one launch);
+the AOT side is ``aot.dsa.sparse_indexer_score_recompute`` (out given, the workspace allocated per
+call) and ``_into`` (out and workspace given). First call per side in a fresh subprocess after torch,
+CUDA and the inputs are set up; warm host cost as bench/dsa_indexer_backward.py measures it (its
+runner, import blocker and timers).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dsa_indexer_backward as _bi  # noqa: E402  (the indexer bench: its runner, blocker, timers)
+
+BLOCK = _bi.BLOCK
+assert _bi.WARM.startswith(_bi.SETUP)
+TIMERS = _bi.WARM[len(_bi.SETUP) :]
+SHAPE = "H64 D128, B1 S_q 4096 S_k 4096, top-k 2048"
+
+SETUP = r"""
+import torch
+torch.manual_seed(0)
+dev = torch.device("cuda", 0)
+B, S_q, S_k, H, D, K = 1, 4096, 4096, 64, 128, 2048
+q = (torch.randn(B, S_q, H, D, device=dev) * D**-0.25).bfloat16()
+k = (torch.randn(B, S_k, D, device=dev) * D**-0.25).bfloat16()
+w = (torch.randn(B, S_q, H, device=dev) / H**0.5).bfloat16()
+ids = torch.rand(B * S_q, S_k, device=dev).topk(K, dim=-1).indices.int().view(B, S_q, K).contiguous()
+out = torch.empty(B, S_q, K, device=dev)
+workspace = torch.empty(-(-B * S_q * H * 2 // 128) * 128, dtype=torch.uint8, device=dev)  # the SM90 transposed weights
+args = (q, k, w, ids)
+torch.cuda.synchronize()
+"""
+
+API = "cudnn.deepseek_sparse_attention.score_recompute"
+_COMPILED = (f"import importlib\nm = importlib.import_module('{API}._interface_sm90')\n"
+             f"compiled = [repr(k) for k in m._sparse_score_recompute.compile_cache]")
+
+FIRST = {
+    "sparse_indexer": _bi.first_call_scripts(SETUP, "aot.dsa.sparse_indexer_score_recompute(*args, out=out)",
+                                             f"from {API}.api import sparse_indexer_score_recompute_wrapper",
+                                             "sparse_indexer_score_recompute_wrapper(*args, out=out)", _COMPILED),
+}
+
+WARM = SETUP + TIMERS
+
+AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
+import aot.dsa
+out_d["aot (out given)"] = rounds(lambda: aot.dsa.sparse_indexer_score_recompute(*args, out=out))
+out_d["aot _into"] = rounds(lambda: aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
+dev_d["aot _into"] = device(lambda: aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
+""")
+
+JIT_WARM = WARM.replace("SIDE", rf"""
+from {API}.api import sparse_indexer_score_recompute_wrapper
+out_d["cudnn (out given)"] = rounds(lambda: sparse_indexer_score_recompute_wrapper(*args, out=out))
+dev_d["cudnn"] = device(lambda: sparse_indexer_score_recompute_wrapper(*args, out=out))
+""")
+
+_num = _bi._num
+
+
+def measure(have_jit):
+    """Every timing script in its own fresh process (bench/dsa_indexer_backward.measure_scripts)."""
+    return _bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM)
+
+
+def report(res, have_jit, title=f"DSA sparse indexer score recompute, {SHAPE}"):
+    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, title, ["sparse_indexer"])
+    print()
+    host = aw.get("host", {})
+    a_add, a_call, a_into = _num(host, "torch.add"), _num(host, "aot (out given)"), _num(host, "aot _into")
+    print(f"AOT warm / torch.add: op {a_call / a_add:.2f}, _into {a_into / a_add:.2f}")
+    if have_jit:
+        a_first = _num(res["aot_first.sparse_indexer"], "first_ms")
+        j_first, j_warm = _num(res.get("jit_first.sparse_indexer", {}), "first_ms"), _num(jw.get("host", {}), "cudnn (out given)")
+        print(f"ratio first call cudnn/AOT (this run): {j_first / a_first:.0f}x; warm host cost AOT/cudnn (this run): op {a_call / j_warm:.2f}, "
+              f"_into {a_into / j_warm:.2f} (cudnn/torch.add {j_warm / _num(jw.get('host', {}), 'torch.add'):.2f})")
+
+
+def main(argv=None):
+    import argparse
+    import importlib.util
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Runs every measurement in fresh subprocesses; no options.").parse_args(argv)
+    have_jit = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cudnn") is not None
+    report(measure(have_jit), have_jit)
+
+
+if __name__ == "__main__":
+    main()

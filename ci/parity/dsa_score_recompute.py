@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""JIT-vs-AOT parity of the DSA sparse indexer score recompute (sparse_indexer_score_recompute_wrapper), in two processes on one GPU machine.
+
+    python ci/parity/dsa_score_recompute.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
+    python ci/parity/dsa_score_recompute.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_score_recompute.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
+
+Both sides make the same public call with the same arguments::
+
+    sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, topk_length=, topk_indices_global=, out=)
+
+JIT: ``cudnn.deepseek_sparse_attention.score_recompute.sparse_indexer_score_recompute_wrapper`` (on the
+H200 the SM90 path: the weights copied transposed, ``SparseScoreRecomputeSm90``); AOT:
+``aot.dsa.sparse_indexer_score_recompute`` and ``_into``. Cases: H 64, top-k 512 / 1024 / 2048, local
+and global ids with 5 % empty (-1) slots, with ``topk_length`` (the slots past it -1), a prefill-sized case.
+
+Every call gets an NaN-poisoned ``out``. ``compare``: ``predict`` bitwise equal (against the JIT's own
+run-to-run jitter, which is none when it reproduces itself), call and ``_into``; no NaN; the inputs
+untouched; the same kernel (the AOT lookup equals upstream's compile key); the JIT's cubin has the
+shipped sha256.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from parity_common import (  # noqa: E402
+    CompileKeys,
+    LauncherSpy,
+    aot_side,
+    cli,
+    cubin_report,
+    device_us,
+    family_entries,
+    first_call,
+    jit_cubins,
+    jit_side,
+    jitter_verdict,
+    load_json,
+    md_table,
+    print_summary,
+    sha_status,
+    torch_isnan,
+    verdict,
+    warm_us,
+    write_report,
+)
+from parity_common import host_copy as _host  # noqa: E402
+from parity_common import key_str as _key_str  # noqa: E402
+from parity_common import same as _same  # noqa: E402
+
+FAMILY = "dsa_score_recompute"
+SCRIPT = "ci/parity/dsa_score_recompute.py"
+H, D = 64, 128
+SYNC_EVERY = 16
+
+
+def build_cases(quick=False):
+    cases = []
+
+    def add(name, **spec):
+        spec.setdefault("length", False)
+        spec.setdefault("glob", False)
+        spec["seed"] = 8000 + zlib.crc32(name.encode()) % 100000
+        cases.append((name, spec))
+
+    add("b2-sq256-topk512", b=2, s_q=256, s_k=4096, topk=512)
+    add("b2-sq256-topk1024-global", b=2, s_q=256, s_k=4096, topk=1024, glob=True)
+    add("b2-sq200-topk2048-length", b=2, s_q=200, s_k=3000, topk=2048, length=True)
+    add("b3-sq100-topk512-length-global", b=3, s_q=100, s_k=1000, topk=512, length=True, glob=True)
+    if not quick:
+        add("b1-sq4096-topk2048-prefill", b=1, s_q=4096, s_k=4096, topk=2048)
+    return cases
+
+
+def label(spec):
+    return f"top-k {spec['topk']}{' length' if spec['length'] else ''}{' global' if spec['glob'] else ' local'}"
+
+
+def make_inputs(spec):
+    """CPU inputs: bf16 q, k, w with O(1) scores; per row distinct ids in [0, S_k) (+ b * S_k when global),
+    5 % of the slots -1; with lengths, every slot at or past the row's length -1 (upstream's contract)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(int(spec["seed"]))
+    b, s_q, s_k, topk = spec["b"], spec["s_q"], spec["s_k"], spec["topk"]
+    q = (torch.randn(b, s_q, H, D, generator=gen) * D**-0.25).bfloat16()
+    k = (torch.randn(b, s_k, D, generator=gen) * D**-0.25).bfloat16()
+    w = (torch.randn(b, s_q, H, generator=gen) / H**0.5).bfloat16()
+    ids = torch.rand(b * s_q, s_k, generator=gen).topk(topk, dim=-1).indices.view(b, s_q, topk).int()
+    valid = torch.rand(b, s_q, topk, generator=gen) >= 0.05
+    length = None
+    if spec["length"]:
+        length = torch.randint(1, topk + 1, (b, s_q), generator=gen, dtype=torch.int32)
+        valid &= torch.arange(topk)[None, None, :] < length[..., None]
+    if spec["glob"]:
+        ids = ids + (torch.arange(b, dtype=torch.int32) * s_k).view(b, 1, 1)
+    ids = torch.where(valid, ids, torch.full_like(ids, -1)).contiguous()
+    return dict(q=q, k=k, w=w, topk_indices=ids, topk_length=length)
+
+
+def run_case(name, spec, x, api, args, out_dir):
+    import torch
+
+    pristine = {k: v.clone() for k, v in x.items() if isinstance(v, torch.Tensor)}
+    shape = tuple(x["topk_indices"].shape)
+
+    def fresh():
+        return torch.full(shape, float("nan"), device="cuda")
+
+    row = {"case": name, "label": label(spec), "spec": spec}
+    saved = {}
+    out = fresh()
+    api.begin_first(spec)
+    row["first_s"] = first_call(lambda: api.call(spec, x, out))
+    row.update(api.end_first(spec))
+    saved["predict"] = _host(out)
+    for r in range(api.reruns(args)):
+        o2 = fresh()
+        api.call(spec, x, o2)
+        torch.cuda.synchronize()
+        saved[f"predict.run{r + 2}"] = _host(o2)
+    row["reruns"] = api.reruns(args)
+    if hasattr(api, "call_into"):
+        o3 = fresh()
+        api.call_into(spec, x, o3)
+        torch.cuda.synchronize()
+        saved["into.predict"] = _host(o3)
+    row["inputs_untouched"] = all(_same(x[k], v) for k, v in pristine.items())
+    row["warm_us"] = warm_us(lambda: api.call(spec, x, out), args.calls, sync_every=SYNC_EVERY)
+    if hasattr(api, "call_into"):
+        row["warm_into_us"] = warm_us(lambda: api.call_into(spec, x, out), args.calls, sync_every=SYNC_EVERY)
+    row["device_us"] = device_us(lambda: api.call(spec, x, out))
+    torch.save(saved, os.path.join(out_dir, f"{name}.pt"))
+    return row
+
+
+def failed_row(name, spec, exc, side):
+    import traceback
+
+    traceback.print_exc()
+    print(f"{side} {name}: FAILED: {exc!r}", flush=True)
+    return {"case": name, "label": label(spec), "spec": spec, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+
+
+def _describe(r):
+    return f"warm {r['warm_us']:.1f} us" + (f" (into {r['warm_into_us']:.1f} us)" if "warm_into_us" in r else "") + f", device {r['device_us']:.1f} us"
+
+
+# ------------------------------------------------------------------------------------------------
+# JIT side (cudnn + cutlass)
+# ------------------------------------------------------------------------------------------------
+
+
+class JitApi(CompileKeys):
+    def __init__(self):
+        self.api = importlib.import_module("cudnn.deepseek_sparse_attention.score_recompute.api")
+        self.h = importlib.import_module("cudnn.deepseek_sparse_attention.score_recompute._interface_sm90")
+        self._before = None
+
+    def reruns(self, args):
+        return args.reruns
+
+    def _snapshot(self):
+        return {("sm90", k) for k in self.h._sparse_score_recompute.compile_cache}
+
+    @staticmethod
+    def jit_keys(spec):
+        import cutlass
+
+        return [("sm90", (cutlass.BFloat16, D, H, 64, 64, 2, 256, True, spec["topk"], True, 1.0, spec["length"], 1, True, False, spec["glob"]))]
+
+    @staticmethod
+    def index_key(kind, k):
+        """cudnn's SM90 cache key -> (op, key) as in the index (fields the shipped keys fix added only when they differ)."""
+        _dt, d, h, _tm, _tn, _st, _thr, _swap, topk, is_index, scale, length, _tiles, _sparse, log_probs, glob = k
+        key = {"heads": h, "topk": topk, "length": length, "topk_global": glob}
+        key.update({n: v for n, v, want in (("dim", d, D), ("index_scores", is_index, True), ("scale", scale, 1.0), ("log_probs", log_probs, False))
+                    if v != want})
+        return "sparse_indexer_sm90", key
+
+    def call(self, spec, x, out):
+        self.api.sparse_indexer_score_recompute_wrapper(x["q"], x["k"], x["w"], x["topk_indices"], topk_length=x["topk_length"],
+                                                        topk_indices_global=spec["glob"], out=out)
+
+    def cubins(self):
+        return jit_cubins((("sm90", self.h._sparse_score_recompute.compile_cache),), self.index_key)
+
+
+def cmd_jit(args):
+    jit_side(args, JitApi, build_cases, make_inputs, run_case, _describe, failed_row)
+
+
+# ------------------------------------------------------------------------------------------------
+# AOT side (no cutlass, no cudnn)
+# ------------------------------------------------------------------------------------------------
+
+
+class AotApi:
+    def __init__(self, dsa, runtime):
+        self.dsa, self.spy = dsa, LauncherSpy(runtime)
+        self._ws = {}
+
+    def reruns(self, args):
+        return 1  # the AOT jitter is reported, not used
+
+    def begin_first(self, spec):
+        import aot.ops.dsa_score_recompute as op_mod
+
+        self.spy.begin(op_mod, op_mod._CALLS)
+
+    def restore(self):
+        self.spy.restore()
+
+    def end_first(self, spec):
+        return self.spy.end()
+
+    def call(self, spec, x, out):
+        self.dsa.sparse_indexer_score_recompute(x["q"], x["k"], x["w"], x["topk_indices"], topk_length=x["topk_length"],
+                                                topk_indices_global=spec["glob"], out=out)
+
+    def call_into(self, spec, x, out):
+        import torch
+
+        n = self.dsa.sparse_indexer_score_recompute_workspace_bytes(x["w"].shape)
+        ws = self._ws.get(n)
+        if ws is None:
+            ws = self._ws[n] = torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") if n else None
+        self.dsa.sparse_indexer_score_recompute_into(out, x["q"], x["k"], x["w"], x["topk_indices"], x["topk_length"], spec["glob"], workspace=ws)
+
+
+def cmd_aot(args):
+    aot_side(args, SCRIPT, FAMILY, AotApi, run_case, _describe, failed_row)
+
+
+# ------------------------------------------------------------------------------------------------
+# Compare
+# ------------------------------------------------------------------------------------------------
+
+
+def cmd_compare(args):
+    import torch
+
+    jit = load_json(os.path.join(args.dir, "jit.json"), SCRIPT, "jit", args.dir)
+    aot = load_json(os.path.join(args.dir, "aot.json"), SCRIPT, "aot", args.dir)
+    if jit is None or aot is None:
+        return 1
+    arch = jit["meta"].get("arch", "sm_90a")
+    entries = family_entries(aot.get("index"), FAMILY, arch)
+    failures, lines, report = [], [], []
+    header = ("case", "kernel", "predict vs JIT (call)", "_into", "kernels", "sha256", "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us (into)",
+              "device us JIT/AOT")
+    for name, jr in jit["rows"].items():
+        spec = jr["spec"]
+        ar = aot["rows"].get(name)
+        rep = {"case": name, "spec": spec, "jit": {k: jr.get(k) for k in ("first_s", "warm_us", "device_us", "new", "keys")}}
+        report.append(rep)
+        if ar is None or "error" in ar or "error" in jr:
+            why = [f"{side} raised {r['error']}" for side, r in (("jit", jr), ("aot", ar or {})) if "error" in r]
+            why += ["not run on the aot side"] if ar is None else []
+            failures += [f"{name}: {w}" for w in why]
+            lines.append((name, jr["label"], "; ".join(w.split(":")[0] for w in why), "", "", "", "", "", "", "", ""))
+            continue
+        rep["aot"] = {k: ar.get(k) for k in ("first_s", "warm_us", "warm_into_us", "device_us", "new", "keys", "loaded")}
+        jo = torch.load(os.path.join(args.dir, "jit", f"{name}.pt"))
+        ao = torch.load(os.path.join(args.dir, "aot", f"{name}.pt"))
+        ok_row = True
+        ok_p, text_p, nums_p = jitter_verdict(jo, ao, "predict")
+        runs = {k: v for k, v in jo.items() if k.startswith("predict.run")}
+        ok_i, text_i, _ = jitter_verdict({"predict": jo["predict"], **runs}, {"predict": ao["into.predict"]}, "predict")
+        rep.update(predict=dict(nums_p, ok=ok_p), into_ok=ok_i)
+        for ok, what, text in ((ok_p, "predict", text_p), (ok_i, "_into predict", text_i)):
+            if not ok:
+                ok_row = False
+                failures.append(f"{name}: {what} {text}")
+        if int(torch_isnan(ao["predict"])):
+            ok_row = False
+            failures.append(f"{name}: NaN left in the AOT predict (an element never written)")
+        for side, r in (("jit", jr), ("aot", ar)):
+            if not r.get("inputs_untouched", False):
+                ok_row = False
+                failures.append(f"{name}: an input modified on the {side} side")
+        if jr.get("key_error"):
+            ok_row = False
+            failures.append(f"{name}: {jr['key_error']}")
+        same_kernels = sorted(map(_key_str, jr["keys"])) == sorted(map(_key_str, ar["keys"]))
+        if not same_kernels:
+            ok_row = False
+            failures.append(f"{name}: kernels differ: JIT compile keys {jr['keys']}, AOT looked up {ar['keys']}")
+        sha = sha_status(jr["keys"], jit["cubins"], entries)
+        if sha != "yes":
+            ok_row = False
+            failures.append(f"{name}: cubin sha256 {sha} for {jr['keys']}")
+        rep.update(kernels_same=same_kernels, sha256=sha, ok=ok_row)
+        lines.append((
+            name, jr["label"], text_p, "yes" if ok_i else "NO", "same" if same_kernels else "NO", sha,
+            f"{jr['first_s']:.3f}{'' if jr.get('new') else '*'}", f"{1e3 * ar['first_s']:.2f}{'' if ar.get('new') else '*'}",
+            f"{jr['warm_us']:.1f}", f"{ar['warm_us']:.1f} ({ar['warm_into_us']:.1f})", f"{jr['device_us']:.0f} / {ar['device_us']:.0f}",
+        ))  # fmt: skip
+    for name in aot["rows"]:
+        if name not in jit["rows"]:
+            failures.append(f"{name}: run on the aot side only")
+    cubins, cubin_fails = cubin_report(jit.get("cubins", []), entries)
+    failures += cubin_fails
+    print(md_table(header, lines))
+    print("\n(* = the first call compiled (JIT) / loaded (AOT) nothing new: its key was already used by an earlier case)")
+    jm, am = jit["meta"], aot["meta"]
+    print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}")
+    print_summary(jm, am, cubins, jit["rows"], aot["rows"], into_label="_into")
+    write_report(args.dir, failures, arch, report, cubins, jm, am)
+    return verdict(failures, f"{len(lines)} cases: predict equal JIT vs AOT (bitwise where the JIT reproduces itself), same kernels, every cubin sha256 equal")
+
+
+def main(argv=None):
+    return cli(__doc__, cmd_jit, cmd_aot, cmd_compare, argv, extra=(
+        ("--reruns", dict(type=int, default=2, help="jit: extra runs per case to measure the JIT's own jitter")),
+        ("--quick", dict(action="store_true", help="jit: no prefill-sized case")),
+    ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""aot.ops.dsa_score_recompute (the sparse indexer's) without a GPU: on SM90 the weights copied
+transposed into the workspace before the one launch, the arguments in upstream's order through the
+lifted host functions of both arches, the grids, the refusals, and a plan that refuses other shapes."""
+
+import contextlib
+import struct
+
+import pytest
+import torch
+
+import op_calls
+import stand_in
+from aot.errors import InputError, KernelNotFoundError
+
+
+@pytest.fixture
+def torch_steps(monkeypatch):
+    """The op's torch step (the transposed weights copy) on the stand-in's CPU tensors: no CUDA stream
+    to enter on a CPU-only torch."""
+    import aot.ops.dsa_score_recompute as op
+
+    monkeypatch.setattr(op, "alloc_on", lambda stream, dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+def _ptr_in(t, blob) -> bool:
+    return struct.pack("<Q", t.data_ptr()) in blob
+
+
+@pytest.mark.parametrize("length", [False, True])
+def test_sm90_copies_the_weights_transposed_then_launches_once(env, torch_steps, length):
+    stream = env.new_stream(0)
+    fn, args, kw, writes = op_calls.sparse_indexer_score_recompute(0, stream, s_q=8, length=length)
+    out, q, k, w, idx, ln = args
+    ws = kw["workspace"]
+    assert ws.numel() == -(-2 * 8 * 64 * 2 // 128) * 128
+    env.launches.clear()
+    env.memsets.clear()
+    fn(*args, **kw)
+    (launch,) = env.launches
+    assert not env.memsets
+    assert launch.dims[:6] == (8, 1, 2, 256, 1, 1) and launch.dims[7] == stream  # (S_q, 1, B) x 256 threads, as upstream
+    for t in (out, q, idx, ws) + ((ln,) if length else ()):
+        assert _ptr_in(t, launch.params), "every tensor the kernel reads or writes reaches a parameter"
+    assert not _ptr_in(w, launch.params), "the kernel reads the transposed copy, not the weights"
+    # the copy: the workspace holds weights (B, S_q, H) as (B, H, S_q), bf16
+    got = ws[: w.numel() * 2].view(torch.bfloat16).view(2, 64, 8)
+    assert torch.equal(got, w.transpose(1, 2))
+
+
+def test_refusals_name_every_problem_before_anything_runs(env, torch_steps):
+    import aot.dsa
+
+    fn, args, kw, writes = op_calls.sparse_indexer_score_recompute(0, env.new_stream(0))
+    before = [stand_in.contents(t) for t in writes]
+    env.launches.clear()
+    bad = list(args)
+    bad[3] = stand_in.cuda_tensor(torch.zeros(args[3].shape))  # fp32 weights
+    with pytest.raises(InputError) as e:
+        fn(*bad, **{**kw, "topk_indices_global": 2, "qhead_per_kv_head": 32})
+    for want in ("nothing was launched", "weights: dtype torch.float32", "topk_indices_global", "qhead_per_kv_head=32"):
+        assert want in str(e.value), (want, str(e.value))
+    with pytest.raises(InputError, match="workspace: missing"):
+        fn(*args, **{**kw, "workspace": None})
+    with pytest.raises(InputError, match="workspace: 16 bytes"):
+        fn(*args, **{**kw, "workspace": stand_in.cuda_tensor(torch.zeros(16, dtype=torch.uint8))})
+    ids300 = stand_in.cuda_tensor(torch.full((2, 8, 300), -1, dtype=torch.int32))
+    with pytest.raises(InputError, match="topk=300"):  # the kernels read whole tiles of 128 slots
+        fn(stand_in.cuda_tensor(torch.zeros(2, 8, 300)), *args[1:4], ids300, None, **kw)
+    ids = stand_in.cuda_tensor(torch.full((2, 8, 1024), -1, dtype=torch.int32))
+    with pytest.raises(KernelNotFoundError, match="topk = 1024"):  # the small build ships top-k 512 only: the bucket to add
+        fn(stand_in.cuda_tensor(torch.zeros(2, 8, 1024)), *args[1:4], ids, None, **kw)
+    with pytest.raises(InputError, match="4-D|\\(B, S_q, H, 128\\)"):
+        aot.dsa.sparse_indexer_score_recompute(args[1][0], *args[2:5])
+    assert not env.launches
+    assert [stand_in.contents(t) for t in writes] == before
+
+
+def test_workspace_bytes_follow_the_device_arch(env):
+    import aot.dsa
+
+    assert aot.dsa.sparse_indexer_score_recompute_workspace_bytes((3, 5, 64), 0) == 1920  # the bf16 (B, H, S_q) copy
+    assert aot.dsa.sparse_indexer_score_recompute_workspace_bytes((1, 1, 10), 0) == 128  # rounded to 128 bytes
+    with pytest.raises(InputError):
+        aot.dsa.sparse_indexer_score_recompute_workspace_bytes((3, 5), 0)
+
+
+@pytest.mark.parametrize("length", [False, True])
+def test_sm100_launches_once_through_the_lifted_host_function_without_a_workspace(sm100_env, length):
+    import aot.dsa
+
+    stream = sm100_env.new_stream(0)
+    fn, args, kw, _ = op_calls.sparse_indexer_score_recompute(0, stream, s_q=9, length=length)
+    assert kw["workspace"] is None and aot.dsa.sparse_indexer_score_recompute_workspace_bytes(args[3].shape, 0) == 0
+    sm100_env.launches.clear()
+    fn(*args, **kw)
+    (launch,) = sm100_env.launches
+    assert launch.dims[3] == 384 and launch.dims[7] == stream
+    for t in (args[0], args[4]) + ((args[5],) if length else ()):
+        assert _ptr_in(t, launch.params)
+
+
+def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build):
+    """The op's SM100 argument list equals upstream's order (written down here: q, k, w, ids, out,
+    [lengths], scale, stream) and runs through each shipped entry's lifted host function; swapped q and
+    w pointers are caught."""
+    import json
+
+    import aot.ops.dsa_score_recompute as op
+    from aot.ops.plan import Recorder, Sym
+    from aot.toolchain import verify
+
+    index = json.loads((sm100_build / "index.json").read_text())
+    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute"]
+    assert len(entries) == 2
+
+    class T:
+        def __init__(self, shape):
+            self.shape = tuple(shape)
+
+        def stride(self):
+            out, acc = [], 1
+            for n in reversed(self.shape):
+                out.append(acc)
+                acc *= n
+            return tuple(reversed(out))
+
+    b, s_q, s_k, h, topk = 2, 64, 300, 64, 512
+    for e in entries:
+        length = e["key"]["length"]
+        ts = (T((b, s_q, topk)), T((b, s_q, h, 128)), T((b, s_k, 128)), T((b, s_q, h)), T((b, s_q, topk)), T((b, s_q)) if length else None, None)
+        ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(7)}
+
+        def t(i):
+            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
+
+        want = t(1) + t(2) + t(3) + t(4) + t(0) + t(5) + [1.0, 7]
+        ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
+        for swap in (False, True):
+            rec = Recorder(7)
+            p = list(rec.p)
+            if swap:
+                p[1], p[3] = p[3], p[1]
+            args = [a.value(ptr | {"s": 7}) if isinstance(a, Sym) else a for a in op._launch_args("sparse_indexer", ts, p, rec.s)]
+            assert (args == want) != swap
+        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+        seq = []
+        ns["launch"](lambda kk, dims: seq.append((kk, tuple(dims))), *bufs, *want)
+        assert len(seq) == 1 and seq[0][1][7] == 7
