@@ -141,9 +141,23 @@ def dense_indexer_backward(dev, seed, s_q=256, s_k=128):
     return aot.dsa.dense_indexer_backward_into, args, dict(sm_scale=0.6, loss_coeff=1.3, ratio=4, workspace=ws), (dq, dw, dk), (True, False, False)
 
 
+def sparse_indexer_score_recompute(dev, seed, s_q=64, s_k=1000):
+    import aot.dsa
+
+    g = generator(seed)
+    b, h, topk = 2, 64, 512
+    q = (torch.randn(b, s_q, h, 128, generator=g) * 128**-0.25).bfloat16().to(f"cuda:{dev}")
+    k = (torch.randn(b, s_k, 128, generator=g) * 128**-0.25).bfloat16().to(f"cuda:{dev}")
+    w = (torch.randn(b, s_q, h, generator=g) / 8).bfloat16().to(f"cuda:{dev}")
+    ids = torch.rand(b * s_q, s_k, generator=g).topk(topk, dim=-1).indices.int().view(b, s_q, topk).to(f"cuda:{dev}")
+    out = torch.full((b, s_q, topk), float("nan"), device=f"cuda:{dev}")
+    ws = torch.empty(aot.dsa.sparse_indexer_score_recompute_workspace_bytes(w.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    return aot.dsa.sparse_indexer_score_recompute_into, (out, q, k, w, ids), dict(workspace=ws), (out,), (True,)
+
+
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
        "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k, "indexer_forward": indexer_forward,
-       "dense_indexer_backward": dense_indexer_backward}
+       "dense_indexer_backward": dense_indexer_backward, "sparse_indexer_score_recompute": sparse_indexer_score_recompute}
 _OVERWRITTEN = {"indexer_backward_into": 6, "dense_indexer_backward_into": 8}  # the input each op overwrites (attn_score / index_score)
 
 
