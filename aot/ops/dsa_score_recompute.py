@@ -64,8 +64,11 @@ def sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, 
     """cudnn's ``sparse_indexer_score_recompute_wrapper``: returns ``{'predict'}``, (B, S_q, topk) fp32.
 
     q_indexer (B, S_q, H, 128), k_indexer (B, S_k, 128), weights (B, S_q, H) bf16; topk_indices (B, S_q,
-    topk) int32, per-batch local ids unless ``topk_indices_global`` (``b * S_k + local``), -1 for an empty
-    slot; topk_length (B, S_q) int32 or None (the slots at and past it must hold -1, as upstream asks).
+    topk) int32, per-batch local ids unless ``topk_indices_global`` (``b * S_k + local``), a negative id
+    for an empty slot (its predict is 0); topk_length (B, S_q) int32 or None: the slots at and past it
+    are 0 whatever they hold. Device values the op cannot check, as upstream: every scored id must be a
+    key row of its own batch and ``0 <= topk_length <= topk`` (the arches differ otherwise: SM90 scores
+    such a slot as 0, SM100 reads stale shared memory; tests/gpu/ref_score_recompute.py cites the code).
     ``out`` is allocated when not given, and on SM90 the ``workspace``
     (``sparse_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."""
     import torch

@@ -147,7 +147,9 @@ def test_reference_matches_the_oracle(case, seed):
     if CASES[case]["invalid_frac"] > 0:
         assert not has[0, 0] and (got[0, 0] == 0).all(), "edge row (0, 0): nothing scored"
         assert scored[0, 1].sum() == 1 and got[0, 1].max() == 1.0, "edge row (0, 1): one slot, predict 1"
-    assert got[has].max() > 3 * got[has & (sums > 0)].min(), "predict far from uniform"
+    many = scored.sum(-1) >= 4
+    lo = torch.where(scored, got, math.inf).amin(-1)
+    assert (got.amax(-1) / lo)[many].median() > 10, "predict far from uniform (max / min over a row's slots)"
 
 
 def test_ids_past_the_length_are_never_read():
