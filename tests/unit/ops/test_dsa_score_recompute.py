@@ -100,50 +100,32 @@ def test_sm100_launches_once_through_the_lifted_host_function_without_a_workspac
         assert _ptr_in(t, launch.params)
 
 
-def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build):
-    """The op's SM100 argument list equals upstream's order (written down here: q, k, w, ids, out,
-    [lengths], scale, stream) and runs through each shipped entry's lifted host function; swapped q and
-    w pointers are caught."""
+def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls):
+    """ci/check_sm100_calls.check_sparse_indexer_score on the SM100 build's entries (with and without
+    topk_length): the op's argument list equals upstream's order written down in the checker and runs
+    through the lifted host function; swapped q and w pointers are caught."""
     import json
 
     import aot.ops.dsa_score_recompute as op
-    from aot.ops.plan import Recorder, Sym
     from aot.toolchain import verify
 
     index = json.loads((sm100_build / "index.json").read_text())
     entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute"]
     assert len(entries) == 2
+    real = op._launch_args
 
-    class T:
-        def __init__(self, shape):
-            self.shape = tuple(shape)
+    def swapped(o, ts, p, s):
+        p = list(p)
+        p[1], p[3] = p[3], p[1]
+        return real(o, ts, p, s)
 
-        def stride(self):
-            out, acc = [], 1
-            for n in reversed(self.shape):
-                out.append(acc)
-                acc *= n
-            return tuple(reversed(out))
-
-    b, s_q, s_k, h, topk = 2, 64, 300, 64, 512
     for e in entries:
-        length = e["key"]["length"]
-        ts = (T((b, s_q, topk)), T((b, s_q, h, 128)), T((b, s_k, 128)), T((b, s_q, h)), T((b, s_q, topk)), T((b, s_q)) if length else None, None)
-        ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(7)}
-
-        def t(i):
-            return [] if ts[i] is None else [ptr[f"p[{i}]"], *ts[i].shape, *ts[i].stride()[:-1]]
-
-        want = t(1) + t(2) + t(3) + t(4) + t(0) + t(5) + [1.0, 7]
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
-        for swap in (False, True):
-            rec = Recorder(7)
-            p = list(rec.p)
-            if swap:
-                p[1], p[3] = p[3], p[1]
-            args = [a.value(ptr | {"s": 7}) if isinstance(a, Sym) else a for a in op._launch_args("sparse_indexer", ts, p, rec.s)]
-            assert (args == want) != swap
-        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
-        seq = []
-        ns["launch"](lambda kk, dims: seq.append((kk, tuple(dims))), *bufs, *want)
-        assert len(seq) == 1 and seq[0][1][7] == 7
+        for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
+            assert sm100_calls.check_sparse_indexer_score(ns, key, b, s_q, s_k) == [], e["id"]
+        op._launch_args = swapped
+        try:
+            assert sm100_calls.check_sparse_indexer_score(ns, key, 2, 64, 4096) != []
+        finally:
+            op._launch_args = real
