@@ -50,3 +50,18 @@ def one_value(x, what) -> float:
             raise ValueError(f"{what} must have one element, got shape {tuple(x.shape)}")
         return float(x.detach().reshape(-1)[0].item())
     return float(x)
+
+
+def shipped_keys(family, fields, op=None, arch="sm_90a") -> list:
+    """The GPU tests' entry lists: sorted distinct tuples of ``fields`` of the build's ``family`` entries
+    (of ``op`` when given) for ``arch``; empty where there is no build (collection must not fail on a
+    machine without one: each test file checks its list against the manifest)."""
+    from aot.errors import AotError
+    from aot.runtime.index import index
+
+    try:
+        entries = index().entries
+    except AotError:
+        return []
+    keys = {tuple(e["key"][f] for f in fields) for e in entries if e["family"] == family and e["arch"] == arch and (op is None or e["op"] == op)}
+    return sorted(keys)

@@ -38,7 +38,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_dense_indexer_backward as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import rel_err  # noqa: E402
+from refutil import rel_err, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_dense_indexer_backward"
@@ -50,19 +50,7 @@ def _entries():
     """The shipped SM90 GEMM entries, (heads, varlen, ratio, offsets) (none where there is no build:
     collection must not fail on a machine without one; the count is checked by
     test_the_entry_list_covers_the_manifest). Each needs its score-grad twin, which the op looks up too."""
-    from aot.errors import AotError
-    from aot.runtime.index import index
-
-    try:
-        entries = index().entries
-    except AotError:
-        return []
-    out = []
-    for e in entries:
-        if e["family"] == FAMILY and e["op"] == "gemm_sm90" and e["arch"] == "sm_90a":
-            k = e["key"]
-            out.append(tuple(k[f] for f in ("heads", "varlen", "ratio", "offsets")))
-    return sorted(set(out))
+    return shipped_keys(FAMILY, ("heads", "varlen", "ratio", "offsets"), "gemm_sm90")
 
 
 def _need(varlen, ratio, offsets):

@@ -15,7 +15,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_indexer_forward as ref  # noqa: E402
-from refutil import generator, rel_err  # noqa: E402
+from refutil import generator, rel_err, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 BOUND = {"bf16": 1e-5, "fp8": 2e-3}  # measured on the H200 (docs/gpu-logs/indexer-forward): bf16 1.3e-7, fp8 1.3e-4
@@ -24,19 +24,7 @@ BOUND = {"bf16": 1e-5, "fp8": 2e-3}  # measured on the H200 (docs/gpu-logs/index
 def _entries():
     """The shipped SM90 entries (none where there is no build: collection must not fail on a machine
     without one; the count is checked by test_the_entry_list_covers_the_manifest)."""
-    from aot.errors import AotError
-    from aot.runtime.index import index
-
-    try:
-        entries = index().entries
-    except AotError:
-        return []
-    out = []
-    for e in entries:
-        if e["family"] == "dsa_indexer_forward" and e["arch"] == "sm_90a":
-            k = e["key"]
-            out.append(tuple(k[f] for f in ("precision", "w_dtype", "heads", "ratio", "varlen", "offsets", "lse", "unchecked", "masked")))
-    return sorted(set(out))
+    return shipped_keys("dsa_indexer_forward", ("precision", "w_dtype", "heads", "ratio", "varlen", "offsets", "lse", "unchecked", "masked"))
 
 
 def _shapes(unchecked, masked):

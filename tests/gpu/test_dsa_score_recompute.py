@@ -29,7 +29,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import rel_err  # noqa: E402
+from refutil import rel_err, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_score_recompute"
@@ -44,19 +44,7 @@ def _entries():
     """The shipped SM90 entries, (heads, topk, length, topk_global) (none where there is no build:
     collection must not fail on a machine without one; the count is checked by
     test_the_entry_list_covers_the_manifest)."""
-    from aot.errors import AotError
-    from aot.runtime.index import index
-
-    try:
-        entries = index().entries
-    except AotError:
-        return []
-    out = []
-    for e in entries:
-        if e["family"] == FAMILY and e["op"] == OP and e["arch"] == "sm_90a":
-            k = e["key"]
-            out.append(tuple(k[f] for f in ("heads", "topk", "length", "topk_global")))
-    return sorted(set(out))
+    return shipped_keys(FAMILY, ("heads", "topk", "length", "topk_global"), OP)
 
 
 def _need(topk, length, glob):
