@@ -36,31 +36,28 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
     CompileKeys,
-    LauncherSpy,
+    SpiedAot,
     aot_side,
     bitwise,
+    call_checks,
     cli,
-    cubin_report,
     device_us,
-    family_entries,
+    finish,
     first_call,
+    into_verdict,
     jit_cubins,
     jit_side,
     jitter_verdict,
-    load_json,
     load_ref,
-    md_table,
+    load_sides,
     nan_like,
     poisoned_workspace,
-    print_summary,
-    sha_status,
+    timing_cells,
     torch_isnan,
-    verdict,
+    unrun,
     warm_us,
-    write_report,
 )
 from parity_common import host_copy as _host  # noqa: E402
-from parity_common import key_str as _key_str  # noqa: E402
 from parity_common import same as _same  # noqa: E402
 
 FAMILY = "dsa_dense_indexer_backward"
@@ -183,6 +180,7 @@ def run_case(name, spec, x, api, args, out_dir):
     row.update(api.end_first(spec))
     if spec.get("race"):
         row["race_off"] = _race(spec, x, api, fresh)
+        row["inputs_untouched"] = all(_same(x[k], v) for k, v in pristine.items())
         return row
     saved.update({n: _host(outs[n]) for n in JITTERY}, index_score=_host(score))
     for r in range(api.reruns(args)):
@@ -292,23 +290,11 @@ def cmd_jit(args):
 # ------------------------------------------------------------------------------------------------
 
 
-class AotApi:
-    def __init__(self, dsa, runtime):
-        self.dsa, self.spy = dsa, LauncherSpy(runtime)
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_dense_indexer_backward"
 
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used
-
-    def begin_first(self, spec):
-        import aot.ops.dsa_dense_indexer_backward as op_mod
-
-        self.spy.begin(op_mod, op_mod._CALLS)
-
-    def restore(self):
-        self.spy.restore()
-
-    def end_first(self, spec):
-        return self.spy.end()
 
     def call(self, spec, x, score, outs, ws):
         self.dsa.dense_indexer_backward(*_args(x, score), **_kwargs(spec, x), **outs, workspace=ws)
@@ -330,12 +316,10 @@ def cmd_aot(args):
 def cmd_compare(args):
     import torch
 
-    jit = load_json(os.path.join(args.dir, "jit.json"), SCRIPT, "jit", args.dir)
-    aot = load_json(os.path.join(args.dir, "aot.json"), SCRIPT, "aot", args.dir)
-    if jit is None or aot is None:
+    sides = load_sides(args, SCRIPT, FAMILY)
+    if sides is None:
         return 1
-    arch = jit["meta"].get("arch", "sm_90a")
-    entries = family_entries(aot.get("index"), FAMILY, arch)
+    jit, aot, _, entries = sides
     failures, lines, report, races = [], [], [], []
     header = ("case", "kernels' key", "signal bitwise (call / into)", "dQ / dW / dK vs JIT (JIT jitter)", "into = call", "kernels", "sha256",
               "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us (into)", "device us JIT/AOT")
@@ -344,25 +328,20 @@ def cmd_compare(args):
         ar = aot["rows"].get(name)
         rep = {"case": name, "spec": spec, "jit": {k: jr.get(k) for k in ("first_s", "warm_us", "device_us", "new", "keys")}}
         report.append(rep)
-        if ar is None or "error" in ar or "error" in jr:
-            why = [f"{side} raised {r['error']}" for side, r in (("jit", jr), ("aot", ar or {})) if "error" in r]
-            why += ["not run on the aot side"] if ar is None else []
-            failures += [f"{name}: {w}" for w in why]
-            lines.append((name, jr["label"], "; ".join(w.split(":")[0] for w in why), "", "", "", "", "", "", "", "", ""))
+        why = unrun(name, jr, ar, failures)
+        if why:
+            lines.append((name, jr["label"], "; ".join(w.split(":")[0] for w in why)) + ("",) * 9)
             continue
         rep["aot"] = {k: ar.get(k) for k in ("first_s", "warm_us", "warm_into_us", "device_us", "new", "keys", "loaded")}
-        if spec.get("race"):  # a measurement of upstream's race on both sides: reported, the kernels and cubins checked
-            same_kernels = sorted(map(_key_str, jr["keys"])) == sorted(map(_key_str, ar["keys"]))
-            sha = sha_status(jr["keys"], jit["cubins"], entries)
-            if not same_kernels or sha != "yes":
-                failures.append(f"{name}: kernels {'same' if same_kernels else 'differ'}, sha256 {sha}")
-            races.append(f"{name}: calls with a dW row off the reference: JIT {jr['race_off']}/{spec['race']}, AOT {ar['race_off']}/{spec['race']} "
-                         f"(the same cubins: {sha})")
-            rep.update(race_off={"jit": jr["race_off"], "aot": ar["race_off"], "calls": spec["race"]}, kernels_same=same_kernels, sha256=sha)
+        ok_row, same_kernels, sha = call_checks(name, jr, ar, jit, entries, failures, "an input other than index_score")
+        rep.update(kernels_same=same_kernels, sha256=sha)
+        if spec.get("race"):  # a measurement of upstream's race on both sides: reported; the kernels, cubins and inputs checked
+            races.append(f"upstream race, measured: {name}: calls with a dW row off the reference: JIT {jr['race_off']}/{spec['race']}, "
+                         f"AOT {ar['race_off']}/{spec['race']} (the same cubins: {sha})")
+            rep.update(race_off={"jit": jr["race_off"], "aot": ar["race_off"], "calls": spec["race"]}, ok=ok_row)
             continue
         jo = torch.load(os.path.join(args.dir, "jit", f"{name}.pt"))
         ao = torch.load(os.path.join(args.dir, "aot", f"{name}.pt"))
-        ok_row = True
         sig = []
         for n in ("index_score", "into.index_score"):
             eq, cnt = bitwise(jo["index_score"], ao[n])
@@ -379,47 +358,16 @@ def cmd_compare(args):
             if not ok_n:
                 ok_row = False
                 failures.append(f"{name}: {n} {text_n}; limit {nums_n.get('limit', float('nan')):.3g}{nums_n['unit']}")
-        into_ok = all(not int(torch_isnan(ao[f"into.{n}"])) for n in JITTERY) and all(
-            jitter_verdict({n: jo[n], **{k: v for k, v in jo.items() if k.startswith(n + ".run")}}, {n: ao[f"into.{n}"]}, n)[0] for n in JITTERY)
+        into_ok = all(not int(torch_isnan(ao[f"into.{n}"])) and into_verdict(jo, ao, n)[0] for n in JITTERY)
         if not into_ok:
             ok_row = False
             failures.append(f"{name}: the _into form's outputs are off the JIT's (or hold NaN)")
-        for side, r in (("jit", jr), ("aot", ar)):
-            if not r.get("inputs_untouched", False):
-                ok_row = False
-                failures.append(f"{name}: an input other than index_score modified on the {side} side")
-        if jr.get("key_error"):
-            ok_row = False
-            failures.append(f"{name}: {jr['key_error']}")
-        same_kernels = sorted(map(_key_str, jr["keys"])) == sorted(map(_key_str, ar["keys"]))
-        if not same_kernels:
-            ok_row = False
-            failures.append(f"{name}: kernels differ: JIT compile keys {jr['keys']}, AOT looked up {ar['keys']}")
-        sha = sha_status(jr["keys"], jit["cubins"], entries)
-        if sha != "yes":
-            ok_row = False
-            failures.append(f"{name}: cubin sha256 {sha} for {jr['keys']}")
-        rep.update(kernels_same=same_kernels, sha256=sha, into_ok=into_ok, ok=ok_row)
-        lines.append((
-            name, jr["label"], " / ".join(sig), " / ".join(texts), "yes" if into_ok else "NO", "same" if same_kernels else "NO", sha,
-            f"{jr['first_s']:.3f}{'' if jr.get('new') else '*'}", f"{1e3 * ar['first_s']:.2f}{'' if ar.get('new') else '*'}",
-            f"{jr['warm_us']:.1f}", f"{ar['warm_us']:.1f} ({ar['warm_into_us']:.1f})", f"{jr['device_us']:.0f} / {ar['device_us']:.0f}",
-        ))  # fmt: skip
-    for name in aot["rows"]:
-        if name not in jit["rows"]:
-            failures.append(f"{name}: run on the aot side only")
-    cubins, cubin_fails = cubin_report(jit.get("cubins", []), entries)
-    failures += cubin_fails
-    print(md_table(header, lines))
-    print("\n(* = the first call compiled (JIT) / loaded (AOT) nothing new: its key was already used by an earlier case)")
-    for r in races:
-        print(f"upstream race, measured: {r}")
-    jm, am = jit["meta"], aot["meta"]
-    print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}; sm_scale {SM_SCALE}, loss_coeff {LOSS_COEFF}")
-    print_summary(jm, am, cubins, jit["rows"], aot["rows"], into_label="_into")
-    write_report(args.dir, failures, arch, report, cubins, jm, am)
-    return verdict(failures, f"{len(lines)} cases: the score-grad signal bitwise equal, dQ / dW / dK within the JIT's own jitter, same kernels, "
-                             f"every cubin sha256 equal")
+        rep.update(into_ok=into_ok, ok=ok_row)
+        lines.append((name, jr["label"], " / ".join(sig), " / ".join(texts), "yes" if into_ok else "NO", "same" if same_kernels else "NO", sha,
+                      *timing_cells(jr, ar)))
+    return finish(args, sides, failures, header, lines, report,
+                  f"{len(lines)} cases: the score-grad signal bitwise equal, dQ / dW / dK within the JIT's own jitter, same kernels, every cubin "
+                  f"sha256 equal", races + [f"sm_scale {SM_SCALE}, loss_coeff {LOSS_COEFF}"])
 
 
 def main(argv=None):

@@ -67,8 +67,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    SpiedAot,
     CompileKeys,
-    LauncherSpy,
     aot_side,
     jit_cubins,
     keep_cubins,
@@ -360,25 +360,14 @@ def cmd_jit(args):
 # ------------------------------------------------------------------------------------------------
 
 
-class AotApi:
-    def __init__(self, dsa, runtime):
-        self.dsa, self.spy = dsa, LauncherSpy(runtime)
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_indexer_backward"
 
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used
 
     def workspace_bytes(self, spec, dk_dtype):
         return self.dsa.indexer_backward_workspace_bytes(spec["b"], spec["s_k"], spec["d"], d_index_k_dtype=dk_dtype)
-
-    def begin_first(self, spec):
-        """Record the (op, key) lookups of the first call (the spy is removed before any timing loop; the
-        op's validated calls are dropped first, or a case of an earlier case's shapes would look nothing up)."""
-        import aot.ops.dsa_indexer_backward as op_mod
-
-        self.spy.begin(op_mod, op_mod._CALLS)
-
-    def end_first(self, spec):
-        return self.spy.end()
 
     def call(self, x, attn, outs, ws, spec):
         self.dsa.indexer_backward(**_op_kwargs(x, attn, outs, ws, spec))

@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
-    LauncherSpy,
+    SpiedAot,
     jit_side,
     aot_side,
     bitwise,
@@ -290,20 +290,8 @@ def cmd_jit(args):
 # ------------------------------------------------------------------------------------------------
 
 
-class AotApi:
-    def __init__(self, dsa, runtime):
-        self.dsa, self.spy = dsa, LauncherSpy(runtime)
-
-    def begin_first(self, spec):
-        import aot.ops.dsa_indexer_forward as op_mod
-
-        self.spy.begin(op_mod, op_mod._CALLS)
-
-    def restore(self):
-        self.spy.restore()
-
-    def end_first(self, spec):
-        return self.spy.end()
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_indexer_forward"
 
     def call(self, spec, x):
         r = self.dsa.indexer_forward(x["q"], x["k"], x["w"], spec["ratio"], return_lse=spec["lse"], **_kwargs(spec, x))

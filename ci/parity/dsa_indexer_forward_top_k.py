@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
-    LauncherSpy,
+    SpiedAot,
     aot_side,
     bitwise,
     cli,
@@ -240,20 +240,9 @@ def cmd_jit(args):
     jit_side(args, JitApi, build_cases, make_inputs, run_case, lambda r: f"warm {r['warm_us']:.1f} us, device {r['device_us']:.1f} us", failed_row)
 
 
-class AotApi:
-    def __init__(self, dsa, runtime):
-        self.spy = LauncherSpy(runtime)
-
-    def begin_first(self, spec):
-        import aot.ops.dsa_indexer_forward_top_k as op_mod
-
-        self.spy.begin(op_mod, op_mod._TAILS)
-
-    def restore(self):
-        self.spy.restore()
-
-    def end_first(self, spec):
-        return self.spy.end()
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_indexer_forward_top_k"
+    CACHES = ("_TAILS",)
 
     def call(self, spec, x, outs):
         import aot.ops.dsa_indexer_forward_top_k as op_mod

@@ -81,7 +81,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
-    LauncherSpy,
+    SpiedAot,
     jit_side,
     aot_side,
     bitwise,
@@ -594,22 +594,9 @@ def cmd_jit(args):
 # ------------------------------------------------------------------------------------------------
 
 
-class AotApi:
-    def __init__(self, dsa, runtime):
-        self.dsa, self.spy = dsa, LauncherSpy(runtime)
-
-    def begin_first(self, spec):
-        """Spy on the first call's (op, key) lookups; the op module's plan cache is emptied so that the
-        first call looks its entry up."""
-        import aot.ops.dsa_indexer_top_k as op_mod
-
-        self.spy.begin(op_mod, op_mod._CACHE)
-
-    def restore(self):
-        self.spy.restore()
-
-    def end_first(self, spec):
-        return self.spy.end()
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_indexer_top_k"
+    CACHES = ("_CACHE",)
 
     def call(self, spec, x):
         a, kw = _args(spec)

@@ -32,27 +32,24 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
     CompileKeys,
-    LauncherSpy,
+    SpiedAot,
     aot_side,
+    call_checks,
     cli,
-    cubin_report,
     device_us,
-    family_entries,
+    finish,
     first_call,
+    into_verdict,
     jit_cubins,
     jit_side,
     jitter_verdict,
-    load_json,
-    md_table,
-    print_summary,
-    sha_status,
+    load_sides,
+    timing_cells,
     torch_isnan,
-    verdict,
+    unrun,
     warm_us,
-    write_report,
 )
 from parity_common import host_copy as _host  # noqa: E402
-from parity_common import key_str as _key_str  # noqa: E402
 from parity_common import same as _same  # noqa: E402
 
 FAMILY = "dsa_score_recompute"
@@ -202,24 +199,15 @@ def cmd_jit(args):
 # ------------------------------------------------------------------------------------------------
 
 
-class AotApi:
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_score_recompute"
+
     def __init__(self, dsa, runtime):
-        self.dsa, self.spy = dsa, LauncherSpy(runtime)
-        self._ws = {}
+        super().__init__(dsa, runtime)
+        self._ws = {}  # workspace bytes -> a 0xFF-filled buffer the _into calls share
 
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used
-
-    def begin_first(self, spec):
-        import aot.ops.dsa_score_recompute as op_mod
-
-        self.spy.begin(op_mod, op_mod._CALLS)
-
-    def restore(self):
-        self.spy.restore()
-
-    def end_first(self, spec):
-        return self.spy.end()
 
     def call(self, spec, x, out):
         self.dsa.sparse_indexer_score_recompute(x["q"], x["k"], x["w"], x["topk_indices"], topk_length=x["topk_length"],
@@ -247,12 +235,10 @@ def cmd_aot(args):
 def cmd_compare(args):
     import torch
 
-    jit = load_json(os.path.join(args.dir, "jit.json"), SCRIPT, "jit", args.dir)
-    aot = load_json(os.path.join(args.dir, "aot.json"), SCRIPT, "aot", args.dir)
-    if jit is None or aot is None:
+    sides = load_sides(args, SCRIPT, FAMILY)
+    if sides is None:
         return 1
-    arch = jit["meta"].get("arch", "sm_90a")
-    entries = family_entries(aot.get("index"), FAMILY, arch)
+    jit, aot, _, entries = sides
     failures, lines, report = [], [], []
     header = ("case", "kernel", "predict vs JIT (call)", "_into", "kernels", "sha256", "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us (into)",
               "device us JIT/AOT")
@@ -261,20 +247,16 @@ def cmd_compare(args):
         ar = aot["rows"].get(name)
         rep = {"case": name, "spec": spec, "jit": {k: jr.get(k) for k in ("first_s", "warm_us", "device_us", "new", "keys")}}
         report.append(rep)
-        if ar is None or "error" in ar or "error" in jr:
-            why = [f"{side} raised {r['error']}" for side, r in (("jit", jr), ("aot", ar or {})) if "error" in r]
-            why += ["not run on the aot side"] if ar is None else []
-            failures += [f"{name}: {w}" for w in why]
-            lines.append((name, jr["label"], "; ".join(w.split(":")[0] for w in why), "", "", "", "", "", "", "", ""))
+        why = unrun(name, jr, ar, failures)
+        if why:
+            lines.append((name, jr["label"], "; ".join(w.split(":")[0] for w in why)) + ("",) * 8)
             continue
         rep["aot"] = {k: ar.get(k) for k in ("first_s", "warm_us", "warm_into_us", "device_us", "new", "keys", "loaded")}
         jo = torch.load(os.path.join(args.dir, "jit", f"{name}.pt"))
         ao = torch.load(os.path.join(args.dir, "aot", f"{name}.pt"))
-        ok_row = True
+        ok_row, same_kernels, sha = call_checks(name, jr, ar, jit, entries, failures)
         ok_p, text_p, nums_p = jitter_verdict(jo, ao, "predict")
-        runs = {k: v for k, v in jo.items() if k.startswith("predict.run")}
-        ok_i, text_i, _ = jitter_verdict({"predict": jo["predict"], **runs}, {"predict": ao["into.predict"]}, "predict")
-        rep.update(predict=dict(nums_p, ok=ok_p), into_ok=ok_i)
+        ok_i, text_i, _ = into_verdict(jo, ao, "predict")
         for ok, what, text in ((ok_p, "predict", text_p), (ok_i, "_into predict", text_i)):
             if not ok:
                 ok_row = False
@@ -282,39 +264,10 @@ def cmd_compare(args):
         if int(torch_isnan(ao["predict"])):
             ok_row = False
             failures.append(f"{name}: NaN left in the AOT predict (an element never written)")
-        for side, r in (("jit", jr), ("aot", ar)):
-            if not r.get("inputs_untouched", False):
-                ok_row = False
-                failures.append(f"{name}: an input modified on the {side} side")
-        if jr.get("key_error"):
-            ok_row = False
-            failures.append(f"{name}: {jr['key_error']}")
-        same_kernels = sorted(map(_key_str, jr["keys"])) == sorted(map(_key_str, ar["keys"]))
-        if not same_kernels:
-            ok_row = False
-            failures.append(f"{name}: kernels differ: JIT compile keys {jr['keys']}, AOT looked up {ar['keys']}")
-        sha = sha_status(jr["keys"], jit["cubins"], entries)
-        if sha != "yes":
-            ok_row = False
-            failures.append(f"{name}: cubin sha256 {sha} for {jr['keys']}")
-        rep.update(kernels_same=same_kernels, sha256=sha, ok=ok_row)
-        lines.append((
-            name, jr["label"], text_p, "yes" if ok_i else "NO", "same" if same_kernels else "NO", sha,
-            f"{jr['first_s']:.3f}{'' if jr.get('new') else '*'}", f"{1e3 * ar['first_s']:.2f}{'' if ar.get('new') else '*'}",
-            f"{jr['warm_us']:.1f}", f"{ar['warm_us']:.1f} ({ar['warm_into_us']:.1f})", f"{jr['device_us']:.0f} / {ar['device_us']:.0f}",
-        ))  # fmt: skip
-    for name in aot["rows"]:
-        if name not in jit["rows"]:
-            failures.append(f"{name}: run on the aot side only")
-    cubins, cubin_fails = cubin_report(jit.get("cubins", []), entries)
-    failures += cubin_fails
-    print(md_table(header, lines))
-    print("\n(* = the first call compiled (JIT) / loaded (AOT) nothing new: its key was already used by an earlier case)")
-    jm, am = jit["meta"], aot["meta"]
-    print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}")
-    print_summary(jm, am, cubins, jit["rows"], aot["rows"], into_label="_into")
-    write_report(args.dir, failures, arch, report, cubins, jm, am)
-    return verdict(failures, f"{len(lines)} cases: predict equal JIT vs AOT (bitwise where the JIT reproduces itself), same kernels, every cubin sha256 equal")
+        rep.update(predict=dict(nums_p, ok=ok_p), into_ok=ok_i, kernels_same=same_kernels, sha256=sha, ok=ok_row)
+        lines.append((name, jr["label"], text_p, "yes" if ok_i else "NO", "same" if same_kernels else "NO", sha, *timing_cells(jr, ar)))
+    return finish(args, sides, failures, header, lines, report,
+                  f"{len(lines)} cases: predict equal JIT vs AOT (bitwise where the JIT reproduces itself), same kernels, every cubin sha256 equal")
 
 
 def main(argv=None):

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
-    LauncherSpy,
+    SpiedAot,
     jit_side,
     aot_side,
     bitwise,
@@ -181,20 +181,8 @@ def cmd_jit(args):
     jit_side(args, JitApi, build_cases, make_inputs, run_case, lambda r: f"warm {r['warm_us']:.1f} us, device {r['device_us']:.1f} us", failed_row)
 
 
-class AotApi:
-    def __init__(self, dsa, runtime):
-        self.dsa, self.spy = dsa, LauncherSpy(runtime)
-
-    def begin_first(self, spec):
-        import aot.ops.dsa_sparse_attention_forward as op_mod
-
-        self.spy.begin(op_mod, op_mod._CALLS)
-
-    def restore(self):
-        self.spy.restore()
-
-    def end_first(self, spec):
-        return self.spy.end()
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_sparse_attention_forward"
 
     def call(self, spec, x):
         return _call(self.dsa.sparse_attention_forward, spec, x)

@@ -61,8 +61,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from parity_common import (  # noqa: E402
+    SpiedAot,
     CompileKeys,
-    LauncherSpy,
     jit_side,
     aot_side,
     bitwise,
@@ -400,20 +400,9 @@ def cmd_jit(args):
 # ------------------------------------------------------------------------------------------------
 
 
-class AotApi:
-    def __init__(self, dsa, runtime):
-        self.dsa, self.spy = dsa, LauncherSpy(runtime)
-
-    def begin_first(self, spec):
-        import aot.ops.dsa_topk_utils as op_mod
-
-        self.spy.begin(op_mod, op_mod._L2G, op_mod._CMP)
-
-    def restore(self):
-        self.spy.restore()
-
-    def end_first(self, spec):
-        return self.spy.end()
+class AotApi(SpiedAot):
+    OP_MODULE = "aot.ops.dsa_topk_utils"
+    CACHES = ('_L2G', '_CMP',)
 
     def call(self, spec, x):
         if spec["op"] == "local_to_global":

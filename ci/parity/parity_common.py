@@ -406,6 +406,12 @@ def jitter_verdict(jo, ao, n):
 # ------------------------------------------------------------------------------------------------
 
 
+def into_verdict(jo, ao, n):
+    """:func:`jitter_verdict` of the AOT ``_into`` form's output ``into.<n>`` against the JIT's ``n`` and its reruns."""
+    runs = {k: v for k, v in jo.items() if k.startswith(n + ".run")}
+    return jitter_verdict({n: jo[n], **runs}, {n: ao[f"into.{n}"]}, n)
+
+
 def md_table(header, lines):
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(v) for v in r) + " |" for r in lines]
@@ -430,6 +436,69 @@ def verdict(failures, ok_text):
         return 1
     print(f"\nOK: {ok_text}")
     return 0
+
+
+def load_sides(args, script, family):
+    """(jit, aot, arch, the shipped entries of ``family`` for it) of a compare step; None when a side's
+    json is missing (the command to run is printed)."""
+    jit = load_json(os.path.join(args.dir, "jit.json"), script, "jit", args.dir)
+    aot = load_json(os.path.join(args.dir, "aot.json"), script, "aot", args.dir)
+    if jit is None or aot is None:
+        return None
+    arch = jit["meta"].get("arch", "sm_90a")
+    return jit, aot, arch, family_entries(aot.get("index"), family, arch)
+
+
+def unrun(name, jr, ar, failures) -> list:
+    """Why a case has nothing to compare (a side raised, or the aot side did not run it), each reason
+    appended to ``failures`` too; empty when both sides ran it."""
+    why = [f"{side} raised {r['error']}" for side, r in (("jit", jr), ("aot", ar or {})) if "error" in r]
+    why += ["not run on the aot side"] if ar is None else []
+    failures += [f"{name}: {w}" for w in why]
+    return why
+
+
+def call_checks(name, jr, ar, jit, entries, failures, what="an input") -> tuple:
+    """The checks every case makes beyond its outputs: the inputs untouched on both sides (``what`` names
+    them), upstream's compile keys as predicted, the same kernels on both sides, the JIT's cubins equal
+    to the shipped ones. Returns (ok, same kernels, sha256 status); failures appended."""
+    before = len(failures)
+    for side, r in (("jit", jr), ("aot", ar)):
+        if not r.get("inputs_untouched", False):
+            failures.append(f"{name}: {what} modified on the {side} side")
+    if jr.get("key_error"):
+        failures.append(f"{name}: {jr['key_error']}")
+    same_kernels = sorted(map(key_str, jr["keys"])) == sorted(map(key_str, ar["keys"]))
+    if not same_kernels:
+        failures.append(f"{name}: kernels differ: JIT compile keys {jr['keys']}, AOT looked up {ar['keys']}")
+    sha = sha_status(jr["keys"], jit["cubins"], entries)
+    if sha != "yes":
+        failures.append(f"{name}: cubin sha256 {sha} for {jr['keys']}")
+    return len(failures) == before, same_kernels, sha
+
+
+def timing_cells(jr, ar) -> tuple:
+    """The table's timing cells of a case: JIT / AOT first call (``*``: nothing compiled / loaded), warm host, device."""
+    return (f"{jr['first_s']:.3f}{'' if jr.get('new') else '*'}", f"{1e3 * ar['first_s']:.2f}{'' if ar.get('new') else '*'}",
+            f"{jr['warm_us']:.1f}", f"{ar['warm_us']:.1f} ({ar['warm_into_us']:.1f})", f"{jr['device_us']:.0f} / {ar['device_us']:.0f}")
+
+
+def finish(args, sides, failures, header, lines, report, ok_text, notes=()) -> int:
+    """The end every compare shares: cases only the aot side ran, every JIT cubin against the shipped one,
+    the table, ``notes`` (lines under it), the summary, ``<dir>/parity.json`` and the verdict (exit status)."""
+    jit, aot, arch, entries = sides
+    failures += [f"{name}: run on the aot side only" for name in aot["rows"] if name not in jit["rows"]]
+    cubins, cubin_fails = cubin_report(jit.get("cubins", []), entries)
+    failures += cubin_fails
+    print(md_table(header, lines))
+    print("\n(* = the first call compiled (JIT) / loaded (AOT) nothing new: its key was already used by an earlier case)")
+    jm, am = jit["meta"], aot["meta"]
+    for line in notes:
+        print(line)
+    print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}")
+    print_summary(jm, am, cubins, jit["rows"], aot["rows"], into_label="_into")
+    write_report(args.dir, failures, arch, report, cubins, jm, am)
+    return verdict(failures, ok_text)
 
 
 def cli(doc, cmd_jit, cmd_aot, cmd_compare, argv=None, calls=100, extra=()):
@@ -610,6 +679,28 @@ class LauncherSpy:
         self.restore()
         new = {k: v for k, v in self.runtime.load_stats().items() if k not in self._loaded}
         return {"keys": self._used, "new": bool(new), "loaded": {f"{k[0]}@{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in new.items()}}
+
+
+class SpiedAot:
+    """The AOT side's api base for an op module (``OP_MODULE``, its name) whose validated calls live in
+    its ``CACHES`` (emptied before a first call): ``begin_first`` / ``end_first`` / ``restore`` record a
+    first call's entry lookups with a :class:`LauncherSpy`; a subclass adds ``call`` (and ``call_into``)."""
+
+    OP_MODULE = ""
+    CACHES = ("_CALLS",)
+
+    def __init__(self, dsa, runtime):
+        self.dsa, self.spy = dsa, LauncherSpy(runtime)
+
+    def begin_first(self, spec):
+        mod = importlib.import_module(self.OP_MODULE)
+        self.spy.begin(mod, *(getattr(mod, c) for c in self.CACHES))
+
+    def restore(self):
+        self.spy.restore()
+
+    def end_first(self, spec):
+        return self.spy.end()
 
 
 def aot_side(args, script, family, make_api, run_case, describe, failed_row=None, inputs_of=lambda name, spec: name):
