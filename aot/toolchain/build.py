@@ -23,6 +23,7 @@ from . import compile as compile_stage
 from . import fidelity as fidelity_stage
 from . import lift, manifest, pack, verify
 from .sources import REPO, stage_digest
+from .specs import SPECS
 
 __all__ = ["build", "lift_and_verify", "check_policies"]
 
@@ -37,9 +38,10 @@ def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
     meta = json.loads((d / "meta.json").read_text())
     host = (d / "host.mlir").read_text()
     cubin = (d / "kernel.cubin").read_bytes()
+    literals = literals_of(meta["family"], meta["op"])
     hit = None
     if cache_dir:
-        h = hashlib.sha256(json.dumps([meta["id"], meta["host_function"], samples, _STAGE_SHA]).encode())
+        h = hashlib.sha256(json.dumps([meta["id"], meta["host_function"], samples, _STAGE_SHA, literals]).encode())
         h.update(host.encode())
         h.update(cubin)
         hit = Path(cache_dir) / "verify" / f"{h.hexdigest()}.json"
@@ -48,10 +50,10 @@ def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
             (d / "launcher.py").write_text(saved["launcher"])
             (d / "verify.json").write_text(json.dumps(saved["report"], indent=1, sort_keys=True))
             return saved["report"]
-    src = lift.lift(host, meta["host_function"], meta["id"], lift.cubin_param_layout(cubin))
+    src = lift.lift(host, meta["host_function"], meta["id"], lift.cubin_param_layout(cubin), literals=literals)
     (d / "launcher.py").write_text(src)
     try:
-        rep = verify.verify(host, meta["host_function"], src, cubin, samples=samples)
+        rep = verify.verify(host, meta["host_function"], src, cubin, samples=samples, literals=literals)
     except VerifyError as e:
         (d / "verify.json").write_text(json.dumps({"verdict": "failed", "error": str(e)}, indent=1))
         raise VerifyError(f"{meta['id']}: {e}") from None
@@ -60,6 +62,12 @@ def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
         hit.parent.mkdir(parents=True, exist_ok=True)
         hit.write_text(json.dumps({"launcher": src, "report": rep}))
     return rep
+
+
+def literals_of(family, op) -> dict:
+    """The spec's ``LITERALS[op]``: launcher argument name -> the fp32 value its ``build`` compiles into
+    the host code (a per-call value upstream bakes in per compile; the cubin does not depend on it)."""
+    return dict(getattr(SPECS[family], "LITERALS", {}).get(op, {}))
 
 
 # what a lift+verify result depends on besides the entry's own artifacts: the lifter, the verifier (and

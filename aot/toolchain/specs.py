@@ -12,6 +12,9 @@ cudnn (its functions do). It imports ``aot.policy`` only. What the toolchain rea
                                      :class:`aot.toolchain.fidelity.Upstream`); return what upstream
                                      compiled (see there). ``FIDELITY_ROUTES`` {op: text} names the
                                      route per op for the report.
+  LITERALS (optional)                {op: {name: value}}: an fp32 value ``build`` compiles into the
+                                     host code that the launcher takes per call instead, as its
+                                     trailing argument ``name`` (aot.toolchain.lift.lift)
 
 Families come from the fixed registry :data:`aot.policy.families.FAMILIES`, never from a name found
 in a manifest. A compile process loads its one family's spec with :meth:`_Specs.pin` and never imports

@@ -48,6 +48,7 @@ class _Machine:
         self.nalloca = 0
         self.gaddr = {}
         self.steps = 0
+        self.literals = {}  # fp32 constant bits the spec compiled in -> the bits this run uses instead
 
     # memory
     def region(self, addr, size):
@@ -164,7 +165,8 @@ class _Machine:
             elif isinstance(t, ir.Vector):
                 env[r] = [x & ((1 << t.elem.bits) - 1) for x in ir.attr_dense(raw, t.n)]
             elif isinstance(t, ir.Float):
-                env[r] = ir.attr_f32_bits(raw)
+                b = ir.attr_f32_bits(raw)
+                env[r] = self.literals.get(b, b)
             else:
                 env[r] = ir.attr_int(raw) & ((1 << t.bits) - 1)
         elif n == "llvm.mlir.zero":
@@ -344,8 +346,9 @@ def _icmp(p, a, b, bits):
 # --- running the JIT's host code concretely ------------------------------------------------------
 
 
-def run_concrete(module, entry_function, args, kparams, dattr, kattr, max_steps=2_000_000, max_launches=None):
-    """Run cuda_load_to_device then ``entry_function`` on concrete ``args``.
+def run_concrete(module, entry_function, args, kparams, dattr, kattr, max_steps=2_000_000, max_launches=None, literals=None):
+    """Run cuda_load_to_device then ``entry_function`` on concrete ``args`` (``literals``: fp32 constant
+    bits -> the bits to run with instead, the lift's literal arguments).
 
     Returns (setup_calls, launches); a launch is a dict with kernel, dims, attrs, params (bytes and
     written masks, per the cubin's KPARAM table of that kernel). Raises _Trap on an error path.
@@ -401,6 +404,7 @@ def run_concrete(module, entry_function, args, kparams, dattr, kattr, max_steps=
         "printf": lambda mc, *a: 0,  # error paths print before they trap
     }
     mc = _Machine(module, shims, max_steps)
+    mc.literals = dict(literals or {})
     lib = mc.alloc(8)
     mc.write(lib, struct.pack("<Q", 0xABCDE))
     if mc.run("cuda_load_to_device", [lib, 0]) != 0:
@@ -455,13 +459,20 @@ def _random_args(spec, rng, loops=False):
     return out
 
 
-def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes, samples: int = 50, seed: int = 0) -> dict:
-    """Run checks (a), (b), (c); return a report dict, raise VerifyError on any mismatch."""
+def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes, samples: int = 50, seed: int = 0, literals: dict | None = None) -> dict:
+    """Run checks (a), (b), (c); return a report dict, raise VerifyError on any mismatch.
+
+    ``literals`` (name -> the fp32 value compiled in, as given to the lift): the launcher's trailing
+    arguments of those names are drawn at random like any f32 argument, and the concrete run uses
+    the drawn value wherever the host code holds the compiled constant."""
     module = ir.parse_module(host_mlir)
     ns = load_launcher(launcher_src)
     info = read_cubin(cubin)
     kparams = {k.name: [(p.offset, p.size) for p in k.params] for k in info.kernels}
     problems = []
+    lit = dict(literals or {})
+    if lit and [n for n, _ in ns["ARGS"][len(ns["ARGS"]) - len(lit):]] != list(lit):
+        problems.append(f"the launcher's trailing arguments are not the literals {list(lit)}")
 
     # (c) the host module's embedded fatbin holds this exact cubin
     glob = module.globals.get("kernels_binary")
@@ -506,7 +517,9 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
         args = _random_args(ns["ARGS"], rng, loops=loops)
         try:
             bits = [f32bits(a) if k == "f32" else a for a, (_, k) in zip(args, ns["ARGS"])]
-            setup_calls, conc = run_concrete(module, entry_function, bits, kparams, dattr, kattr, **budget)
+            n_host = len(bits) - len(lit)
+            swap = {f32bits(lit[name]): b for (name, _), b in zip(ns["ARGS"][n_host:], bits[n_host:])}
+            setup_calls, conc = run_concrete(module, entry_function, bits[:n_host], kparams, dattr, kattr, literals=swap, **budget)
             conc_err = None
         except _Trap as e:
             conc, conc_err = None, str(e)
@@ -568,5 +581,6 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
         "params_checked_against_cubin": {L["kernel"]: L["params"] for L in ns["LAUNCHES"]},
         "setup_calls": len(setup_calls or []),
         "fatbin_contains_cubin": True,
+        "literal_arguments": sorted(lit),
         "verdict": "ok",
     }

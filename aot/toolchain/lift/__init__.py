@@ -42,10 +42,15 @@ def cubin_param_layout(cubin: bytes) -> dict:
     return {k.name: [(p.offset, p.size) for p in k.params] for k in read_cubin(cubin).kernels}
 
 
-def lift(host_mlir: str, entry_function: str, title: str = "", param_layout: dict | None = None) -> str:
+def lift(host_mlir: str, entry_function: str, title: str = "", param_layout: dict | None = None, literals: dict | None = None) -> str:
     """Lift ``entry_function`` of ``host_mlir`` (generic form) into launcher module source.
 
     ``param_layout`` maps kernel symbol -> [(offset, size)] of its parameters, from the cubin.
+    ``literals`` maps a launcher argument name -> the fp32 value the spec compiled in for it: a value
+    the host code holds as a constant (upstream bakes it in per compile, the cubin does not depend on
+    it) becomes an ``f32`` argument appended to ``ARGS``. Each must occur in the host code, go into
+    kernel parameters only (a float op on it is unknown and fails closed) and have a bit pattern no
+    other constant shares.
     """
     m = ir.parse_module(host_mlir)
     if entry_function not in m.funcs:
@@ -55,10 +60,40 @@ def lift(host_mlir: str, entry_function: str, title: str = "", param_layout: dic
     main.kernels = dict(setup.kernels)
     f = m.funcs[entry_function]
     args, arg_spec = entry_args(f)
+    main.literals = _literal_bits(literals or {}, arg_spec)
     main.run(f, args)
     if not main.launches:
         raise LiftError(f"{entry_function} launches no kernel")
+    for bits, name in main.literals.items():
+        if bits not in main.literals_seen:
+            raise LiftError(f"literal {name} (fp32 bits {bits:#010x}) does not occur in {entry_function}: the spec compiled another value")
+        if len(main.literals_seen[bits]) > 1:
+            raise LiftError(f"literal {name}: {len(main.literals_seen[bits])} constants have its fp32 bits (host.mlir lines "
+                            f"{sorted(main.literals_seen[bits])}): compile the spec with a value no other constant shares")
+        if not _in_params(main, name):
+            raise LiftError(f"literal {name} is not stored into a kernel parameter as it is: the launcher cannot pass it")
+        arg_spec.append((name, "f32"))
     return emit_module(title, arg_spec, setup, main, main.kernels, param_layout)
+
+
+def _literal_bits(literals, arg_spec):
+    """{fp32 bits: name}; refuses names that clash with the entry's arguments and values that share bits."""
+    from ..verify import f32bits
+
+    out = {}
+    names = {n for n, _ in arg_spec}
+    for name, value in literals.items():
+        if name in names or not name.isidentifier():
+            raise LiftError(f"literal name {name!r} is not a fresh identifier")
+        bits = f32bits(value)
+        if bits in out:
+            raise LiftError(f"literals {out[bits]} and {name} have the same fp32 bits {bits:#010x}: the launcher could not tell them apart")
+        out[bits] = name
+    return out
+
+
+def _in_params(main, name):
+    return any(isinstance(v, S) and v.name == name for L in main.launches for pr in L.params for _, v in pr.region.fields.values())
 
 
 def _setup(m):

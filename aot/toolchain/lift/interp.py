@@ -58,6 +58,8 @@ class Interpreter(ControlFlow):
         self.env = {}
         self.label = None
         self.regions = []  # every modelled host region, to prove loop bodies leave outer memory alone
+        self.literals = {}  # fp32 bit pattern -> launcher argument name (lift's ``literals``)
+        self.literals_seen = {}  # bits -> host.mlir lines of the constants that hold them
 
     # --- residual code
 
@@ -173,7 +175,11 @@ class Interpreter(ControlFlow):
         if isinstance(t, ir.Vector):
             return A(tuple(K(x & mask(t.elem.bits), t.elem.bits) for x in ir.attr_dense(raw, t.n)))
         if isinstance(t, ir.Float) and t.bits == 32:  # kept as its bit pattern, like f32 arguments
-            return K(ir.attr_f32_bits(raw), 32)
+            bits = ir.attr_f32_bits(raw)
+            if bits in self.literals:  # a value the host code bakes in but the launcher takes per call
+                self.literals_seen.setdefault(bits, set()).add(op.line)
+                return S(self.literals[bits], 32)
+            return K(bits, 32)
         raise LiftError(f"{op.where()}: constant {raw[:60]!r} of type {t}")
 
     def op_zero(self, op, ops):

@@ -206,3 +206,63 @@ def test_launch_inside_a_run_time_loop():
     # a launcher that skips the loop's launch is caught
     with pytest.raises(VerifyError):
         check(src.replace("while True:", "while False:", 1))
+
+
+# --- literal arguments: a value the host code bakes in per compile, taken per call by the launcher -----
+
+SATTN90 = "dsa_score_recompute.sparse_attention_sm90.dim512.heads64.nolength.topk512.notopk_global.sm_90a"
+
+
+def _scale_literal():
+    from aot.toolchain.build import literals_of
+
+    lit = literals_of("dsa_score_recompute", "sparse_attention_sm90")
+    assert list(lit) == ["softmax_scale_log2"]
+    return lit
+
+
+def test_literal_becomes_the_launchers_trailing_argument_and_verifies_on_random_values():
+    host, fn, cubin = load(SATTN90)
+    lit = _scale_literal()
+    src = lift.lift(host, fn, SATTN90, lift.cubin_param_layout(cubin), literals=lit)
+    ns = verify.load_launcher(src)
+    assert ns["ARGS"][-1] == ("softmax_scale_log2", "f32")
+    rep = verify.verify(host, fn, src, cubin, samples=40, seed=3, literals=lit)
+    assert rep["verdict"] == "ok" and rep["literal_arguments"] == ["softmax_scale_log2"]
+    # the value lands in the parameter bytes as the fp32 the kernel reads, whatever the call passes
+    L = ns["LAUNCHES"][0]
+    runs = []
+    for scale in (0.05, 0.125):
+        buf = bytearray.fromhex(L["template"])
+        ns["launch"](lambda k, d: None, buf, *([16] * (len(ns["ARGS"]) - 1)), scale)
+        runs.append(buf)
+    diff = [i for i, (a, b) in enumerate(zip(*runs)) if a != b]
+    assert len(diff) == 4 and runs[1][diff[0]:diff[0] + 4] == verify.struct.pack("<f", 0.125)
+
+
+def test_without_the_literal_the_compiled_scale_is_a_template_constant():
+    host, fn, cubin = load(SATTN90)
+    value = _scale_literal()["softmax_scale_log2"]
+    ns = verify.load_launcher(lift.lift(host, fn, SATTN90, lift.cubin_param_layout(cubin)))
+    assert ns["ARGS"][-1][1] != "f32"
+    assert verify.struct.pack("<f", value).hex() in ns["LAUNCHES"][0]["template"]
+
+
+def test_verifier_catches_a_launcher_that_ignores_the_literal():
+    host, fn, cubin = load(SATTN90)
+    lit = _scale_literal()
+    src = lift.lift(host, fn, SATTN90, lift.cubin_param_layout(cubin), literals=lit)
+    bad = _mutated(src, r"softmax_scale_log2 = f32bits\(softmax_scale_log2\)", f"softmax_scale_log2 = {verify.f32bits(lit['softmax_scale_log2'])}")
+    with pytest.raises(VerifyError, match="JIT host code writes"):
+        verify.verify(host, fn, bad, cubin, samples=40, seed=3, literals=lit)
+
+
+@pytest.mark.parametrize("literals,match", [
+    ({"softmax_scale_log2": 0.3}, "does not occur"),             # the spec compiled another value
+    ({"a0_0": 0.1 * 1.4426950408889634}, "not a fresh identifier"),  # clashes with an entry argument
+    ({"x": 1.0, "y": 1.0}, "same fp32 bits"),
+])
+def test_lifter_refuses_a_literal_it_cannot_place(literals, match):
+    host, fn, cubin = load(SATTN90)
+    with pytest.raises(LiftError, match=match):
+        lift.lift(host, fn, SATTN90, lift.cubin_param_layout(cubin), literals=literals)
