@@ -310,26 +310,29 @@ def check_dense_indexer_backward(ns: dict, op: str, key: dict, b: int, s_q: int,
     return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
 
 
-def check_sparse_indexer_score(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
-    """Record the sparse indexer score recompute's launch of ``key`` (B x S_q queries over S_k keys) and run
-    it through ``ns``; return problems."""
+def check_sparse_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) -> list:
+    """Record the sparse score recompute's launch of entry ``op`` ("sparse_indexer" or "sparse_attention")
+    with ``key`` (B x S_q queries over S_k keys, with topk_length given when the key has it) and run it
+    through ``ns``; return problems."""
     import aot.ops.dsa_score_recompute as op_mod
-    from aot.ops.plan import Recorder
 
-    h, topk = key["heads"], key["topk"]
-    shapes = [(b, s_q, topk), (b, s_q, h, 128), (b, s_k, 128), (b, s_q, h), (b, s_q, topk), (b, s_q) if key["length"] else None, None]
-    ts, ptr, values, _, t = _fakes(shapes, op_mod._TENSORS)
-    rec = Recorder(len(shapes))
-    # upstream's order (_interface_sm100._sparse_indexer_score_recompute's cute.compile call), written down here
-    want = t(1) + t(2) + t(3) + t(4) + t(0) + t(5) + [1.0, STREAM]
+    h, topk, d = key["heads"], key["topk"], key.get("dim", 128)
+    names = op_mod._ATTENTION.tensors if op == "sparse_attention" else op_mod._INDEXER.tensors
+    shapes = [(b, s_q, topk), (b, s_q, h, d), (b, s_k, d), (b, s_q, h), (b, s_q, topk), (b, s_q) if key["length"] else None, None]
+    ts, ptr, values, rec, t = _fakes(shapes, names)
+    # upstream's order (_interface_sm100's cute.compile calls of both sparse ops), written down here: the
+    # indexer's scale is 1.0 (no wrapper passes one), the attention's the call's
+    want = t(1) + t(2) + t(3) + t(4) + t(0) + t(5) + [0.5 if op == "sparse_attention" else 1.0, STREAM]
     try:
-        rec.launch(None, *op_mod._launch_args("sparse_indexer", ts, rec.p, rec.s))
+        rec.launch(None, *op_mod._launch_args(op, key, ts, rec.p, rec.s, rec.x[:1] if op == "sparse_attention" else ()))
         dims, blob = _replay(ns, rec, values, want)
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
     if dims[3] != 384 or dims[7] != STREAM:
         return [f"block {dims[3]} on stream {dims[7]} (upstream: 384 threads on the caller's stream)"]
-    missing = [op_mod._TENSORS[i] for i in (0, 4, 5) if ts[i] is not None and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob]  # q, k, w: TMA
+    missing = [names[i] for i in (0, 4, 5) if ts[i] is not None and struct.pack("<Q", ptr[f"p[{i}]"]) not in blob]  # q, k, w / lse: TMA
+    if op == "sparse_attention" and struct.pack("<f", 0.5) not in blob:
+        missing.append("softmax_scale")
     return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
 
 
@@ -392,15 +395,15 @@ def main():
         dd += 1
     sr = 0
     for e in index["entries"]:
-        if e["family"] != "dsa_score_recompute" or e["op"] != "sparse_indexer":
+        if e["family"] != "dsa_score_recompute" or e["op"] not in ("sparse_indexer", "sparse_attention"):
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
-            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_sparse_indexer_score(ns, key, b, s_q, s_k)]
+            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_sparse_score(ns, e["op"], key, b, s_q, s_k)]
         sr += 1
     print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward, {f} sparse-forward, {g} fused top-k GEMM, {dd} dense indexer backward and "
-          f"{sr} sparse indexer score entries: the op's call runs each lifted host function; {len(bad)} problems")
+          f"{sr} sparse score recompute entries: the op's call runs each lifted host function; {len(bad)} problems")
     for b in bad:
         print("  -", b)
     return 1 if bad or not n or not m or not f or not g or not dd or not sr else 0

@@ -1,51 +1,85 @@
-"""DSA score recompute ops: cudnn's ``sparse_indexer_score_recompute_wrapper``, launched from shipped cubins.
+"""DSA score recompute ops: cudnn's ``sparse_indexer_score_recompute_wrapper`` and
+``sparse_attn_score_recompute_wrapper``, launched from shipped cubins.
 
 The indexer's predicted distribution over each query's top-k slots,
-``predict[b, s, i] = softmax_i(sum_h relu(q[b, s, h] . k[b, topk[b, s, i]]) w[b, s, h])``, which the
-indexer loss compares with the attention's (:mod:`aot.policy.dsa_score_recompute`). One launch per
-call; on SM90 the weights are first copied transposed into the caller's workspace, on the call's
-stream, as upstream copies them on every call. Every input is validated before anything is written
-or launched. (The other three score-recompute wrappers are not shipped yet: the README's coverage table.)
+``predict[b, s, i] = softmax_i(sum_h relu(q[b, s, h] . k[b, topk[b, s, i]]) w[b, s, h])``, and the
+attention's target distribution,
+``target[b, s, i] = L1norm_i(sum_h exp(scale q[b, s, h] . k[b, topk[b, s, i]] - lse[b, s, h]))``,
+which the indexer loss compares (:mod:`aot.policy.dsa_score_recompute`). One launch per call; on SM90
+the weights / LSE are first copied transposed into the caller's workspace, on the call's stream, as
+upstream copies them on every call. Every input is validated before anything is written or launched.
+(The two dense score-recompute wrappers are not shipped yet: the README's coverage table.)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
 from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flag, flat_args, footprint, input_error, integer, launcher, require,
-                       stream_handle, tensor_args, workspace_problems, writes_only)
+                       scalar_f32, stream_handle, tensor_args, workspace_problems, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
 __all__ = ["sparse_indexer_score_recompute", "sparse_indexer_score_recompute_into", "sparse_indexer_score_recompute_workspace_bytes",
-           "SparseIndexerScoreRecompute"]
+           "SparseIndexerScoreRecompute", "sparse_attn_score_recompute", "sparse_attn_score_recompute_into",
+           "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31
-_TENSORS = ("out", "q_indexer", "k_indexer", "weights", "topk_indices", "topk_length", "workspace")
+_LOG2_E = math.log2(math.e)  # the SM90 attention kernel takes f32(scale * log2 e), as upstream computes it
 
 
-def sparse_indexer_score_recompute_workspace_bytes(weights_shape, device=None) -> int:
-    """uint8 bytes the ``workspace`` of a call with ``weights`` of this shape (B, S_q, H) needs on GPU
-    ``device`` (None: the current one): the transposed bf16 copy of the weights on SM90, none on SM100."""
+@dataclass(frozen=True)
+class _Kind:
+    """What differs between the two sparse wrappers."""
+
+    name: str  # the op's name, aot.dsa.<name>
+    tensors: tuple  # argument names, in _into order
+    aux_dtype: str  # the per-head input's torch dtype: weights bf16, lse fp32
+    aux_bytes: int
+    dims: tuple  # head dims the kernels take
+    result: str  # the TupleDict key upstream returns
+
+
+_INDEXER = _Kind("sparse_indexer_score_recompute", ("out", "q_indexer", "k_indexer", "weights", "topk_indices", "topk_length", "workspace"),
+                 "bfloat16", 2, (policy.DIM,), "predict")
+_ATTENTION = _Kind("sparse_attn_score_recompute", ("out", "q_attn", "k_attn", "lse", "topk_indices", "topk_length", "workspace"),
+                   "float32", 4, policy.ATTN_DIMS, "target")
+
+
+def _workspace_bytes(kind, aux_shape, device):
     import torch
 
     from ..runtime.device import device_index
 
-    shape = tuple(weights_shape) if isinstance(weights_shape, (tuple, list, torch.Size)) else None
+    aux = kind.tensors[3]
+    shape = tuple(aux_shape) if isinstance(aux_shape, (tuple, list, torch.Size)) else None
     problems = []
     if shape is None or len(shape) != 3:
-        problems.append(f"weights_shape={weights_shape!r} (expected (B, S_q, H))")
+        problems.append(f"{aux}_shape={aux_shape!r} (expected (B, S_q, H))")
     else:
         for i, n in enumerate(shape):
-            integer(problems, f"weights_shape[{i}]", n, 0, _I32 - 1)
+            integer(problems, f"{aux}_shape[{i}]", n, 0, _I32 - 1)
     if problems:
         raise input_error(problems)
     arch, _ = arch_or_refuse(problems, device_index(device))
     if problems:
         raise input_error(problems)
-    return policy.workspace_bytes(arch, *shape)
+    return policy.workspace_bytes(arch, *shape, elem_bytes=kind.aux_bytes)
+
+
+def sparse_indexer_score_recompute_workspace_bytes(weights_shape, device=None) -> int:
+    """uint8 bytes the ``workspace`` of a call with ``weights`` of this shape (B, S_q, H) needs on GPU
+    ``device`` (None: the current one): the transposed bf16 copy of the weights on SM90, none on SM100."""
+    return _workspace_bytes(_INDEXER, weights_shape, device)
+
+
+def sparse_attn_score_recompute_workspace_bytes(lse_shape, device=None) -> int:
+    """uint8 bytes the ``workspace`` of a call with ``lse`` of this shape (B, S_q, H) needs on GPU
+    ``device`` (None: the current one): the transposed fp32 copy of the LSE on SM90, none on SM100."""
+    return _workspace_bytes(_ATTENTION, lse_shape, device)
 
 
 @dataclass(frozen=True)
@@ -57,6 +91,32 @@ class _Call:
     need: int
     kernel: tuple | None  # (op, key); None when nothing launches
     foot: list
+    x: tuple  # the launch's scalar: the attention's scale as its kernel reads it; () for the indexer
+
+
+def _calls(kind) -> dict:
+    return _CALLS if kind is _INDEXER else _ATTN_CALLS
+
+
+def _allocating(kind, ts, extra, validate, stream):
+    """``out`` and ``workspace`` of an allocating call, allocated on its stream where not given."""
+    import torch
+
+    hit = remembered(_calls(kind), ALLOC, ts, extra)
+    call = hit and hit[0]
+    if call is None:
+        call = validate(allocating=True)
+        remember(_calls(kind), ALLOC, extra, probe_for(ts, call.dev, call.foot), call)
+    dev = call.dev
+    stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+    out, q, *_, idx, _, workspace = ts
+
+    def outputs():
+        with alloc_on(stream, dev):
+            return (torch.empty(*idx.shape, dtype=torch.float32, device=q.device) if out is None else out,
+                    torch.empty(call.need, dtype=torch.uint8, device=q.device) if workspace is None and call.need else workspace)
+
+    return allocate(outputs)
 
 
 def sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, qhead_per_kv_head=None, topk_length=None, topk_indices_global=False,
@@ -71,26 +131,10 @@ def sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, 
     such a slot as 0, SM100 reads stale shared memory; tests/gpu/ref_score_recompute.py cites the code).
     ``out`` is allocated when not given, and on SM90 the ``workspace``
     (``sparse_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."""
-    import torch
-
     ts = (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace)
     if out is None or workspace is None:
-        extra = (qhead_per_kv_head, topk_indices_global)
-        hit = remembered(_CALLS, ALLOC, ts, extra)
-        call = hit and hit[0]
-        if call is None:
-            call = _validate(ts, qhead_per_kv_head, topk_indices_global, allocating=True)
-            remember(_CALLS, ALLOC, extra, probe_for(ts, call.dev, call.foot), call)
-        dev = call.dev
-        stream_handle(stream, dev)  # refuse a bad stream before allocating on it
-
-        def outputs():
-            with alloc_on(stream, dev):
-                b, s_q, k = topk_indices.shape
-                return (torch.empty(b, s_q, k, dtype=torch.float32, device=q_indexer.device) if out is None else out,
-                        torch.empty(call.need, dtype=torch.uint8, device=q_indexer.device) if workspace is None and call.need else workspace)
-
-        out, workspace = allocate(outputs)
+        out, workspace = _allocating(_INDEXER, ts, (qhead_per_kv_head, topk_indices_global),
+                                     lambda allocating: _validate(_INDEXER, ts, qhead_per_kv_head, topk_indices_global, None, allocating), stream)
     sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length, topk_indices_global, stream,
                                         workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
     return Outputs(predict=out)
@@ -102,45 +146,97 @@ def sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk
     capture-safe from the first call, allocates nothing. Returns ``out``."""
     ts = (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace)
     extra = (qhead_per_kv_head, topk_indices_global)
-    call, p = cached(_CALLS, ts, extra, lambda: _plan(*ts, topk_indices_global=topk_indices_global, qhead_per_kv_head=qhead_per_kv_head))
+    call, p = cached(_CALLS, ts, extra,
+                     lambda: _plan_indexer(*ts, topk_indices_global=topk_indices_global, qhead_per_kv_head=qhead_per_kv_head))
     call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
     return out
 
 
-def _plan(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, workspace=None, *, topk_indices_global=False, qhead_per_kv_head=None):
-    """Validate a call and compile what it does (:class:`aot.ops.plan.Call`)."""
-    ts = (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace)
-    c = _validate(ts, qhead_per_kv_head, topk_indices_global)
-    rec = Recorder(len(ts))
+def sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, qhead_per_kv_head=None, topk_length=None, topk_indices_global=False,
+                                out=None, stream=None, *, workspace=None):
+    """cudnn's ``sparse_attn_score_recompute_wrapper``: returns ``{'target'}``, (B, S_q, topk) fp32, the
+    L1-normalised ``sum_h exp(softmax_scale q_h . k_slot - lse_h)`` over each query's slots.
+
+    q_attn (B, S_q, H, D) bf16 with D 512 or 576, k_attn (B, S_k, D) bf16, lse (B, S_q, H) fp32 (the
+    forward's, natural log); topk_indices (B, S_q, topk) int32, per-batch local ids unless
+    ``topk_indices_global``, a negative id for an empty slot (its target is 0); topk_length (B, S_q)
+    int32 or None. As upstream's docstring says, ``topk_length`` does not replace the -1 padding: slots
+    at and past it must hold -1, because on SM100 upstream runs the non-compact kernel where the tiles
+    match (the op does the same) and that kernel skips slots by their id. ``softmax_scale`` > 0, any
+    value (no scale is compiled in: SM90's host-code literal is the launcher's argument here). Device
+    values the op cannot check: every scored id a key row of its own batch, ``0 <= topk_length <= topk``.
+    ``out`` is allocated when not given, and on SM90 the ``workspace``
+    (``sparse_attn_score_recompute_workspace_bytes``). Every tensor contiguous."""
+    ts = (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace)
+    if out is None or workspace is None:
+        out, workspace = _allocating(_ATTENTION, ts, (softmax_scale, qhead_per_kv_head, topk_indices_global),
+                                     lambda allocating: _validate(_ATTENTION, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, allocating),
+                                     stream)
+    sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length, topk_indices_global, stream,
+                                     workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
+    return Outputs(target=out)
+
+
+def sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False, stream=None, *,
+                                     workspace=None, qhead_per_kv_head=None):
+    """``sparse_attn_score_recompute`` into a caller's ``out`` (and, on SM90, ``workspace``):
+    capture-safe from the first call, allocates nothing. Returns ``out``."""
+    ts = (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace)
+    extra = (softmax_scale, qhead_per_kv_head, topk_indices_global)
+    call, p = cached(_ATTN_CALLS, ts, extra,
+                     lambda: _plan_attention(*ts, softmax_scale=softmax_scale, topk_indices_global=topk_indices_global,
+                                             qhead_per_kv_head=qhead_per_kv_head))
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+    return out
+
+
+def _plan_indexer(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, workspace=None, *, topk_indices_global=False,
+                  qhead_per_kv_head=None):
+    """Validate an indexer call and compile what it does (:class:`aot.ops.plan.Call`)."""
+    return _plan(_INDEXER, (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace), qhead_per_kv_head, topk_indices_global, None)
+
+
+def _plan_attention(out, q_attn, k_attn, lse, topk_indices, topk_length=None, workspace=None, *, softmax_scale, topk_indices_global=False,
+                    qhead_per_kv_head=None):
+    """Validate an attention call and compile what it does (:class:`aot.ops.plan.Call`)."""
+    return _plan(_ATTENTION, (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace), qhead_per_kv_head, topk_indices_global, softmax_scale)
+
+
+def _plan(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale):
+    c = _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale)
+    rec = Recorder(len(ts), len(c.x))
     if c.kernel is not None:
         op, key = c.kernel
-        if op == "sparse_indexer_sm90":
-            b, s_q, h = weights.shape
+        if op.endswith("_sm90"):
+            b, s_q, h = ts[3].shape
 
-            def transpose_weights(ts, stream, n=b * h * s_q, shape=(b, h, s_q)):
+            def transpose_aux(ts, stream, n=b * h * s_q, shape=(b, h, s_q), dtype=kind.aux_dtype, size=kind.aux_bytes):
                 """The (B, H, S_q) copy the SM90 kernel reads (S_q the unit stride), as upstream makes it."""
                 import torch
 
                 with alloc_on(stream, c.dev):
-                    ts[6][: 2 * n].view(torch.bfloat16).view(shape).copy_(ts[3].transpose(1, 2))
+                    ts[6][: size * n].view(getattr(torch, dtype)).view(shape).copy_(ts[3].transpose(1, 2))
 
-            rec.first(transpose_weights)
-        rec.launch(launcher(FAMILY, op, key, c.dev), *_launch_args(op, ts, rec.p, rec.s))
-    return compile_call("dsa_score_recompute.sparse_indexer", rec, c.dev, ts, c.foot)
+            rec.first(transpose_aux)
+        rec.launch(launcher(FAMILY, op, key, c.dev), *_launch_args(op, key, ts, rec.p, rec.s, rec.x))
+    return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
 
 
-def _launch_args(op, ts, p, s) -> tuple:
-    """The host-function arguments of entry ``op`` in upstream's order (``ts``: anything with ``shape`` and
-    ``stride()``, in :data:`_TENSORS` order; ``p``: their pointers)."""
-    out, q, k, w, idx, length, _ = ts
-    lens = tensor_args(length, p[5]) if length is not None else ()
-    if op == "sparse_indexer":  # SM100: q, k, w, ids, out, [lengths], scale (no wrapper passes one: 1.0), stream
-        return (*tensor_args(q, p[1]), *tensor_args(k, p[2]), *tensor_args(w, p[3]), *tensor_args(idx, p[4]), *tensor_args(out, p[0]), *lens, 1.0, s)
+def _launch_args(op, key, ts, p, s, x=()) -> tuple:
+    """The host-function arguments of entry ``op`` (``key``) in upstream's order (``ts``: anything with
+    ``shape`` and ``stride()``, in the ``_into`` order; ``p``: their pointers; ``x``: the attention's
+    scale as the kernel reads it)."""
+    out, q, k, aux, idx, length, _ = ts
+    lens = tensor_args(length, p[5]) if length is not None and key["length"] else ()  # SM100 attention: dropped where upstream drops it
+    if op in ("sparse_indexer", "sparse_attention"):  # SM100: q, k, w / lse, ids, out, [lengths], scale (the indexer's: 1.0), stream
+        return (*tensor_args(q, p[1]), *tensor_args(k, p[2]), *tensor_args(aux, p[3]), *tensor_args(idx, p[4]), *tensor_args(out, p[0]), *lens,
+                x[0] if x else 1.0, s)
     b, s_k, d = k.shape
-    b, s_q, h = w.shape
+    b, s_q, h = aux.shape
     kv4 = (p[2], b, s_k, 1, d, s_k * d, d, d)  # k.unsqueeze(2): the SM90 kernel takes kv as (B, S_k, H_kv = 1, D)
-    # SM90: q, kv, ids, stream, out, the weights transposed (B, H, S_q) in the workspace, [lengths], (no L1 denominator)
-    return (*tensor_args(q, p[1]), *kv4, *tensor_args(idx, p[4]), s, *tensor_args(out, p[0]), *flat_args(p[6], (b, h, s_q)), *lens)
+    # SM90: q, kv, ids, stream, out, the weights / LSE transposed (B, H, S_q) in the workspace, [lengths], (no L1 denominator),
+    # then the attention's softmax_scale_log2 (the spec's LITERALS: upstream bakes it into the host code)
+    return (*tensor_args(q, p[1]), *kv4, *tensor_args(idx, p[4]), s, *tensor_args(out, p[0]), *flat_args(p[6], (b, h, s_q)), *lens, *x)
 
 
 class SparseIndexerScoreRecompute(Plan):
@@ -148,35 +244,48 @@ class SparseIndexerScoreRecompute(Plan):
     weights, topk_indices, topk_length=None, workspace=None, *, topk_indices_global=False,
     qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
 
-    _build = staticmethod(_plan)
-    _tensors = _TENSORS
+    _build = staticmethod(_plan_indexer)
+    _tensors = _INDEXER.tensors
 
 
-_CALLS: dict = {}
+class SparseAttnScoreRecompute(Plan):
+    """cudnn's SparseAttnScoreRecompute shape: ``SparseAttnScoreRecompute(out, q_attn, k_attn, lse,
+    topk_indices, topk_length=None, workspace=None, *, softmax_scale, topk_indices_global=False,
+    qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+
+    _build = staticmethod(_plan_attention)
+    _tensors = _ATTENTION.tensors
 
 
-def _validate(ts, qhead_per_kv_head, topk_indices_global, allocating=False) -> _Call:
+_CALLS: dict = {}  # the indexer's plans
+_ATTN_CALLS: dict = {}  # the attention's
+
+
+def _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, allocating=False) -> _Call:
     """Every problem with a call, raised together before anything is touched (``allocating``: ``out``
-    and ``workspace`` given as None will be allocated)."""
+    and ``workspace`` given as None will be allocated; ``softmax_scale``: None for the indexer)."""
     import torch
 
-    out, q, k, w, idx, length, workspace = ts
+    out, q, k, aux, idx, length, workspace = ts
+    names = kind.tensors
     problems = []
     glob = flag(problems, "topk_indices_global", topk_indices_global)
+    scale = None if kind is _INDEXER else scalar_f32(problems, "softmax_scale", softmax_scale, positive=True)
+    dims = " or ".join(map(str, kind.dims))
     if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != 4 or q.device.type != "cuda":
-        problems.append(f"q_indexer: expected a (B, S_q, H, 128) CUDA tensor, got {getattr(q, 'shape', type(q).__name__)}")
+        problems.append(f"{names[1]}: expected a (B, S_q, H, {dims}) CUDA tensor, got {getattr(q, 'shape', type(q).__name__)}")
         raise input_error(problems)
     if not isinstance(k, torch.Tensor) or k.ndim != 3 or not isinstance(idx, torch.Tensor) or idx.ndim != 3:
-        problems.append("k_indexer: expected (B, S_k, 128) and topk_indices (B, S_q, topk) tensors")
+        problems.append(f"{names[2]}: expected (B, S_k, D) and topk_indices (B, S_q, topk) tensors")
         raise input_error(problems)
     dev = q.device.index
     arch, sm100 = arch_or_refuse(problems, dev)
     b, s_q, h, d = q.shape
     s_k, topk = k.shape[1], idx.shape[2]
     bf16 = torch.bfloat16
-    check(problems, q, "q_indexer", (b, s_q, h, policy.DIM), bf16, dev, 16)
-    check(problems, k, "k_indexer", (b, s_k, policy.DIM), bf16, dev, 16)
-    check(problems, w, "weights", (b, s_q, h), bf16, dev, 16)
+    check(problems, q, names[1], (b, s_q, h, d), bf16, dev, 16)
+    check(problems, k, names[2], (b, s_k, d), bf16, dev, 16)
+    check(problems, aux, names[3], (b, s_q, h), getattr(torch, kind.aux_dtype), dev, 16)
     check(problems, idx, "topk_indices", (b, s_q, topk), torch.int32, dev, 16)
     if length is not None:
         check(problems, length, "topk_length", (b, s_q), torch.int32, dev, 16)
@@ -184,12 +293,16 @@ def _validate(ts, qhead_per_kv_head, topk_indices_global, allocating=False) -> _
         check(problems, out, "out", (b, s_q, topk), torch.float32, dev, 16)
     if qhead_per_kv_head is not None and qhead_per_kv_head != h:
         problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal q's heads ({h}; k has one KV head)")
-    if d != policy.DIM:
-        problems.append(f"D={d} (expected {policy.DIM})")
+    if d not in kind.dims:
+        problems.append(f"D={d} (expected {dims})")
     if topk % 128 or not 128 <= topk <= 2048:
         problems.append(f"topk={topk} (the kernels take 128..2048 slots in multiples of 128: pad the rows with -1)")
     if not s_k and b * s_q:
-        problems.append("k_indexer: S_k = 0 (expected at least one key row)")
+        problems.append(f"{names[2]}: S_k = 0 (expected at least one key row)")
+    x = ()
+    if scale is not None and not problems:
+        # SM100 reads the scale; SM90 the f32 of scale * log2 e its host code would have computed
+        x = (scale,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", scale * _LOG2_E),)
     if not problems:
         for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
             if n >= _I32:
@@ -197,19 +310,21 @@ def _validate(ts, qhead_per_kv_head, topk_indices_global, allocating=False) -> _
     kernel = None
     need = 0
     if not problems:
-        ks = policy.kernels(arch, h, topk, length is not None, glob)
+        if kind is _INDEXER:
+            ks = policy.kernels(arch, h, topk, length is not None, glob)
+        else:
+            ks = policy.attention_kernels(arch, h, d, topk, length is not None, glob)
         require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
         kernel = ks["main"] if b * s_q else None
-        need = policy.workspace_bytes(arch, b, s_q, h)
+        need = policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
         if need and not (allocating and workspace is None):
-            problems += workspace_problems(workspace, need, dev, list(zip(_TENSORS, ts[:6])),
-                                           "aot.dsa.sparse_indexer_score_recompute_workspace_bytes")
+            problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:6])), f"aot.dsa.{kind.name}_workspace_bytes")
     if not problems:
-        problems += aliasing([("out", out)], list(zip(_TENSORS[1:6], ts[1:6])))
+        problems += aliasing([("out", out)], list(zip(names[1:6], ts[1:6])))
     if problems:
         raise input_error(problems)
     foot = footprint(ts, writes=(0, 6), masks=(15,) * 6 + ((15,) if need else (0,),), sizes={6: need})
-    return _Call(dev, arch, need, kernel, foot)
+    return _Call(dev, arch, need, kernel, foot, x)
 
 
 # --- torch.library (aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------
@@ -220,7 +335,7 @@ def _t_sparse_indexer(q_indexer, k_indexer, weights, topk_indices, topk_length=N
                                           topk_indices_global=topk_indices_global)["predict"]
 
 
-def _f_sparse_indexer(q_indexer, k_indexer, weights, topk_indices, *args, **kwargs):
+def _f_sparse_indexer(q, k, aux, topk_indices, *args, **kwargs):  # both sparse wrappers: (B, S_q, topk) fp32
     import torch
 
     return topk_indices.new_empty(topk_indices.shape, dtype=torch.float32)
@@ -230,8 +345,20 @@ def _t_sparse_indexer_into(out, q_indexer, k_indexer, weights, topk_indices, top
     sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length, topk_indices_global, workspace=workspace)
 
 
+def _t_sparse_attn(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False):
+    return sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=topk_length,
+                                       topk_indices_global=topk_indices_global)["target"]
+
+
+def _t_sparse_attn_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False, workspace=None):
+    sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length, topk_indices_global, workspace=workspace)
+
+
 _IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
+_IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
 TORCH_OPS = {
     "dsa_sparse_indexer_score_recompute": (f"({_IN}) -> Tensor", _t_sparse_indexer, _f_sparse_indexer),
     "dsa_sparse_indexer_score_recompute_into": (f"(Tensor(a!) out, {_IN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_indexer_into, writes_only),
+    "dsa_sparse_attn_score_recompute": (f"({_IN_ATTN}) -> Tensor", _t_sparse_attn, _f_sparse_indexer),
+    "dsa_sparse_attn_score_recompute_into": (f"(Tensor(a!) out, {_IN_ATTN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_attn_into, writes_only),
 }

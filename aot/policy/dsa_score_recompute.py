@@ -1,20 +1,30 @@
 """Policy of the DSA score recompute (cudnn.deepseek_sparse_attention.score_recompute, 1.32.0).
 
-So far the sparse indexer's: ``sparse_indexer_score_recompute_wrapper``, the indexer's predicted
-distribution ``softmax_i(sum_h relu(q_h . k_topk[i]) w_h)`` over each query's top-k slots (the dense
-and attention wrappers follow; docs/research/score-recompute.md has all four).
+So far the two sparse wrappers: ``sparse_indexer_score_recompute_wrapper``, the indexer's predicted
+distribution ``softmax_i(sum_h relu(q_h . k_topk[i]) w_h)`` over each query's top-k slots, and
+``sparse_attn_score_recompute_wrapper``, the attention's target distribution
+``L1norm_i(sum_h exp(scale q_h . k_topk[i] - lse_h))`` (the dense wrappers follow;
+docs/research/score-recompute.md has all four).
 
 Ops and what changes their cubins (measured by compiling two values; docs/research/score-recompute.md §3):
 
-  sparse_indexer       SparseScoreRecomputeSm100 "indexer": heads, topk, length (topk_length given),
-                       topk_global; derived m = heads, n = 128, kv_stage and whether the slot ids
-                       fit in shared memory (upstream's 227 KiB budget)
-  sparse_indexer_sm90  SparseScoreRecomputeSm90 (index scores): the same fields; derived tile_m =
-                       min(heads, 64) and the head tiles
+  sparse_indexer          SparseScoreRecomputeSm100 "indexer": heads, topk, length (topk_length given),
+                          topk_global; derived m = heads, n = 128, kv_stage and whether the slot ids
+                          fit in shared memory (upstream's 227 KiB budget)
+  sparse_indexer_sm90     SparseScoreRecomputeSm90 (index scores): the same fields; derived tile_m =
+                          min(heads, 64) and the head tiles
+  sparse_attention        SparseScoreRecomputeSm100 "attention": heads, dim, topk, length, topk_global;
+                          derived tiles (upstream's tuned table), kv_stage, slot ids in shared memory.
+                          Where the compact tiles equal the non-compact ones upstream drops topk_length
+                          and runs the non-compact kernel: such a key is length = false
+  sparse_attention_sm90   SparseScoreRecomputeSm90 (attention): heads, dim, topk, length, topk_global;
+                          tile_m 48 x 2 head tiles at H96
 
-Not in the keys: batch and sequence lengths (both arches), the scale (no wrapper passes one: 1.0).
-D is 128. One launch per call; on SM90 the weights are first copied transposed, (B, S_q, H) ->
-(B, H, S_q), as upstream does on every call (the kernel reads S_q as the unit stride): into the
+Not in the keys: batch and sequence lengths (both arches); the indexer's scale (no wrapper passes one:
+1.0); the attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
+``f32(scale * log2 e)`` and bakes it in per compile: the launcher takes it per call, the spec's
+``LITERALS``). One launch per call; on SM90 the weights / LSE are first copied transposed, (B, S_q,
+H) -> (B, H, S_q), as upstream does on every call (the kernel reads S_q as the unit stride): into the
 caller's workspace here.
 """
 
@@ -22,7 +32,8 @@ from ._math import round_up
 from .arch import SM90, SM100, is_sm100
 from .keys import Choice, IntRange, Op
 
-__all__ = ["FAMILY", "OPS", "DIM", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm90_tiles", "kernels", "workspace_bytes"]
+__all__ = ["FAMILY", "OPS", "DIM", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
+           "attention_kernels", "workspace_bytes"]
 
 FAMILY = "dsa_score_recompute"
 DIM = 128
@@ -35,17 +46,54 @@ _BOOL = Choice(False, True)
 _SPARSE = {"heads": Choice(16, 32, 64, 128),  # all compile upstream; the manifest ships 64
             "topk": IntRange(128, 2048, 128), "length": _BOOL, "topk_global": _BOOL}
 
+ATTN_DIMS = (512, 576)
+_ATTN = {"heads": Choice(16, 32, 64, 96, 128), "dim": Choice(*ATTN_DIMS), "topk": IntRange(128, 2048, 128), "length": _BOOL, "topk_global": _BOOL}
+
+
+def _sm100_attention_check(key):
+    h, d, topk = key["heads"], key["dim"], key["topk"]
+    if h == 96 and d != 576:
+        return "H96 compiles on SM100 at D576 only (D512 fails upstream: '48 is not a valid Repetition')"
+    if key["length"] and sm100_attention_tiles(d, h, topk, True) == sm100_attention_tiles(d, h, topk, False):
+        return (f"upstream drops topk_length at H{h} D{d} topk {topk} (the compact tiles equal the non-compact ones) and runs the "
+                "non-compact kernel: list length = false for it")
+    n = sm100_attention_tiles(d, h, topk, key["length"])[1]
+    if topk % n:
+        return f"topk {topk} is not a multiple of the kernel's {n}-key tile"
+    return None
+
+
 OPS = {
     "sparse_indexer": Op(fields=dict(_SPARSE), arches=SM100),
     "sparse_indexer_sm90": Op(fields=dict(_SPARSE), arches=SM90),
+    "sparse_attention": Op(fields=dict(_ATTN), check=_sm100_attention_check, arches=SM100),
+    "sparse_attention_sm90": Op(fields=dict(_ATTN), arches=SM90),
 }
 
 
-def sm100_stages(heads: int, topk: int, dim: int = DIM) -> tuple:
-    """(kv_stage, topk_in_smem) of the SM100 sparse indexer, as upstream sizes them from its shared-memory budget."""
+def sm100_attention_tiles(dim: int, heads: int, topk: int, compact: bool) -> tuple:
+    """(m, n, k_block or None) of the SM100 sparse attention kernel: upstream's tuned table
+    (_interface_sm100._dispatch_sparse_attn_tile_params; check_policy compares them)."""
+    if dim == 576 and heads == 96:
+        return heads, 128, 192
+    if compact:
+        return {(512, 64): (heads, 64, None), (512, 128): (heads, 128, 128), (576, 64): (heads, 64, None),
+                (576, 128): (heads, 64, 192)}.get((dim, heads), (heads, 64, None))
+    if dim == 512 and heads == 64:
+        return heads, 128, 256
+    if dim == 512 and heads == 128:
+        return (heads, 128, 128) if topk <= 512 else (heads, 128, 256)
+    if dim == 576 and heads in (64, 128):
+        return heads, 128, 192
+    return heads, 64, None
+
+
+def sm100_stages(heads: int, topk: int, dim: int = DIM, n: int = N_BLOCK, k: int | None = None, per_head: int = 2) -> tuple:
+    """(kv_stage, topk_in_smem) of the SM100 sparse kernels, as upstream sizes them from its shared-memory
+    budget (``per_head``: bytes of a weight (bf16, the indexer) or an LSE value (fp32, the attention))."""
     d = -(-dim // 16) * 16
-    sk, sq = N_BLOCK * d * 2, heads * d * 2
-    fixed = heads * 2 * 2 + 2048
+    sk, sq = n * (k or d) * 2, heads * d * 2
+    fixed = heads * 2 * per_head + 2048
     overhead = topk * 2 * 4 + fixed
     stage = min(4, max(1, (SMEM_BYTES - sq - overhead) // sk))
     if sq + sk * stage + overhead <= SMEM_BYTES:
@@ -53,8 +101,10 @@ def sm100_stages(heads: int, topk: int, dim: int = DIM) -> tuple:
     return min(4, max(1, (SMEM_BYTES - sq - fixed) // sk)), False
 
 
-def sm90_tiles(heads: int) -> tuple:
-    """(tile_m, head tiles) of the SM90 index-score kernel."""
+def sm90_tiles(heads: int, attention: bool = False) -> tuple:
+    """(tile_m, head tiles) of the SM90 sparse kernel (the attention's H96: 48 x 2, upstream's special case)."""
+    if attention and heads == 96:
+        return 48, 2
     tile_m = min(heads, _SM90_MAX_TILE_M)
     return tile_m, heads // tile_m
 
@@ -65,7 +115,17 @@ def kernels(arch, heads, topk, length, topk_global) -> dict:
     return {"main": ("sparse_indexer" if is_sm100(arch) else "sparse_indexer_sm90", key)}
 
 
-def workspace_bytes(arch, batch, seqlen_q, heads) -> int:
-    """Bytes of the caller's workspace: on SM90 the (B, H, S_q) bf16 copy of the weights (128-byte
-    rounded); none on SM100."""
-    return 0 if is_sm100(arch) else round_up(batch * seqlen_q * heads * 2, WS_ALIGN)
+def attention_kernels(arch, heads, dim, topk, length, topk_global) -> dict:
+    """role -> (op, key) of one sparse attention call (SM100: topk_length dropped where upstream drops it)."""
+    key = {"heads": int(heads), "dim": int(dim), "topk": int(topk), "length": bool(length), "topk_global": bool(topk_global)}
+    if not is_sm100(arch):
+        return {"main": ("sparse_attention_sm90", key)}
+    if length and sm100_attention_tiles(dim, heads, topk, True) == sm100_attention_tiles(dim, heads, topk, False):
+        key["length"] = False
+    return {"main": ("sparse_attention", key)}
+
+
+def workspace_bytes(arch, batch, seqlen_q, heads, elem_bytes=2) -> int:
+    """Bytes of the caller's workspace: on SM90 the (B, H, S_q) copy of the weights (bf16) or the LSE
+    (fp32, ``elem_bytes`` 4), 128-byte rounded; none on SM100."""
+    return 0 if is_sm100(arch) else round_up(batch * seqlen_q * heads * elem_bytes, WS_ALIGN)

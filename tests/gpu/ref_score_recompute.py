@@ -73,10 +73,11 @@ import torch
 
 from refutil import distinct_ids, generator, rel_err  # noqa: F401 - rel_err: the tests use ref.rel_err
 
-__all__ = ["REL_ERR_BOUNDS", "D", "scored_mask", "sparse_indexer_predict_ref", "reference", "make_inputs", "rel_err"]
+__all__ = ["REL_ERR_BOUNDS", "D", "scored_mask", "sparse_indexer_predict_ref", "sparse_attn_target_ref", "reference", "attention_reference",
+           "make_inputs", "make_attention_inputs", "rel_err"]
 
 # Norm-wise relative error bound of the kernels' predict (module docstring says why).
-REL_ERR_BOUNDS = {"predict": 1e-5}
+REL_ERR_BOUNDS = {"predict": 1e-5, "target": 1e-5}
 
 D = 128  # the head dim the kernels are built for
 
@@ -116,15 +117,9 @@ def _check_shapes(q, k, w, topk_indices, topk_length):
         raise ValueError("score recompute reference: " + "; ".join(problems))
 
 
-def sparse_indexer_predict_ref(q, k, w, topk_indices, topk_length=None, topk_indices_global=False, *, max_chunk_elems=DEFAULT_MAX_CHUNK_ELEMS):
-    """float64 ``predict`` (B, S_q, topk) on the inputs' device; no input is modified.
-
-    ``q`` (B,S_q,H,D), ``k`` (B,S_k,D), ``w`` (B,S_q,H) (any float dtype, read as float64),
-    ``topk_indices`` (B,S_q,topk) integer, ``topk_length`` (B,S_q) integer or None. ValueError for
-    inputs outside the contract on which the arches disagree (module docstring): a scored slot whose
-    id is not a key row of its own batch, or a length above ``topk``.
-    """
-    _check_shapes(q, k, w, topk_indices, topk_length)
+def _slots(q, k, topk_indices, topk_length, topk_indices_global):
+    """(scored (B,S_q,topk) bool, flat key row per slot (B*S_q, topk) into k viewed (B*S_k, D), 0 where
+    not scored), after the contract checks both references share."""
     bsz, s_q, h, d = q.shape
     s_k = k.shape[1]
     topk = topk_indices.shape[-1]
@@ -145,32 +140,75 @@ def sparse_indexer_predict_ref(q, k, w, topk_indices, topk_length=None, topk_ind
         raise ValueError(f"score recompute reference: {int(bad.sum())} scored slot(s) hold an id that is not a key row of their batch "
                          f"(first: batch {b} row {s} slot {j} id {int(ids[b, s, j])}, S_k={s_k}, global={bool(topk_indices_global)}); "
                          "SM90 scores such a slot 0, SM100 reads stale shared memory: outside the contract")
+    flat = torch.where(scored, local + (torch.arange(bsz, device=dev, dtype=torch.int64) * s_k).view(bsz, 1, 1), 0).reshape(bsz * s_q, topk)
+    return scored, flat
 
+
+def _per_row(q, k, aux, topk_indices, topk_length, topk_indices_global, max_chunk_elems, finish):
+    """float64 (B, S_q, X): ``finish(S (R, H, topk), aux rows (R, H), scored (R, topk))`` -> (R, X) over chunks
+    of rows, S the fp64 ``q_h . k_slot`` of every slot (slots not scored read key row 0)."""
+    _check_shapes(q, k, aux, topk_indices, topk_length)
+    bsz, s_q, h, d = q.shape
+    s_k, topk, dev = k.shape[1], topk_indices.shape[-1], q.device
+    scored, flat = _slots(q, k, topk_indices, topk_length, topk_indices_global)
     rows = bsz * s_q
     qf = q.detach().to(torch.float64).reshape(rows, h, d)
-    wf = w.detach().to(device=dev, dtype=torch.float64).reshape(rows, h)
+    af = aux.detach().to(device=dev, dtype=torch.float64).reshape(rows, h)
     kf = k.detach().to(device=dev, dtype=torch.float64).reshape(bsz * s_k, d)
-    flat = torch.where(scored, local + (torch.arange(bsz, device=dev, dtype=torch.int64) * s_k).view(bsz, 1, 1), 0).reshape(rows, topk)
     sc = scored.reshape(rows, topk)
-    out = torch.zeros(rows, topk, dtype=torch.float64, device=dev)
+    out = []
     step = max(1, max_chunk_elems // max(1, topk * max(h, d)))
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        kg = kf[flat[r0:r1]]  # (R, topk, D); slots not scored read row 0 and are masked below
-        s = torch.einsum("rhd,rjd->rhj", qf[r0:r1], kg)
-        logit = torch.einsum("rh,rhj->rj", wf[r0:r1], s.clamp_min(0.0))
-        m = sc[r0:r1]
-        x = torch.where(m, logit, -math.inf)
+        s = torch.einsum("rhd,rjd->rhj", qf[r0:r1], kf[flat[r0:r1]])
+        out.append(finish(s, af[r0:r1], sc[r0:r1]))
+    return torch.cat(out).reshape(bsz, s_q, -1) if out else torch.zeros(bsz, s_q, topk, dtype=torch.float64, device=dev)
+
+
+def sparse_indexer_predict_ref(q, k, w, topk_indices, topk_length=None, topk_indices_global=False, *, max_chunk_elems=DEFAULT_MAX_CHUNK_ELEMS):
+    """float64 ``predict`` (B, S_q, topk) on the inputs' device; no input is modified.
+
+    ``q`` (B,S_q,H,D), ``k`` (B,S_k,D), ``w`` (B,S_q,H) (any float dtype, read as float64),
+    ``topk_indices`` (B,S_q,topk) integer, ``topk_length`` (B,S_q) integer or None. ValueError for
+    inputs outside the contract on which the arches disagree (module docstring): a scored slot whose
+    id is not a key row of its own batch, or a length above ``topk``.
+    """
+
+    def finish(s, w, m):
+        x = torch.where(m, torch.einsum("rh,rhj->rj", w, s.clamp_min(0.0)), -math.inf)
         mx = x.amax(dim=-1, keepdim=True)
         e = torch.where(m, torch.exp(x - torch.where(torch.isfinite(mx), mx, 0.0)), 0.0)
         tot = e.sum(dim=-1, keepdim=True)
-        out[r0:r1] = torch.where(tot > 0, e / torch.where(tot > 0, tot, 1.0), 0.0)
-    return out.reshape(bsz, s_q, topk)
+        return torch.where(tot > 0, e / torch.where(tot > 0, tot, 1.0), 0.0)
+
+    return _per_row(q, k, w, topk_indices, topk_length, topk_indices_global, max_chunk_elems, finish)
+
+
+def sparse_attn_target_ref(q, k, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False, *,
+                           max_chunk_elems=DEFAULT_MAX_CHUNK_ELEMS):
+    """float64 ``target`` (B, S_q, topk) of cudnn's ``sparse_attn_score_recompute_wrapper``: per scored slot
+    ``P_j = sum_h exp(softmax_scale * q_h . k_j - lse_h)`` (the attention probabilities the forward's
+    LSE recovers, summed over heads), ``target_j = P_j / sum_i P_i``; 0 for a slot not scored and for
+    every slot of a row whose sum is 0. The same slot rules and contract as
+    :func:`sparse_indexer_predict_ref` (SP90 l.982-1016 and SP100 l.1505-1535 mask by length or id sign
+    alike; both divide by the row sum, SM90 adding 1e-10, SM100 writing 0 below 1e-10)."""
+
+    def finish(s, lse, m):
+        p = torch.where(m, torch.exp(softmax_scale * s - lse[:, :, None]).sum(dim=1), 0.0)
+        tot = p.sum(dim=-1, keepdim=True)
+        return torch.where(tot > 0, p / torch.where(tot > 0, tot, 1.0), 0.0)
+
+    return _per_row(q, k, lse, topk_indices, topk_length, topk_indices_global, max_chunk_elems, finish)
 
 
 def reference(x, topk_indices_global=False):
     """:func:`sparse_indexer_predict_ref` of a :func:`make_inputs` dict."""
     return sparse_indexer_predict_ref(x["q_indexer"], x["k_indexer"], x["weights"], x["topk_indices"], x.get("topk_length"), topk_indices_global)
+
+
+def attention_reference(x, topk_indices_global=False):
+    """:func:`sparse_attn_target_ref` of a :func:`make_attention_inputs` dict."""
+    return sparse_attn_target_ref(x["q_attn"], x["k_attn"], x["lse"], x["topk_indices"], x["softmax_scale"], x.get("topk_length"), topk_indices_global)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,3 +283,30 @@ def make_inputs(B, S_q, S_k, H, topk, *, with_length=False, topk_indices_global=
         topk_indices=slots.to(device=device, dtype=torch.int32).contiguous(),
         topk_length=None if length is None else length.to(device=device).contiguous(),
     )
+
+
+def make_attention_inputs(B, S_q, S_k, H, topk, d=512, *, softmax_scale=None, with_length=False, topk_indices_global=False, invalid_frac=0.1,
+                          device="cpu", seed=None, lse_jitter=1.0):
+    """:func:`make_inputs`' slots and bf16 q / k at head dim ``d`` with N(0, 1) entries (``softmax_scale``,
+    by default ``d**-0.5``, makes ``softmax_scale * q . k`` ~N(0, 1)), keyed like the attention op's
+    arguments: ``dict(q_attn, k_attn, lse, topk_indices, topk_length, softmax_scale)``. ``lse`` (B,S_q,H)
+    fp32 is each head's fp64 log-sum-exp of ``softmax_scale * q_h . k`` over the row's scored slots (what
+    the sparse forward returns), plus a per-head offset uniform in ``[-lse_jitter, lse_jitter]`` so the
+    heads weigh differently and the LSE visibly matters; 0 for a row without a scored slot."""
+    x = make_inputs(B, S_q, S_k, H, topk, with_length=with_length, topk_indices_global=topk_indices_global, invalid_frac=invalid_frac, seed=seed,
+                    d=d)
+    gen = generator(None if seed is None else seed + 1)
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    q = (x["q_indexer"].float() * d**0.25).to(torch.bfloat16)  # N(0, 1) entries: q . k ~ N(0, d), scale * q . k ~ N(0, 1)
+    k = (x["k_indexer"].float() * d**0.25).to(torch.bfloat16)
+    ids, length = x["topk_indices"], x["topk_length"]
+
+    def lse_of(s, _aux, m):
+        z = torch.where(m[:, None, :], scale * s, -math.inf)
+        out = torch.logsumexp(z, dim=-1)
+        return torch.where(torch.isfinite(out), out, 0.0)
+
+    lse = _per_row(q, k, torch.zeros(B, S_q, H), ids, length, topk_indices_global, DEFAULT_MAX_CHUNK_ELEMS, lse_of)  # (B, S_q, H)
+    lse = lse + (torch.rand(B, S_q, H, generator=gen, dtype=torch.float64) * 2 - 1) * lse_jitter
+    return dict(q_attn=q.to(device), k_attn=k.to(device), lse=lse.to(device=device, dtype=torch.float32).contiguous(), topk_indices=ids.to(device),
+                topk_length=None if length is None else length.to(device), softmax_scale=scale)

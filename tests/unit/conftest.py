@@ -171,6 +171,14 @@ heads = 64
 topk = 512
 length = [false, true]
 topk_global = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "sparse_attention_sm90"
+heads = 64
+dim = 512
+topk = 512
+length = [false, true]
+topk_global = false
 """
 
 
@@ -279,6 +287,22 @@ heads = 64
 topk = 512
 length = [false, true]
 topk_global = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "sparse_attention"
+heads = [64, 128]
+dim = 512
+topk = 512
+length = false
+topk_global = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "sparse_attention"
+heads = 64
+dim = 512
+topk = 512
+length = true
+topk_global = false
 """
 
 
@@ -297,7 +321,8 @@ def _real_build(tmp_path_factory, name, manifest, samples):
 def sm100_build(tmp_path_factory):
     """The sm_100a entries of SM100_BUILD: the SM100 indexer forward (bf16 H64 ratio 4), the sparse
     attention forward (H64 D512, a sink: indexer_topk 512; 0 with and without topk_length), compactify (128 columns), the fused
-    indexer top-k and local_to_global. No SM100 GPU here: the ops' SM100 paths run on it with a
+    indexer top-k and local_to_global, the sparse indexer and sparse attention score recompute (H64 top-k 512 with and
+    without topk_length; H128 D512, where upstream drops topk_length). No SM100 GPU here: the ops' SM100 paths run on it with a
     stand-in capability-10.0 driver, their launches through the real lifted host functions."""
     return _real_build(tmp_path_factory, "sm100_build", SM100_BUILD, 20)
 
@@ -308,5 +333,6 @@ def small_build(tmp_path_factory):
     CSA forward and backward (ratio 4, d 128), the SM90 indexer backward (H64, top-k 128), the SM90
     sparse attention backward (H64, D512, top-k 128), local_to_global (both dtypes, both layouts),
     compactify (128 columns), the indexer top-k (fp32, 4096-column bucket, top-k 128) and the SM90 indexer
-    forward (bf16 H64 ratio 4 with LSE), the SM90 dense indexer backward (H64 ratio 4, BSHD and THD). Its directory."""
+    forward (bf16 H64 ratio 4 with LSE), the SM90 dense indexer backward (H64 ratio 4, BSHD and THD), the SM90 sparse indexer and attention score
+    recompute (H64, top-k 512, D512 for the attention, with and without topk_length). Its directory."""
     return _real_build(tmp_path_factory, "small_build", SMALL_BUILD, 50)

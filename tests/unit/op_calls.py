@@ -178,7 +178,23 @@ def sparse_indexer_score_recompute(dev, stream, s_q=8, s_k=300, length=False):
             (out,) + ((ws,) if ws is not None else ()))
 
 
-SM100_FAMILIES = {"fused_top_k": fused_top_k, "fused_top_k_thd": fused_top_k_thd, "sparse_indexer_score_recompute": sparse_indexer_score_recompute}  # on the sm100 build (sm100_env)
+def sparse_attn_score_recompute(dev, stream, s_q=8, s_k=300, length=False, heads=64):
+    """The sparse attention score recompute (D512, top-k 512, local ids, softmax_scale 512**-0.5), B 2; on SM90
+    with its workspace."""
+    import aot.dsa
+
+    b, d, topk = 2, 512, 512
+    q, k, lse = _t((b, s_q, heads, d), torch.bfloat16, dev), _t((b, s_k, d), torch.bfloat16, dev), _t((b, s_q, heads), torch.float32, dev)
+    idx, out = _t((b, s_q, topk), torch.int32, dev, fill=-1), _t((b, s_q, topk), torch.float32, dev)
+    ln = _t((b, s_q), torch.int32, dev, fill=7) if length else None
+    need = aot.dsa.sparse_attn_score_recompute_workspace_bytes(lse.shape, dev)
+    ws = _t((need,), torch.uint8, dev) if need else None
+    return (aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, idx, 512**-0.5, ln), dict(stream=stream, workspace=ws),
+            (out,) + ((ws,) if ws is not None else ()))
+
+
+SM100_FAMILIES = {"fused_top_k": fused_top_k, "fused_top_k_thd": fused_top_k_thd, "sparse_indexer_score_recompute": sparse_indexer_score_recompute,
+                  "sparse_attn_score_recompute": sparse_attn_score_recompute}  # on the sm100 build (sm100_env)
 
 
 def plan_class(fn):
@@ -192,7 +208,8 @@ def plan_class(fn):
             aot.dsa.local_to_global_into: aot.dsa.LocalToGlobal, aot.dsa.compactify_into: aot.dsa.Compactify,
             aot.dsa.indexer_top_k_into: aot.dsa.IndexerTopK, aot.dsa.indexer_forward_into: aot.dsa.IndexerForward,
             aot.dsa.dense_indexer_backward_into: aot.dsa.DenseIndexerBackward,
-            aot.dsa.sparse_indexer_score_recompute_into: aot.dsa.SparseIndexerScoreRecompute}[fn]
+            aot.dsa.sparse_indexer_score_recompute_into: aot.dsa.SparseIndexerScoreRecompute,
+            aot.dsa.sparse_attn_score_recompute_into: aot.dsa.SparseAttnScoreRecompute}[fn]
 
 
 FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,

@@ -1,6 +1,7 @@
-"""aot.ops.dsa_score_recompute (the sparse indexer's) without a GPU: on SM90 the weights copied
-transposed into the workspace before the one launch, the arguments in upstream's order through the
-lifted host functions of both arches, the grids, the refusals, and a plan that refuses other shapes."""
+"""aot.ops.dsa_score_recompute (the sparse indexer's and the sparse attention's) without a GPU: on SM90
+the weights / LSE copied transposed into the workspace before the one launch, the attention's scale
+where each arch's kernel reads it, the arguments in upstream's order through the lifted host functions
+of both arches, the grids, the refusals, and a plan that refuses other shapes."""
 
 import contextlib
 import struct
@@ -101,9 +102,10 @@ def test_sm100_launches_once_through_the_lifted_host_function_without_a_workspac
 
 
 def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls):
-    """ci/check_sm100_calls.check_sparse_indexer_score on the SM100 build's entries (with and without
-    topk_length): the op's argument list equals upstream's order written down in the checker and runs
-    through the lifted host function; swapped q and w pointers are caught."""
+    """ci/check_sm100_calls.check_sparse_score on the SM100 build's entries (indexer and attention, with
+    and without topk_length): the op's argument list equals upstream's order written down in the checker
+    and runs through the lifted host function; swapped q and w / lse pointers and a scale that does not
+    reach the kernel are caught."""
     import json
 
     import aot.ops.dsa_score_recompute as op
@@ -111,21 +113,113 @@ def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls)
 
     index = json.loads((sm100_build / "index.json").read_text())
     entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute"]
-    assert len(entries) == 2
+    assert sorted(e["op"] for e in entries) == ["sparse_attention"] * 3 + ["sparse_indexer"] * 2
     real = op._launch_args
 
-    def swapped(o, ts, p, s):
+    def swapped(o, key, ts, p, s, x=()):
         p = list(p)
         p[1], p[3] = p[3], p[1]
-        return real(o, ts, p, s)
+        return real(o, key, ts, p, s, x)
+
+    def unscaled(o, key, ts, p, s, x=()):
+        return real(o, key, ts, p, s, (1.0,) if x else ())
 
     for e in entries:
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
-            assert sm100_calls.check_sparse_indexer_score(ns, key, b, s_q, s_k) == [], e["id"]
-        op._launch_args = swapped
-        try:
-            assert sm100_calls.check_sparse_indexer_score(ns, key, 2, 64, 4096) != []
-        finally:
-            op._launch_args = real
+            assert sm100_calls.check_sparse_score(ns, e["op"], key, b, s_q, s_k) == [], e["id"]
+        for bad in (swapped, unscaled) if e["op"] == "sparse_attention" else (swapped,):
+            op._launch_args = bad
+            try:
+                assert sm100_calls.check_sparse_score(ns, e["op"], key, 2, 64, 4096) != [], (e["id"], bad.__name__)
+            finally:
+                op._launch_args = real
+
+
+def _params_of(env, fn, args, kw):
+    env.launches.clear()
+    fn(*args, **kw)
+    (launch,) = env.launches
+    return launch
+
+
+@pytest.mark.parametrize("length", [False, True])
+def test_sm90_attention_copies_the_lse_transposed_and_passes_the_scale_per_call(env, torch_steps, length):
+    """The LSE (B, S_q, H) fp32 lands as (B, H, S_q) in the workspace; the kernel parameter upstream's host
+    code bakes (f32(scale * log2 e)) is written per call: two scales, two launches that differ in those
+    4 bytes only, one plan per scale."""
+    stream = env.new_stream(0)
+    fn, args, kw, writes = op_calls.sparse_attn_score_recompute(0, stream, s_q=8, length=length)
+    out, q, k, lse, idx, scale, ln = args
+    ws = kw["workspace"]
+    assert ws.numel() == 2 * 8 * 64 * 4  # fp32, already a multiple of 128
+    env.memsets.clear()
+    a = _params_of(env, fn, args, kw)
+    assert not env.memsets
+    assert a.dims[:6] == (8, 1, 2, 256, 1, 1) and a.dims[7] == stream
+    for t in (out, q, idx, ws) + ((ln,) if length else ()):
+        assert _ptr_in(t, a.params)
+    assert not _ptr_in(lse, a.params), "the kernel reads the transposed copy"
+    assert torch.equal(ws.view(torch.float32).view(2, 64, 8), lse.transpose(1, 2))
+    assert struct.pack("<f", scale * 1.4426950408889634) in a.params
+    b = _params_of(env, fn, (*args[:5], 0.25, ln), kw)
+    diff = [i for i, (x, y) in enumerate(zip(a.params, b.params)) if x != y]
+    assert len(diff) == 4 and b.params[diff[0]:diff[0] + 4] == struct.pack("<f", 0.25 * 1.4426950408889634)
+
+
+@pytest.mark.parametrize("heads,length,dropped", [(64, False, False), (64, True, False), (128, True, True)])
+def test_sm100_attention_reads_the_scale_and_drops_topk_length_where_upstream_does(sm100_env, heads, length, dropped):
+    import aot.dsa
+
+    stream = sm100_env.new_stream(0)
+    fn, args, kw, _ = op_calls.sparse_attn_score_recompute(0, stream, s_q=9, length=length, heads=heads)
+    assert kw["workspace"] is None and aot.dsa.sparse_attn_score_recompute_workspace_bytes(args[3].shape, 0) == 0
+    launch = _params_of(sm100_env, fn, args, kw)
+    assert launch.dims[3] == 384 and launch.dims[7] == stream
+    assert struct.pack("<f", args[5]) in launch.params
+    for t in (args[0], args[4]):
+        assert _ptr_in(t, launch.params)
+    if length:
+        # H128 D512 top-k 512: compact and non-compact tiles are equal, upstream runs the non-compact kernel
+        assert _ptr_in(args[6], launch.params) != dropped
+
+
+def test_attention_refusals_name_every_problem_before_anything_runs(env, torch_steps):
+    import aot.dsa
+
+    fn, args, kw, writes = op_calls.sparse_attn_score_recompute(0, env.new_stream(0))
+    out, q, k, lse, idx, scale, ln = args
+    before = [stand_in.contents(t) for t in writes]
+    env.launches.clear()
+    bf_lse = stand_in.cuda_tensor(torch.zeros(lse.shape, dtype=torch.bfloat16))
+    with pytest.raises(InputError) as e:
+        fn(out, q, k, bf_lse, idx, float("nan"), None, **kw)
+    for want in ("nothing was launched", "lse: dtype torch.bfloat16", "softmax_scale=nan"):
+        assert want in str(e.value), (want, str(e.value))
+    for bad in (0.0, -0.5, "0.1", None):
+        with pytest.raises(InputError, match="softmax_scale"):
+            fn(out, q, k, lse, idx, bad, None, **kw)
+    q128 = stand_in.cuda_tensor(torch.zeros(2, 8, 64, 128, dtype=torch.bfloat16))
+    k128 = stand_in.cuda_tensor(torch.zeros(2, 300, 128, dtype=torch.bfloat16))
+    with pytest.raises(InputError, match="D=128 \\(expected 512 or 576\\)"):
+        fn(out, q128, k128, lse, idx, scale, None, **kw)
+    q576 = stand_in.cuda_tensor(torch.zeros(2, 8, 64, 576, dtype=torch.bfloat16))
+    k576 = stand_in.cuda_tensor(torch.zeros(2, 300, 576, dtype=torch.bfloat16))
+    with pytest.raises(KernelNotFoundError, match="dim = 576"):  # the small build ships D512 only: the bucket to add
+        fn(out, q576, k576, lse, idx, scale, None, **kw)
+    with pytest.raises(InputError, match="workspace: missing"):
+        fn(*args, **{**kw, "workspace": None})
+    with pytest.raises(InputError, match="4-D|\\(B, S_q, H, 512 or 576\\)"):
+        aot.dsa.sparse_attn_score_recompute(q[0], k, lse, idx, scale)
+    assert not env.launches
+    assert [stand_in.contents(t) for t in writes] == before
+
+
+def test_attention_workspace_bytes_follow_the_device_arch(env):
+    import aot.dsa
+
+    assert aot.dsa.sparse_attn_score_recompute_workspace_bytes((3, 5, 64), 0) == 3840  # the fp32 (B, H, S_q) copy
+    assert aot.dsa.sparse_attn_score_recompute_workspace_bytes((1, 1, 10), 0) == 128
+    with pytest.raises(InputError, match="lse_shape"):
+        aot.dsa.sparse_attn_score_recompute_workspace_bytes((3, 5), 0)

@@ -400,3 +400,90 @@ def test_bounds_admit_kernel_like_rounding_and_reject_slips():
         for mutant in ("no_relu", "weights_other_row", "no_length" if length else "minus1_scored"):
             err = ref.rel_err(oracle(y, glob, mutant), want)
             assert err > 100 * bound, f"{mutant}: {err:.2e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The attention target (sparse_attn_target_ref): its own oracle, one row and one head at a time
+# ------------------------------------------------------------------------------------------------
+
+ATTN_MUTANTS = (
+    "no_lse",  # the forward's LSE ignored: exp(scale * s) summed over heads
+    "no_scale",  # exp(s - lse)
+    "softmax_not_l1",  # the indexer's softmax over the head-summed probabilities instead of an L1 norm
+    "lse_other_head",  # the LSE of head h + 1 (a transposed copy read with the wrong stride)
+    "minus1_scored",  # a -1 slot (no length) scored as a zero key row instead of masked
+    "no_length",  # the length ignored, slots masked by their id's sign only
+)
+
+
+def attn_oracle(x, topk_indices_global=False, mutant=None):
+    """float64 target: per row, per head, the probabilities exp(scale q.k - lse) of the scored slots."""
+    q, k, lse, scale = x["q_attn"].double(), x["k_attn"].double(), x["lse"].double(), x["softmax_scale"]
+    ids, length = x["topk_indices"], x.get("topk_length")
+    b_n, s_q, h, d = q.shape
+    s_k, topk = k.shape[1], ids.shape[-1]
+    out = torch.zeros(b_n, s_q, topk, dtype=torch.float64)
+    for b in range(b_n):
+        for s in range(s_q):
+            row = ids[b, s].tolist()
+            n = None if length is None or mutant == "no_length" else int(length[b, s])
+            p = torch.zeros(topk, dtype=torch.float64)
+            for j, i in enumerate(row):
+                if not (j < n if n is not None else (i >= 0 or mutant == "minus1_scored")):
+                    continue
+                local = i - b * s_k if topk_indices_global else i
+                key = k[b, local] if 0 <= local < s_k else torch.zeros(d, dtype=torch.float64)
+                for hh in range(h):
+                    logit = q[b, s, hh] @ key * (1.0 if mutant == "no_scale" else scale)
+                    m = 0.0 if mutant == "no_lse" else float(lse[b, s, (hh + 1) % h if mutant == "lse_other_head" else hh])
+                    p[j] += math.exp(float(logit) - m)
+            if mutant == "softmax_not_l1":
+                nz = p > 0
+                if bool(nz.any()):
+                    p[nz] = torch.softmax(p[nz], dim=0)
+            elif float(p.sum()) > 0:
+                p = p / p.sum()
+            out[b, s] = p
+    return out
+
+
+def _attn_inputs(name, seed=0):
+    kw = dict(CASES[name])
+    return ref.make_attention_inputs(B, S_Q, kw.pop("S_k"), H, kw.pop("topk"), d=DIM, seed=seed, **kw)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_attention_reference_matches_its_oracle(case):
+    x = _attn_inputs(case, seed=3)
+    got = ref.attention_reference(x, _global(case))
+    want = attn_oracle(x, _global(case))
+    assert torch.allclose(got, want, rtol=TIGHT, atol=TIGHT)
+    rows = got.sum(-1)
+    assert bool(((rows - 1).abs() < 1e-12).logical_or(rows == 0).all()), "each row is an L1-normalised distribution or all 0"
+    assert bool((rows == 0).any()) == (CASES[case]["invalid_frac"] > 0), "the edge row without a scored slot is all 0"
+
+
+@pytest.mark.parametrize("mutant", ATTN_MUTANTS)
+@pytest.mark.parametrize("case", ["plain", "plain-global", "length", "length-global"])
+def test_attention_comparison_detects_mutants(case, mutant):
+    x = _attn_inputs(case, seed=4)
+    if mutant == "no_length" and x.get("topk_length") is None:
+        pytest.skip("no length to ignore")
+    if mutant == "minus1_scored" and x.get("topk_length") is not None:
+        pytest.skip("with a length the ids are not read")
+    if mutant == "no_length":
+        x = _past_length(dict(x, k_indexer=x["k_attn"]), "ids")
+    got = ref.attention_reference(x, _global(case))
+    assert ref.rel_err(got, attn_oracle(x, _global(case), mutant)) > 100 * ref.REL_ERR_BOUNDS["target"], mutant
+
+
+def test_attention_lse_is_the_forwards_per_head_log_sum_exp():
+    x = _attn_inputs("length", seed=5)
+    x0 = ref.make_attention_inputs(B, S_Q, 40, H, 32, d=DIM, seed=5, with_length=True, invalid_frac=0.25, lse_jitter=0.0)
+    # without jitter every head's probabilities over the scored slots sum to 1: the target is their mean
+    q, k, ids, n = x0["q_attn"].double(), x0["k_attn"].double(), x0["topk_indices"], x0["topk_length"]
+    b, s = 1, 2
+    keys = k[b, ids[b, s, : int(n[b, s])].long()]
+    p = torch.softmax(x0["softmax_scale"] * q[b, s] @ keys.T, dim=-1)
+    assert torch.allclose(ref.attention_reference(x0)[b, s, : int(n[b, s])], p.mean(0), rtol=1e-6, atol=1e-9)
+    assert not torch.equal(x["lse"], x0["lse"])
