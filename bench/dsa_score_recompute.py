@@ -1,12 +1,13 @@
-"""DSA sparse indexer score recompute: time to first call and host cost per op call, dsa-aot vs cudnn's JIT path vs torch.add.
+"""DSA sparse score recompute (indexer and attention): time to first call and host cost per op call, dsa-aot vs cudnn's JIT path vs torch.add.
 
     python bench/dsa_score_recompute.py        # on a GPU machine; cudnn side runs only where cutlass and cudnn import
 
-Shape: the indexer's predicted distribution of a training step, H 64, D 128, B 1, S_q 4096 queries over
-S_k 4096 keys, top-k 2048 local ids, ``out`` given. cudnn's side is its public wrapper
-``sparse_indexer_score_recompute_wrapper`` (SM90 path: the weights copied transposed, one launch);
-the AOT side is ``aot.dsa.sparse_indexer_score_recompute`` (out given, the workspace allocated per
-call) and ``_into`` (out and workspace given). First call per side in a fresh subprocess after torch,
+Shapes: the indexer's predicted distribution of a training step, H 64, D 128, B 1, S_q 4096 queries
+over S_k 4096 keys, top-k 2048 local ids, ``out`` given; and the attention's target over the same slots,
+H 64, D 512, softmax_scale 512**-0.5. cudnn's side is its public wrappers
+``sparse_indexer_score_recompute_wrapper`` / ``sparse_attn_score_recompute_wrapper`` (SM90 path: the
+weights / LSE copied transposed, one launch); the AOT side is ``aot.dsa.sparse_*_score_recompute``
+(out given, the workspace allocated per call) and ``_into`` (out and workspace given). First call per side in a fresh subprocess after torch,
 CUDA and the inputs are set up; warm host cost as bench/dsa_indexer_backward.py measures it (its
 runner, import blocker and timers).
 """
@@ -23,7 +24,7 @@ import dsa_indexer_backward as _bi  # noqa: E402  (the indexer bench: its runner
 BLOCK = _bi.BLOCK
 assert _bi.WARM.startswith(_bi.SETUP)
 TIMERS = _bi.WARM[len(_bi.SETUP) :]
-SHAPE = "H64 D128, B1 S_q 4096 S_k 4096, top-k 2048"
+SHAPE = "B1 S_q 4096 S_k 4096, top-k 2048; indexer H64 D128, attention H64 D512"
 
 SETUP = r"""
 import torch
@@ -37,6 +38,12 @@ ids = torch.rand(B * S_q, S_k, device=dev).topk(K, dim=-1).indices.int().view(B,
 out = torch.empty(B, S_q, K, device=dev)
 workspace = torch.empty(-(-B * S_q * H * 2 // 128) * 128, dtype=torch.uint8, device=dev)  # the SM90 transposed weights
 args = (q, k, w, ids)
+DA, scale = 512, 512**-0.5
+qa = torch.randn(B, S_q, H, DA, device=dev).bfloat16()
+ka = torch.randn(B, S_k, DA, device=dev).bfloat16()
+lse = (torch.rand(B, S_q, H, device=dev) * 2 + 7).contiguous()  # ~log(topk): O(1) probabilities
+ws_a = torch.empty(-(-B * S_q * H * 4 // 128) * 128, dtype=torch.uint8, device=dev)  # the SM90 transposed LSE
+args_a = (qa, ka, lse, ids, scale)
 torch.cuda.synchronize()
 """
 
@@ -48,6 +55,9 @@ FIRST = {
     "sparse_indexer": _bi.first_call_scripts(SETUP, "aot.dsa.sparse_indexer_score_recompute(*args, out=out)",
                                              f"from {API}.api import sparse_indexer_score_recompute_wrapper",
                                              "sparse_indexer_score_recompute_wrapper(*args, out=out)", _COMPILED),
+    "sparse_attention": _bi.first_call_scripts(SETUP, "aot.dsa.sparse_attn_score_recompute(*args_a, out=out)",
+                                               f"from {API}.api import sparse_attn_score_recompute_wrapper",
+                                               "sparse_attn_score_recompute_wrapper(*args_a, out=out)", _COMPILED),
 }
 
 WARM = SETUP + TIMERS
@@ -57,12 +67,17 @@ import aot.dsa
 out_d["aot (out given)"] = rounds(lambda: aot.dsa.sparse_indexer_score_recompute(*args, out=out))
 out_d["aot _into"] = rounds(lambda: aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
 dev_d["aot _into"] = device(lambda: aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
+out_d["attn aot (out given)"] = rounds(lambda: aot.dsa.sparse_attn_score_recompute(*args_a, out=out))
+out_d["attn aot _into"] = rounds(lambda: aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a))
+dev_d["attn aot _into"] = device(lambda: aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a))
 """)
 
 JIT_WARM = WARM.replace("SIDE", rf"""
-from {API}.api import sparse_indexer_score_recompute_wrapper
+from {API}.api import sparse_indexer_score_recompute_wrapper, sparse_attn_score_recompute_wrapper
 out_d["cudnn (out given)"] = rounds(lambda: sparse_indexer_score_recompute_wrapper(*args, out=out))
 dev_d["cudnn"] = device(lambda: sparse_indexer_score_recompute_wrapper(*args, out=out))
+out_d["attn cudnn (out given)"] = rounds(lambda: sparse_attn_score_recompute_wrapper(*args_a, out=out))
+dev_d["attn cudnn"] = device(lambda: sparse_attn_score_recompute_wrapper(*args_a, out=out))
 """)
 
 _num = _bi._num
@@ -73,17 +88,19 @@ def measure(have_jit):
     return _bi.measure_scripts(have_jit, FIRST, AOT_WARM, JIT_WARM)
 
 
-def report(res, have_jit, title=f"DSA sparse indexer score recompute, {SHAPE}"):
-    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, title, ["sparse_indexer"])
+def report(res, have_jit, title=f"DSA sparse score recompute, {SHAPE}"):
+    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, title, ["sparse_indexer", "sparse_attention"])
     print()
     host = aw.get("host", {})
-    a_add, a_call, a_into = _num(host, "torch.add"), _num(host, "aot (out given)"), _num(host, "aot _into")
-    print(f"AOT warm / torch.add: op {a_call / a_add:.2f}, _into {a_into / a_add:.2f}")
-    if have_jit:
-        a_first = _num(res["aot_first.sparse_indexer"], "first_ms")
-        j_first, j_warm = _num(res.get("jit_first.sparse_indexer", {}), "first_ms"), _num(jw.get("host", {}), "cudnn (out given)")
-        print(f"ratio first call cudnn/AOT (this run): {j_first / a_first:.0f}x; warm host cost AOT/cudnn (this run): op {a_call / j_warm:.2f}, "
-              f"_into {a_into / j_warm:.2f} (cudnn/torch.add {j_warm / _num(jw.get('host', {}), 'torch.add'):.2f})")
+    a_add = _num(host, "torch.add")
+    for op, pre in (("sparse_indexer", ""), ("sparse_attention", "attn ")):
+        a_call, a_into = _num(host, f"{pre}aot (out given)"), _num(host, f"{pre}aot _into")
+        print(f"{op}: AOT warm / torch.add: op {a_call / a_add:.2f}, _into {a_into / a_add:.2f}")
+        if have_jit:
+            a_first = _num(res[f"aot_first.{op}"], "first_ms")
+            j_first, j_warm = _num(res.get(f"jit_first.{op}", {}), "first_ms"), _num(jw.get("host", {}), f"{pre}cudnn (out given)")
+            print(f"{op}: ratio first call cudnn/AOT (this run): {j_first / a_first:.0f}x; warm host cost AOT/cudnn (this run): op "
+                  f"{a_call / j_warm:.2f}, _into {a_into / j_warm:.2f} (cudnn/torch.add {j_warm / _num(jw.get('host', {}), 'torch.add'):.2f})")
 
 
 def main(argv=None):

@@ -24,7 +24,7 @@ from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, rememb
 
 __all__ = ["sparse_indexer_score_recompute", "sparse_indexer_score_recompute_into", "sparse_indexer_score_recompute_workspace_bytes",
            "SparseIndexerScoreRecompute", "sparse_attn_score_recompute", "sparse_attn_score_recompute_into",
-           "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute"]
+           "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute", "sparse_attention_score_recompute"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31
@@ -327,6 +327,79 @@ def _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, a
     return _Call(dev, arch, need, kernel, foot, x)
 
 
+# --- cudnn.DSA.sparse_attention_score_recompute (deepseek_sparse_attention/training.py) ----------------
+
+_TOPK_TILE = 128  # upstream pads the index rows with -1 to a multiple of 128 slots
+
+
+def sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale=None, topk_length=None):
+    """cudnn's ``DSA.sparse_attention_score_recompute`` (training.py): the attention's target distribution
+    over each query's index slots, in the training layout. Returns ``{'target', 'indices'}``: ``target``
+    (S_q, K) fp32, L1-normalised over the row's valid slots, 0 elsewhere, no gradient attached (as
+    upstream); ``indices`` the slots as scored, ids outside [0, S_kv) and slots at or past
+    ``clamp(topk_length, 0, K)`` set to -1 (positions unchanged, no compaction).
+
+    q (S_q, H, D) bf16, kv (S_kv, D) bf16, lse (S_q, H) fp32 (the forward's KV-only natural-log
+    statistic, e.g. :func:`aot.dsa.sparse_attention`'s ``lse``), indices (S_q, K) int32 ids into kv,
+    topk_length (S_q,) int32 or None; every tensor contiguous on one device, no empty extent;
+    ``softmax_scale`` finite and > 0 (default 1/sqrt(D)). The rows are padded with -1 to a multiple of
+    128 slots and run as one batch of :func:`sparse_attn_score_recompute` with local ids and no
+    ``topk_length`` (upstream's call). Upstream accepts compute capability 10.0 only (and its training
+    heads, not H128 D576); this runs wherever the build has the score-recompute entry (SM90 as well),
+    and refuses anything else before any work, naming the bucket to add. Runs on torch's current stream.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    problems = []
+    dev, h, d, k, scale = _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length)
+    if problems:
+        raise input_error(problems)
+    padded = -(-k // _TOPK_TILE) * _TOPK_TILE
+    arch, _ = arch_or_refuse(problems, dev)
+    if problems:
+        raise input_error(problems)
+    require(FAMILY, policy.attention_kernels(arch, h, d, padded, False, False), dev)
+    s_kv = kv.shape[0]
+    with alloc_on(None, dev):  # torch's current stream of the tensors' device (upstream: torch.cuda.device(q.device))
+        valid = (indices >= 0) & (indices < s_kv)
+        if topk_length is not None:
+            slots = torch.arange(k, dtype=torch.int32, device=indices.device)
+            valid &= slots[None, :] < topk_length.clamp(0, k)[:, None]
+        safe = torch.where(valid, indices, -1)
+        ids = F.pad(safe, (0, padded - k), value=-1) if padded != k else safe
+        target = sparse_attn_score_recompute(q[None], kv[None], lse[None], ids[None], scale)["target"][0]
+        target = target[:, :k].contiguous() if padded != k else target
+    return Outputs(target=target, indices=safe)
+
+
+def _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length):
+    """Upstream's training contract (training._validate_contract and its lse check) as problems:
+    (device, H, D, K, scale); the kernels' own limits are the score recompute's, checked when it runs."""
+    import torch
+
+    named = (("q", q, 3), ("kv", kv, 2), ("lse", lse, 2), ("indices", indices, 2), ("topk_length", topk_length, 1))
+    for name, t, rank in named:
+        if t is None and name == "topk_length":
+            continue
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type != "cuda" or t.ndim != rank:
+            problems.append(f"{name}: expected a {rank}-D CUDA tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if problems:
+        return None, 0, 0, 0, 0.0
+    dev = q.device.index
+    s_q, h, d = q.shape
+    k = indices.shape[1]
+    want = (("q", q, (s_q, h, d), torch.bfloat16), ("kv", kv, (kv.shape[0], d), torch.bfloat16), ("lse", lse, (s_q, h), torch.float32),
+            ("indices", indices, (s_q, k), torch.int32), ("topk_length", topk_length, (s_q,), torch.int32))
+    for name, t, shape, dtype in want:
+        if t is not None:
+            check(problems, t, name, shape, dtype, dev, 16 if name in ("q", "kv") else 4)
+    if not (s_q and kv.shape[0] and k):
+        problems.append(f"S_q = {s_q}, S_kv = {kv.shape[0]}, K = {k} (expected each >= 1, as upstream)")
+    scale = scalar_f32(problems, "softmax_scale", d**-0.5 if softmax_scale is None else softmax_scale, positive=True)
+    return dev, h, d, k, scale
+
+
 # --- torch.library (aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------
 
 
@@ -354,11 +427,24 @@ def _t_sparse_attn_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, t
     sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length, topk_indices_global, workspace=workspace)
 
 
+def _t_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
+    r = sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale, topk_length)
+    return r["target"], r["indices"]
+
+
+def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
+    import torch
+
+    return indices.new_empty(indices.shape, dtype=torch.float32), indices.new_empty(indices.shape)
+
+
 _IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
 TORCH_OPS = {
     "dsa_sparse_indexer_score_recompute": (f"({_IN}) -> Tensor", _t_sparse_indexer, _f_sparse_indexer),
     "dsa_sparse_indexer_score_recompute_into": (f"(Tensor(a!) out, {_IN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_indexer_into, writes_only),
     "dsa_sparse_attn_score_recompute": (f"({_IN_ATTN}) -> Tensor", _t_sparse_attn, _f_sparse_indexer),
+    "dsa_sparse_attention_score_recompute": ("(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) "
+                                             "-> (Tensor, Tensor)", _t_training, _f_training),
     "dsa_sparse_attn_score_recompute_into": (f"(Tensor(a!) out, {_IN_ATTN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_attn_into, writes_only),
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""JIT-vs-AOT parity of the DSA sparse indexer score recompute (sparse_indexer_score_recompute_wrapper), in two processes on one GPU machine.
+"""JIT-vs-AOT parity of the DSA sparse score recompute (sparse_indexer_ and sparse_attn_score_recompute_wrapper), in two processes on one GPU machine.
 
     python ci/parity/dsa_score_recompute.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
     python ci/parity/dsa_score_recompute.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
@@ -8,16 +8,19 @@
 Both sides make the same public call with the same arguments::
 
     sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, topk_length=, topk_indices_global=, out=)
+    sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=, topk_indices_global=, out=)
 
-JIT: ``cudnn.deepseek_sparse_attention.score_recompute.sparse_indexer_score_recompute_wrapper`` (on the
-H200 the SM90 path: the weights copied transposed, ``SparseScoreRecomputeSm90``); AOT:
-``aot.dsa.sparse_indexer_score_recompute`` and ``_into``. Cases: H 64, top-k 512 / 1024 / 2048, local
-and global ids with 5 % empty (-1) slots, with ``topk_length`` (the slots past it -1), a prefill-sized case.
+JIT: ``cudnn.deepseek_sparse_attention.score_recompute.sparse_*_score_recompute_wrapper`` (on the H200 the
+SM90 path: the weights / LSE copied transposed, ``SparseScoreRecomputeSm90``); AOT: ``aot.dsa.sparse_*_score_recompute``
+and ``_into``. Indexer cases: H 64, top-k 512 / 1024 / 2048, local and global ids with 5 % empty (-1)
+slots, with ``topk_length`` (the slots past it -1), a prefill-sized case. Attention cases: H64 / H96 /
+H128, D512 / D576, each at its own softmax_scale (SM90 compiles one scale per cubin key upstream: each
+new scale is a new JIT compile there, a new plan here), the LSE a log-sum-exp of the scaled scores.
 
-Every call gets an NaN-poisoned ``out``. ``compare``: ``predict`` bitwise equal (against the JIT's own
-run-to-run jitter, which is none when it reproduces itself), call and ``_into``; no NaN; the inputs
-untouched; the same kernel (the AOT lookup equals upstream's compile key); the JIT's cubin has the
-shipped sha256.
+Every call gets an NaN-poisoned ``out``. ``compare``: the output (``predict`` / ``target``, saved as
+``out``) bitwise equal (against the JIT's own run-to-run jitter, which is none when it reproduces
+itself), call and ``_into``; no NaN; the inputs untouched; the same kernel (the AOT lookup equals
+upstream's compile key); the JIT's cubin has the shipped sha256.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from parity_common import same as _same  # noqa: E402
 
 FAMILY = "dsa_score_recompute"
 SCRIPT = "ci/parity/dsa_score_recompute.py"
-H, D = 64, 128
+H, D = 64, 128  # the indexer's
 SYNC_EVERY = 16
 
 
@@ -64,6 +67,9 @@ def build_cases(quick=False):
     def add(name, **spec):
         spec.setdefault("length", False)
         spec.setdefault("glob", False)
+        spec.setdefault("op", "indexer")
+        spec.setdefault("h", H)
+        spec.setdefault("d", D)
         spec["seed"] = 8000 + zlib.crc32(name.encode()) % 100000
         cases.append((name, spec))
 
@@ -71,25 +77,38 @@ def build_cases(quick=False):
     add("b2-sq256-topk1024-global", b=2, s_q=256, s_k=4096, topk=1024, glob=True)
     add("b2-sq200-topk2048-length", b=2, s_q=200, s_k=3000, topk=2048, length=True)
     add("b3-sq100-topk512-length-global", b=3, s_q=100, s_k=1000, topk=512, length=True, glob=True)
+    add("attn-h64-d512-topk512", op="attention", h=64, d=512, scale=512**-0.5, b=2, s_q=128, s_k=2048, topk=512)
+    add("attn-h64-d512-topk512-scale0.05", op="attention", h=64, d=512, scale=0.05, b=2, s_q=128, s_k=2048, topk=512)
+    add("attn-h128-d576-topk2048-length-global", op="attention", h=128, d=576, scale=576**-0.5, b=2, s_q=64, s_k=4096, topk=2048, length=True,
+        glob=True)
+    add("attn-h96-d576-topk1024-length", op="attention", h=96, d=576, scale=576**-0.5, b=1, s_q=100, s_k=3000, topk=1024, length=True)
     if not quick:
         add("b1-sq4096-topk2048-prefill", b=1, s_q=4096, s_k=4096, topk=2048)
+        add("attn-b1-sq4096-h64-d512-topk2048-prefill", op="attention", h=64, d=512, scale=512**-0.5, b=1, s_q=4096, s_k=4096, topk=2048)
     return cases
 
 
 def label(spec):
-    return f"top-k {spec['topk']}{' length' if spec['length'] else ''}{' global' if spec['glob'] else ' local'}"
+    what = f"attention H{spec['h']} D{spec['d']} scale {spec['scale']:.4g}" if spec["op"] == "attention" else "indexer"
+    return f"{what} top-k {spec['topk']}{' length' if spec['length'] else ''}{' global' if spec['glob'] else ' local'}"
 
 
 def make_inputs(spec):
-    """CPU inputs: bf16 q, k, w with O(1) scores; per row distinct ids in [0, S_k) (+ b * S_k when global),
-    5 % of the slots -1; with lengths, every slot at or past the row's length -1 (upstream's contract)."""
+    """CPU inputs: bf16 q, k with O(1) scores, w (bf16) or the LSE (fp32: the log-sum-exp of the scaled
+    scores over each row's first S_k / 4 keys, so the target is O(1)); per row distinct ids in [0, S_k)
+    (+ b * S_k when global), 5 % of the slots -1; with lengths, every slot at or past the row's length -1
+    (upstream's contract)."""
     import torch
 
     gen = torch.Generator().manual_seed(int(spec["seed"]))
-    b, s_q, s_k, topk = spec["b"], spec["s_q"], spec["s_k"], spec["topk"]
-    q = (torch.randn(b, s_q, H, D, generator=gen) * D**-0.25).bfloat16()
-    k = (torch.randn(b, s_k, D, generator=gen) * D**-0.25).bfloat16()
-    w = (torch.randn(b, s_q, H, generator=gen) / H**0.5).bfloat16()
+    b, s_q, s_k, topk, h, d = spec["b"], spec["s_q"], spec["s_k"], spec["topk"], spec["h"], spec["d"]
+    att = spec["op"] == "attention"
+    q = (torch.randn(b, s_q, h, d, generator=gen) * (1.0 if att else d**-0.25)).bfloat16()
+    k = (torch.randn(b, s_k, d, generator=gen) * (1.0 if att else d**-0.25)).bfloat16()
+    if att:
+        w = torch.logsumexp(spec["scale"] * torch.einsum("bqhd,bkd->bqhk", q.float(), k[:, : max(1, s_k // 4)].float()), dim=-1).contiguous()
+    else:
+        w = (torch.randn(b, s_q, h, generator=gen) / h**0.5).bfloat16()
     ids = torch.rand(b * s_q, s_k, generator=gen).topk(topk, dim=-1).indices.view(b, s_q, topk).int()
     valid = torch.rand(b, s_q, topk, generator=gen) >= 0.05
     length = None
@@ -117,18 +136,18 @@ def run_case(name, spec, x, api, args, out_dir):
     api.begin_first(spec)
     row["first_s"] = first_call(lambda: api.call(spec, x, out))
     row.update(api.end_first(spec))
-    saved["predict"] = _host(out)
+    saved["out"] = _host(out)
     for r in range(api.reruns(args)):
         o2 = fresh()
         api.call(spec, x, o2)
         torch.cuda.synchronize()
-        saved[f"predict.run{r + 2}"] = _host(o2)
+        saved[f"out.run{r + 2}"] = _host(o2)
     row["reruns"] = api.reruns(args)
     if hasattr(api, "call_into"):
         o3 = fresh()
         api.call_into(spec, x, o3)
         torch.cuda.synchronize()
-        saved["into.predict"] = _host(o3)
+        saved["into.out"] = _host(o3)
     row["inputs_untouched"] = all(_same(x[k], v) for k, v in pristine.items())
     row["warm_us"] = warm_us(lambda: api.call(spec, x, out), args.calls, sync_every=SYNC_EVERY)
     if hasattr(api, "call_into"):
@@ -171,18 +190,31 @@ class JitApi(CompileKeys):
     def jit_keys(spec):
         import cutlass
 
+        if spec["op"] == "attention":
+            h = spec["h"]
+            tile_m, tiles = (48, 2) if h == 96 else (min(h, 64), h // min(h, 64))
+            return [("sm90", (cutlass.BFloat16, spec["d"], h, tile_m, 64, 2, 256, True, spec["topk"], False, spec["scale"], spec["length"], tiles, True,
+                              False, spec["glob"]))]
         return [("sm90", (cutlass.BFloat16, D, H, 64, 64, 2, 256, True, spec["topk"], True, 1.0, spec["length"], 1, True, False, spec["glob"]))]
 
     @staticmethod
     def index_key(kind, k):
-        """cudnn's SM90 cache key -> (op, key) as in the index (fields the shipped keys fix added only when they differ)."""
+        """cudnn's SM90 cache key -> (op, key) as in the index (fields the shipped keys fix added only when they differ;
+        the attention's scale is the launcher's argument, not a key field)."""
         _dt, d, h, _tm, _tn, _st, _thr, _swap, topk, is_index, scale, length, _tiles, _sparse, log_probs, glob = k
         key = {"heads": h, "topk": topk, "length": length, "topk_global": glob}
-        key.update({n: v for n, v, want in (("dim", d, D), ("index_scores", is_index, True), ("scale", scale, 1.0), ("log_probs", log_probs, False))
-                    if v != want})
+        if not is_index:
+            key["dim"] = d
+            key.update({"log_probs": log_probs} if log_probs else {})
+            return "sparse_attention_sm90", key
+        key.update({n: v for n, v, want in (("dim", d, D), ("scale", scale, 1.0), ("log_probs", log_probs, False)) if v != want})
         return "sparse_indexer_sm90", key
 
     def call(self, spec, x, out):
+        if spec["op"] == "attention":
+            self.api.sparse_attn_score_recompute_wrapper(x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], topk_length=x["topk_length"],
+                                                         topk_indices_global=spec["glob"], out=out)
+            return
         self.api.sparse_indexer_score_recompute_wrapper(x["q"], x["k"], x["w"], x["topk_indices"], topk_length=x["topk_length"],
                                                         topk_indices_global=spec["glob"], out=out)
 
@@ -209,17 +241,28 @@ class AotApi(SpiedAot):
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used
 
+    CACHES = ("_CALLS", "_ATTN_CALLS")
+
     def call(self, spec, x, out):
+        if spec["op"] == "attention":
+            self.dsa.sparse_attn_score_recompute(x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], topk_length=x["topk_length"],
+                                                 topk_indices_global=spec["glob"], out=out)
+            return
         self.dsa.sparse_indexer_score_recompute(x["q"], x["k"], x["w"], x["topk_indices"], topk_length=x["topk_length"],
                                                 topk_indices_global=spec["glob"], out=out)
 
     def call_into(self, spec, x, out):
         import torch
 
-        n = self.dsa.sparse_indexer_score_recompute_workspace_bytes(x["w"].shape)
+        att = spec["op"] == "attention"
+        n = (self.dsa.sparse_attn_score_recompute_workspace_bytes if att else self.dsa.sparse_indexer_score_recompute_workspace_bytes)(x["w"].shape)
         ws = self._ws.get(n)
         if ws is None:
             ws = self._ws[n] = torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") if n else None
+        if att:
+            self.dsa.sparse_attn_score_recompute_into(out, x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], x["topk_length"], spec["glob"],
+                                                      workspace=ws)
+            return
         self.dsa.sparse_indexer_score_recompute_into(out, x["q"], x["k"], x["w"], x["topk_indices"], x["topk_length"], spec["glob"], workspace=ws)
 
 
@@ -240,7 +283,7 @@ def cmd_compare(args):
         return 1
     jit, aot, _, entries = sides
     failures, lines, report = [], [], []
-    header = ("case", "kernel", "predict vs JIT (call)", "_into", "kernels", "sha256", "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us (into)",
+    header = ("case", "kernel", "output vs JIT (call)", "_into", "kernels", "sha256", "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us (into)",
               "device us JIT/AOT")
     for name, jr in jit["rows"].items():
         spec = jr["spec"]
@@ -255,19 +298,19 @@ def cmd_compare(args):
         jo = torch.load(os.path.join(args.dir, "jit", f"{name}.pt"))
         ao = torch.load(os.path.join(args.dir, "aot", f"{name}.pt"))
         ok_row, same_kernels, sha = call_checks(name, jr, ar, jit, entries, failures)
-        ok_p, text_p, nums_p = jitter_verdict(jo, ao, "predict")
-        ok_i, text_i, _ = into_verdict(jo, ao, "predict")
-        for ok, what, text in ((ok_p, "predict", text_p), (ok_i, "_into predict", text_i)):
+        ok_p, text_p, nums_p = jitter_verdict(jo, ao, "out")
+        ok_i, text_i, _ = into_verdict(jo, ao, "out")
+        for ok, what, text in ((ok_p, "output", text_p), (ok_i, "_into output", text_i)):
             if not ok:
                 ok_row = False
                 failures.append(f"{name}: {what} {text}")
-        if int(torch_isnan(ao["predict"])):
+        if int(torch_isnan(ao["out"])):
             ok_row = False
-            failures.append(f"{name}: NaN left in the AOT predict (an element never written)")
-        rep.update(predict=dict(nums_p, ok=ok_p), into_ok=ok_i, kernels_same=same_kernels, sha256=sha, ok=ok_row)
+            failures.append(f"{name}: NaN left in the AOT output (an element never written)")
+        rep.update(out=dict(nums_p, ok=ok_p), into_ok=ok_i, kernels_same=same_kernels, sha256=sha, ok=ok_row)
         lines.append((name, jr["label"], text_p, "yes" if ok_i else "NO", "same" if same_kernels else "NO", sha, *timing_cells(jr, ar)))
     return finish(args, sides, failures, header, lines, report,
-                  f"{len(lines)} cases: predict equal JIT vs AOT (bitwise where the JIT reproduces itself), same kernels, every cubin sha256 equal")
+                  f"{len(lines)} cases: predict / target equal JIT vs AOT (bitwise where the JIT reproduces itself), same kernels, every cubin sha256 equal")
 
 
 def main(argv=None):

@@ -155,9 +155,24 @@ def sparse_indexer_score_recompute(dev, seed, s_q=64, s_k=1000):
     return aot.dsa.sparse_indexer_score_recompute_into, (out, q, k, w, ids), dict(workspace=ws), (out,), (True,)
 
 
+def sparse_attn_score_recompute(dev, seed, s_q=64, s_k=1000):
+    import aot.dsa
+
+    g = generator(seed)
+    b, h, d, topk = 2, 64, 512, 512
+    q = torch.randn(b, s_q, h, d, generator=g).bfloat16().to(f"cuda:{dev}")
+    k = torch.randn(b, s_k, d, generator=g).bfloat16().to(f"cuda:{dev}")
+    lse = (torch.rand(b, s_q, h, generator=g) * 2 + 6).to(f"cuda:{dev}")
+    ids = torch.rand(b * s_q, s_k, generator=g).topk(topk, dim=-1).indices.int().view(b, s_q, topk).to(f"cuda:{dev}")
+    out = torch.full((b, s_q, topk), float("nan"), device=f"cuda:{dev}")
+    ws = torch.empty(aot.dsa.sparse_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    return aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, ids, d**-0.5), dict(workspace=ws), (out,), (True,)
+
+
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
        "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k, "indexer_forward": indexer_forward,
-       "dense_indexer_backward": dense_indexer_backward, "sparse_indexer_score_recompute": sparse_indexer_score_recompute}
+       "dense_indexer_backward": dense_indexer_backward, "sparse_indexer_score_recompute": sparse_indexer_score_recompute,
+       "sparse_attn_score_recompute": sparse_attn_score_recompute}
 _OVERWRITTEN = {"indexer_backward_into": 6, "dense_indexer_backward_into": 8}  # the input each op overwrites (attn_score / index_score)
 
 
@@ -309,7 +324,7 @@ def test_2000_malformed_calls_change_nothing():
         for _ in range(500):
             a, k = list(args), dict(kw)
             what = rng.choice(["dtype", "cpu", "strides", "misaligned", "alias", "scalar", "stream"])
-            i = rng.randrange(len(a))
+            i = rng.choice([j for j, v in enumerate(a) if isinstance(v, torch.Tensor)])  # (the attention's scale is positional)
             if what == "dtype":
                 a[i] = a[i].to(torch.float64 if a[i].dtype != torch.float64 else torch.float32)
             elif what == "cpu":

@@ -51,9 +51,9 @@ class _Args:
 def test_score_recompute_compare(tmp_path, capsys):
     mod = _script("dsa_score_recompute")
     key = ["sparse_indexer_sm90", {"heads": 64, "topk": 512, "length": False, "topk_global": False}]
-    spec = dict(b=1, s_q=2, s_k=8, topk=512, length=False, glob=False, seed=1)
+    spec = dict(b=1, s_q=2, s_k=8, topk=512, length=False, glob=False, seed=1, op="indexer", h=64, d=128)
     p = torch.rand(1, 2, 512)
-    good = {"predict": p, "predict.run2": p.clone(), "into.predict": p.clone()}
+    good = {"out": p, "out.run2": p.clone(), "into.out": p.clone()}
 
     def run(d, aot_saved=None, aot_row=None, sha="aa"):
         rows = {"jit": {"c": _row("c", spec, [key])}, "aot": {"c": aot_row or _row("c", spec, [key])}}
@@ -65,9 +65,9 @@ def test_score_recompute_compare(tmp_path, capsys):
         return mod.cmd_compare(_Args(d))
 
     assert run(tmp_path / "ok") == 0
-    off = dict(good, predict=p + 1e-3)
+    off = dict(good, out=p + 1e-3)
     assert run(tmp_path / "off", aot_saved=off) == 1
-    assert run(tmp_path / "into", aot_saved=dict(good, **{"into.predict": p * 0})) == 1
+    assert run(tmp_path / "into", aot_saved=dict(good, **{"into.out": p * 0})) == 1
     assert run(tmp_path / "kernel", aot_row=_row("c", spec, [["sparse_indexer_sm90", dict(key[1], topk=1024)]])) == 1
     assert run(tmp_path / "sha", sha="bb") == 1
     assert run(tmp_path / "input", aot_row=_row("c", spec, [key], inputs_untouched=False)) == 1

@@ -223,3 +223,44 @@ def test_attention_workspace_bytes_follow_the_device_arch(env):
     assert aot.dsa.sparse_attn_score_recompute_workspace_bytes((1, 1, 10), 0) == 128
     with pytest.raises(InputError, match="lse_shape"):
         aot.dsa.sparse_attn_score_recompute_workspace_bytes((3, 5), 0)
+
+
+def test_training_form_normalises_pads_and_slices_as_upstream(env, torch_steps, monkeypatch):
+    """aot.dsa.sparse_attention_score_recompute: ids outside [0, S_kv) and slots past the clamped length
+    become -1 (positions kept), the rows are padded with -1 to 512 slots, one batch-1 launch with local ids
+    and no topk_length, the target sliced back to K columns; refusals before any launch."""
+    import aot.dsa
+
+    import aot.ops._support as support
+
+    stream = env.new_stream(0)
+    monkeypatch.setattr(support, "_raw_stream", lambda dev: stream)  # torch's current stream, as the stand-in has it
+    def on_stand_in(fn):  # a CPU torch makes no CUDA tensors: the stand-in's instead
+        return lambda *a, device=None, **kw: (stand_in.cuda_tensor(fn(*a, **kw)) if device is not None and torch.device(device).type == "cuda"
+                                              else fn(*a, device=device, **kw))
+
+    for name in ("arange", "empty"):
+        monkeypatch.setattr(torch, name, on_stand_in(getattr(torch, name)))
+    s_q, h, d, s_kv, k = 8, 64, 512, 300, 500
+    q = stand_in.cuda_tensor(torch.zeros(s_q, h, d, dtype=torch.bfloat16))
+    kv = stand_in.cuda_tensor(torch.zeros(s_kv, d, dtype=torch.bfloat16))
+    lse = stand_in.cuda_tensor(torch.zeros(s_q, h))
+    ids = torch.randint(-3, s_kv + 20, (s_q, k), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    length = torch.tensor([0, 1, 5, 499, 500, 600, -2, 250], dtype=torch.int32)
+    env.launches.clear()
+    r = aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(ids), topk_length=stand_in.cuda_tensor(length))
+    (launch,) = env.launches
+    assert launch.dims[:3] == (s_q, 1, 1) and launch.dims[7] == stream, "one batch of S_q rows, on torch's current stream"
+    assert r["target"].shape == (s_q, k) and r["target"].dtype == torch.float32
+    pos = torch.arange(k)[None, :]
+    want = torch.where((ids >= 0) & (ids < s_kv) & (pos < length.clamp(0, k)[:, None]), ids, -1)
+    assert torch.equal(r["indices"], want)
+    assert struct.pack("<f", d**-0.5 * 1.4426950408889634) in launch.params, "the default scale 1/sqrt(D)"
+    env.launches.clear()
+    with pytest.raises(InputError, match="lse"):
+        aot.dsa.sparse_attention_score_recompute(q, kv, stand_in.cuda_tensor(torch.zeros(s_q, h, dtype=torch.bfloat16)), stand_in.cuda_tensor(ids))
+    with pytest.raises(InputError, match="softmax_scale"):
+        aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(ids), softmax_scale=-1.0)
+    with pytest.raises(KernelNotFoundError, match="topk = 640"):  # K 600 pads to 640: not in the small build
+        aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(torch.zeros(s_q, 600, dtype=torch.int32)))
+    assert not env.launches

@@ -1,0 +1,221 @@
+"""aot.dsa.sparse_attn_score_recompute on the GPU against the fp64 reference (tests/gpu/ref_score_recompute.py).
+
+Every shipped SM90 ``sparse_attention_sm90`` entry (enumerated from the index: heads, dim, topk, length,
+topk_global) at two shapes, B 2: S_q 64 with S_k 4096 (every row sees more keys than topk), and S_q 203
+with S_k 1000 (rows see fewer keys than topk 1024 / 2048; S_q not a multiple of 4, so the (B, H, S_q)
+transposed fp32 LSE breaks the 16-byte stride ``_assume_strides`` promises, research §7 trap 7). For each:
+the allocating form, the allocating form into a caller's ``out``, and ``_into``, with ``out``
+NaN-poisoned and the workspace 0xFF-poisoned before the call; each at its own ``softmax_scale`` (the
+SM90 kernel's scale is the launcher's argument, not the one the build compiled in).
+
+Inputs (``ref.make_attention_inputs``): the slots of the indexer test, q / k with N(0, 1) entries, the
+LSE each head's fp64 log-sum-exp over the row's scored slots (what the forward returns) jittered by
+up to +-1 per head. Checks: no NaN, the slots that are not scored exactly 0, rows summing to 1 (0
+without a scored slot), ``rel_err <= ref.REL_ERR_BOUNDS["target"]``, every input's bits unchanged.
+Also: one entry at three scales through one process (a plan per scale, each right), CUDA-graph capture
+of ``_into`` replayed on new values, and the refusals that come before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
+from refutil import rel_err, shipped_keys  # noqa: E402
+
+DEV = "cuda:0"
+FAMILY = "dsa_score_recompute"
+OP = "sparse_attention_sm90"
+SHAPES = ((2, 64, 4096), (2, 203, 1000))  # (B, S_q, S_k)
+FORMS = ("allocating", "allocating-out", "into")
+INPUTS = ("q_attn", "k_attn", "lse", "topk_indices", "topk_length")
+FIELDS = ("heads", "dim", "topk", "length", "topk_global")
+
+
+def _entries():
+    """The shipped SM90 entries, (heads, dim, topk, length, topk_global) (none without a build)."""
+    return shipped_keys(FAMILY, FIELDS, OP)
+
+
+def _need(*entry):
+    if entry not in _entries():
+        pytest.skip(f"the build ships no {FAMILY} {OP} entry {dict(zip(FIELDS, entry))}")
+
+
+@pytest.fixture(scope="module")
+def dsa():
+    if torch.cuda.get_device_capability(DEV)[0] != 9:
+        pytest.skip("the sm_90a entries (and the SM90 workspace) need an SM90 GPU")
+    import aot.dsa
+
+    return aot.dsa
+
+
+def _inputs(shape, heads, dim, topk, length, glob, seed, scale=None):
+    B, S_q, S_k = shape
+    return ref.make_attention_inputs(B, S_q, S_k, heads, topk, dim, softmax_scale=scale, with_length=length, topk_indices_global=glob,
+                                     invalid_frac=0.1, device=DEV, seed=seed)
+
+
+def _nan(t):
+    return t.fill_(math.nan)
+
+
+def _bits(t):
+    return t.view(torch.int32) if t.element_size() == 4 else (t.view(torch.int16) if t.element_size() == 2 else t.view(torch.uint8))
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+def _workspace(dsa, x):
+    n = dsa.sparse_attn_score_recompute_workspace_bytes(x["lse"].shape, x["lse"].device)
+    B, S_q, H = x["lse"].shape
+    assert n == -(-B * S_q * H * 4 // 128) * 128, f"SM90 workspace {n} bytes (the (B, H, S_q) fp32 LSE, 128-byte rounded)"
+    return torch.full((n,), 0xFF, dtype=torch.uint8, device=DEV)
+
+
+def _out(x):
+    return _nan(torch.empty(x["topk_indices"].shape, dtype=torch.float32, device=DEV))
+
+
+def _run(dsa, x, form, glob):
+    args = dict(topk_length=x["topk_length"], topk_indices_global=glob)
+    ins = (x["q_attn"], x["k_attn"], x["lse"], x["topk_indices"], x["softmax_scale"])
+    if form == "allocating":
+        got = dsa.sparse_attn_score_recompute(*ins, **args)["target"]
+        assert got.dtype == torch.float32 and got.shape == x["topk_indices"].shape and got.device == x["topk_indices"].device
+    elif form == "allocating-out":
+        out = _out(x)
+        got = dsa.sparse_attn_score_recompute(*ins, out=out, **args)["target"]
+        assert got is out
+    else:
+        out, ws = _out(x), _workspace(dsa, x)
+        got = dsa.sparse_attn_score_recompute_into(out, *ins, workspace=ws, **args)
+        assert got is out
+    torch.cuda.synchronize()
+    return got
+
+
+def _check(got, x, want, what):
+    assert not torch.isnan(got).any(), f"{what}: target holds NaN (a column not written)"
+    scored = ref.scored_mask(x["topk_indices"], x["topk_length"])
+    assert (got[~scored] == 0).all(), f"{what}: a slot that is not scored is not exactly 0"
+    has = scored.any(-1)
+    sums = got.double().sum(-1)
+    assert (sums[~has] == 0).all(), f"{what}: a row without a scored slot is not all 0"
+    assert ((sums[has] - 1).abs() < 1e-5).all(), f"{what}: a row's target does not sum to 1 (worst {(sums[has] - 1).abs().max():.2e})"
+    e = rel_err(got, want)
+    assert e <= ref.REL_ERR_BOUNDS["target"], f"{what}: rel err {e:.3e} > {ref.REL_ERR_BOUNDS['target']}"
+    return e
+
+
+@pytest.mark.parametrize("entry", _entries(), ids=lambda e: "H%d-D%d-topk%d-length%d-global%d" % e)
+def test_every_shipped_entry_matches_the_reference(dsa, entry, record_property):
+    heads, dim, topk, length, glob = entry
+    worst = 0.0
+    for i, shape in enumerate(SHAPES):
+        seed = heads + dim + topk + 10 * length + 20 * glob + i
+        x = _inputs(shape, heads, dim, topk, length, glob, seed=seed, scale=(0.5 + 0.25 * i) * dim**-0.5)
+        want = ref.attention_reference(x, glob)
+        keep = {n: x[n].clone() for n in INPUTS if x[n] is not None}
+        for form in FORMS:
+            what = f"{dict(zip(FIELDS, entry))} shape {shape} {form}"
+            worst = max(worst, _check(_run(dsa, x, form, glob), x, want, what))
+            for n, t in keep.items():
+                assert _same_bits(x[n], t), f"{what}: {n} was modified (read-only)"
+    record_property("worst_rel_err", worst)
+    print(f"\n{dict(zip(FIELDS, entry))}: worst rel err {worst:.2e}")
+
+
+def test_the_entry_list_covers_the_manifest():
+    """H64 / H128 x D512 / D576 and H96 at D576, topk 512 / 1024 / 2048, with and without topk_length,
+    local and global ids."""
+    want = [(h, d, t, ln, g) for h in (64, 128) for d in (512, 576) for t in (512, 1024, 2048) for ln in (False, True) for g in (False, True)]
+    want += [(96, 576, t, ln, g) for t in (512, 1024, 2048) for ln in (False, True) for g in (False, True)]
+    assert _entries() == sorted(want)
+
+
+def test_each_call_runs_at_its_own_scale(dsa):
+    """The scale the build compiled in is not the one that runs: three scales, one process, each matches
+    its reference, and the results differ (the scale reaches the kernel)."""
+    _need(64, 512, 512, False, False)
+    shape = (2, 48, 900)
+    outs = []
+    for scale in (0.02, 512**-0.5, 0.1):
+        x = _inputs(shape, 64, 512, 512, False, False, seed=7, scale=scale)
+        outs.append(_run(dsa, x, "into", False).clone())
+        _check(outs[-1], x, ref.attention_reference(x), f"scale {scale}")
+    assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])
+
+
+def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
+    _need(64, 512, 512, True, True)
+    shape = (2, 40, 700)
+    x = _inputs(shape, 64, 512, 512, True, True, seed=31)
+    bufs = {n: x[n].clone() for n in INPUTS}
+    out, ws = _out(x), _workspace(dsa, x)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            dsa.sparse_attn_score_recompute_into(out, bufs["q_attn"], bufs["k_attn"], bufs["lse"], bufs["topk_indices"], x["softmax_scale"],
+                                                 topk_length=bufs["topk_length"], topk_indices_global=True, workspace=ws)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "captured, not run"
+    for seed in (32, 33):
+        y = _inputs(shape, 64, 512, 512, True, True, seed=seed)
+        for n in INPUTS:
+            bufs[n].copy_(y[n])
+        _nan(out)
+        ws.fill_(0xFF)
+        g.replay()
+        torch.cuda.synchronize()
+        _check(out, y, ref.attention_reference(y, True), f"replay {seed}")
+        for n in INPUTS:
+            assert _same_bits(bufs[n], y[n]), f"replay {seed}: {n} was modified"
+
+
+def test_refused_calls_write_nothing(dsa):
+    from aot.errors import InputError, KernelNotFoundError
+
+    _need(64, 512, 512, False, False)
+    x = _inputs((2, 16, 600), 64, 512, 512, False, False, seed=41)
+    out, ws = _out(x), _workspace(dsa, x)
+    q32, lse32 = x["q_attn"][:, :, :32].contiguous(), x["lse"][:, :, :32].contiguous()
+    ids384 = x["topk_indices"][..., :384].contiguous()
+    out384 = _nan(torch.empty(ids384.shape, dtype=torch.float32, device=DEV))
+    ws_over = torch.full((ws.numel(),), 0xFF, dtype=torch.uint8, device=DEV)
+    lse_over = ws_over[: x["lse"].numel() * 4].view(torch.float32).view(x["lse"].shape)
+    lse_over.copy_(x["lse"])
+
+    def into(**over):
+        a = dict(out=out, q_attn=x["q_attn"], k_attn=x["k_attn"], lse=x["lse"], topk_indices=x["topk_indices"], softmax_scale=x["softmax_scale"],
+                 topk_length=None, topk_indices_global=False, workspace=ws)
+        a.update(over)
+        return lambda: dsa.sparse_attn_score_recompute_into(**a)
+
+    cases = [
+        ("lse bf16", InputError, "lse", into(lse=x["lse"].bfloat16())),
+        ("scale nan", InputError, "softmax_scale", into(softmax_scale=math.nan)),
+        ("scale 0", InputError, "softmax_scale", into(softmax_scale=0.0)),
+        ("H=32", (InputError, KernelNotFoundError), r"(?s)heads = 32|H=32", into(q_attn=q32, lse=lse32)),
+        ("topk 384", KernelNotFoundError, r"(?s)dsa_score_recompute.*topk = 384", into(topk_indices=ids384, out=out384)),
+        ("no workspace on SM90", InputError, "workspace", into(workspace=None)),
+        ("workspace over the lse", InputError, "overlap", into(lse=lse_over, workspace=ws_over)),
+    ]
+    watched = [out, ws, out384, ws_over, ids384, q32, lse32] + [x[n] for n in INPUTS if x[n] is not None]
+    before = [t.clone() for t in watched]
+    for name, exc, match, call in cases:
+        with pytest.raises(exc, match=match):
+            call()
+        torch.cuda.synchronize()
+        for t, b in zip(watched, before):
+            assert _same_bits(t, b), f"{name}: a tensor was written before the refusal"
