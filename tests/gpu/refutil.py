@@ -65,3 +65,25 @@ def shipped_keys(family, fields, op=None, arch="sm_90a") -> list:
         return []
     keys = {tuple(e["key"][f] for f in fields) for e in entries if e["family"] == family and e["arch"] == arch and (op is None or e["op"] == op)}
     return sorted(keys)
+
+
+# --- what the GPU op tests share -------------------------------------------------------------------------
+
+
+def same_bits(a, b) -> bool:
+    """Bitwise equal (NaN payloads compare equal to themselves): shape, dtype and every byte."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def refusals_write_nothing(cases, watched) -> None:
+    """Each ``(name, exception class(es), match, call)`` raises before any write: every tensor of ``watched``
+    keeps its bits."""
+    import pytest
+
+    before = [t.clone() for t in watched]
+    for name, exc, match, call in cases:
+        with pytest.raises(exc, match=match):
+            call()
+        torch.cuda.synchronize()
+        for t, b in zip(watched, before):
+            assert same_bits(t, b), f"{name}: a tensor was written before the refusal"

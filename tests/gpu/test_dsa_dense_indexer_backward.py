@@ -38,7 +38,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_dense_indexer_backward as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import rel_err, shipped_keys  # noqa: E402
+from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_dense_indexer_backward"
@@ -93,13 +93,6 @@ def _nan(t):
     return t.fill_(math.nan)
 
 
-def _bits(t):
-    """A bitwise view (NaN payloads compare equal to themselves)."""
-    return t.view(torch.int32) if t.element_size() == 4 else (t.view(torch.int16) if t.element_size() == 2 else t.view(torch.uint8))
-
-
-def _same_bits(a, b):
-    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
 
 
 def _outputs(x, dk_dtype):
@@ -167,7 +160,7 @@ def test_every_shipped_entry_matches_the_reference(dsa, entry):
                 assert got["d_index_k"].dtype == dk_dtype
                 _check(got, isc, want, what)
                 for n, t in keep.items():
-                    assert _same_bits(x[n], t), f"{what}: {n} was modified (read-only)"
+                    assert same_bits(x[n], t), f"{what}: {n} was modified (read-only)"
 
 
 def test_the_entry_list_covers_the_manifest():
@@ -204,7 +197,7 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
             dsa.dense_indexer_backward_into(dq, dw, dk, **bufs, sm_scale=SM_SCALE, loss_coeff=LOSS_COEFF, ratio=4, workspace=ws)
     torch.cuda.synchronize()
     assert torch.isnan(dq).all() and torch.isnan(dk).all(), "captured, not run"
-    assert _same_bits(bufs["index_score"], x["index_score"])
+    assert same_bits(bufs["index_score"], x["index_score"])
     for seed in (12, 13):  # new q, w, k, scores, denominators and grad_loss in the captured buffers
         y = _inputs(False, 4, False, 64, seed=seed)
         for n, v in y.items():
@@ -293,10 +286,4 @@ def test_refused_calls_write_nothing(dsa):
         ("d_index_k aliases index_score", InputError, "overlap", into(index_score=alias_score, d_index_k=alias_dk, workspace=None)),
     ]
     watched = [dq, dw, dk, ws, x["index_score"], dq32, dw32, tq, tw, tk, tws, xt["index_score"], alias]
-    before = [t.clone() for t in watched]
-    for name, exc, match, call in cases:
-        with pytest.raises(exc, match=match):
-            call()
-        torch.cuda.synchronize()
-        for t, b in zip(watched, before):
-            assert _same_bits(t, b), f"{name}: a tensor was written before the refusal"
+    refusals_write_nothing(cases, watched)

@@ -29,7 +29,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import rel_err, shipped_keys  # noqa: E402
+from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_score_recompute"
@@ -71,13 +71,6 @@ def _nan(t):
     return t.fill_(math.nan)
 
 
-def _bits(t):
-    """A bitwise view (NaN payloads compare equal to themselves)."""
-    return t.view(torch.int32) if t.element_size() == 4 else (t.view(torch.int16) if t.element_size() == 2 else t.view(torch.uint8))
-
-
-def _same_bits(a, b):
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
 def _ws_bytes(B, S_q):
@@ -95,35 +88,46 @@ def _out(x):
     return _nan(torch.empty(x["topk_indices"].shape, dtype=torch.float32, device=DEV))
 
 
-def _run(dsa, x, form, glob):
-    """One call; returns predict."""
-    args = dict(topk_length=x["topk_length"], topk_indices_global=glob)
-    ins = (x["q_indexer"], x["k_indexer"], x["weights"], x["topk_indices"])
+def run_form(form, op, op_into, ins, kw, key, out_of, workspace_of):
+    """One call of a sparse score recompute op in ``form`` (allocating, allocating into a given ``out``, or
+    ``_into`` with a 0xFF workspace); ``out_of()`` makes a NaN-poisoned ``out``; returns the result."""
     if form == "allocating":
-        got = dsa.sparse_indexer_score_recompute(*ins, **args)["predict"]
-        assert got.dtype == torch.float32 and got.shape == x["topk_indices"].shape and got.device == x["topk_indices"].device
+        got = op(*ins, **kw)[key]
+        want = out_of()
+        assert got.dtype == torch.float32 and got.shape == want.shape and got.device == want.device
     elif form == "allocating-out":
-        out = _out(x)
-        got = dsa.sparse_indexer_score_recompute(*ins, out=out, **args)["predict"]
+        out = out_of()
+        got = op(*ins, out=out, **kw)[key]
         assert got is out
     else:
-        out, ws = _out(x), _workspace(dsa, x)
-        got = dsa.sparse_indexer_score_recompute_into(out, *ins, workspace=ws, **args)
+        out = out_of()
+        got = op_into(out, *ins, workspace=workspace_of(), **kw)
         assert got is out
     torch.cuda.synchronize()
     return got
 
 
-def _check(got, x, want, what):
-    assert not torch.isnan(got).any(), f"{what}: predict holds NaN (a column not written)"
+def _run(dsa, x, form, glob):
+    """One call; returns predict."""
+    ins = (x["q_indexer"], x["k_indexer"], x["weights"], x["topk_indices"])
+    return run_form(form, dsa.sparse_indexer_score_recompute, dsa.sparse_indexer_score_recompute_into, ins,
+                    dict(topk_length=x["topk_length"], topk_indices_global=glob), "predict", lambda: _out(x), lambda: _workspace(dsa, x))
+
+
+def check_rows(got, x, want, what, key="predict"):
+    """A distribution over each row's scored slots (``key``: predict or target): no NaN, the slots not
+    scored exactly 0, rows summing to 1 (0 without a scored slot), within the reference's bound; returns
+    the rel err."""
+    assert not torch.isnan(got).any(), f"{what}: {key} holds NaN (a column not written)"
     scored = ref.scored_mask(x["topk_indices"], x["topk_length"])
     assert (got[~scored] == 0).all(), f"{what}: a slot that is not scored is not exactly 0"
     has = scored.any(-1)
     sums = got.double().sum(-1)
     assert (sums[~has] == 0).all(), f"{what}: a row without a scored slot is not all 0"
-    assert ((sums[has] - 1).abs() < 1e-5).all(), f"{what}: a row's predict does not sum to 1 (worst {(sums[has] - 1).abs().max():.2e})"
+    assert ((sums[has] - 1).abs() < 1e-5).all(), f"{what}: a row's {key} does not sum to 1 (worst {(sums[has] - 1).abs().max():.2e})"
     e = rel_err(got, want)
-    assert e <= ref.REL_ERR_BOUNDS["predict"], f"{what}: rel err {e:.3e} > {ref.REL_ERR_BOUNDS['predict']}"
+    assert e <= ref.REL_ERR_BOUNDS[key], f"{what}: rel err {e:.3e} > {ref.REL_ERR_BOUNDS[key]}"
+    return e
 
 
 @pytest.mark.parametrize("entry", _entries(), ids=lambda e: "H%d-topk%d-length%d-global%d" % e)
@@ -136,9 +140,9 @@ def test_every_shipped_entry_matches_the_reference(dsa, entry):
         keep = {n: x[n].clone() for n in INPUTS if x[n] is not None}
         for form in FORMS:
             what = f"topk {topk} length {length} global {glob} shape {shape} {form}"
-            _check(_run(dsa, x, form, glob), x, want, what)
+            check_rows(_run(dsa, x, form, glob), x, want, what)
             for n, t in keep.items():
-                assert _same_bits(x[n], t), f"{what}: {n} was modified (read-only)"
+                assert same_bits(x[n], t), f"{what}: {n} was modified (read-only)"
 
 
 def test_the_entry_list_covers_the_manifest():
@@ -146,34 +150,43 @@ def test_the_entry_list_covers_the_manifest():
     assert _entries() == sorted((H, t, ln, g) for t in (512, 1024, 2048) for ln in (False, True) for g in (False, True))
 
 
-def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
-    _need(512, True, True)
-    shape = (2, 40, 700)
-    x = _inputs(shape, 512, True, True, seed=31)
-    bufs = {n: x[n].clone() for n in INPUTS}
-    out, ws = _out(x), _workspace(dsa, x)
+def capture_and_replay(call, x, make, check, names, out, ws):
+    """``call(bufs)`` (an ``_into`` call on copies of ``x``'s tensors ``names``, into ``out`` and ``ws``)
+    captured in a CUDA graph, not run; then for seeds 32 and 33 ``make(seed)``'s tensors copied into the
+    buffers, ``out`` NaN and ``ws`` 0xFF, a replay, ``check(out, y, what)``, and the inputs' bits kept."""
+    bufs = {n: x[n].clone() for n in names}
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         with torch.cuda.graph(g, stream=s):
-            dsa.sparse_indexer_score_recompute_into(out, bufs["q_indexer"], bufs["k_indexer"], bufs["weights"], bufs["topk_indices"],
-                                                    topk_length=bufs["topk_length"], topk_indices_global=True, workspace=ws)
+            call(bufs)
     torch.cuda.synchronize()
     assert torch.isnan(out).all(), "captured, not run"
-    for n in INPUTS:
-        assert _same_bits(bufs[n], x[n]), f"capture modified {n}"
-    for seed in (32, 33):  # new q, k, w, ids and lengths in the captured buffers
-        y = _inputs(shape, 512, True, True, seed=seed)
-        for n in INPUTS:
+    for n in names:
+        assert same_bits(bufs[n], x[n]), f"capture modified {n}"
+    for seed in (32, 33):  # new values in the captured buffers
+        y = make(seed)
+        for n in names:
             bufs[n].copy_(y[n])
         _nan(out)
         ws.fill_(0xFF)
         g.replay()
         torch.cuda.synchronize()
-        _check(out, y, ref.reference(y, True), f"replay {seed}")
-        for n in INPUTS:
-            assert _same_bits(bufs[n], y[n]), f"replay {seed}: {n} was modified"
+        check(out, y, f"replay {seed}")
+        for n in names:
+            assert same_bits(bufs[n], y[n]), f"replay {seed}: {n} was modified"
+
+
+def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
+    _need(512, True, True)
+    shape = (2, 40, 700)
+    x = _inputs(shape, 512, True, True, seed=31)
+    out, ws = _out(x), _workspace(dsa, x)
+    capture_and_replay(lambda b: dsa.sparse_indexer_score_recompute_into(out, b["q_indexer"], b["k_indexer"], b["weights"], b["topk_indices"],
+                                                                         topk_length=b["topk_length"], topk_indices_global=True, workspace=ws),
+                       x, lambda seed: _inputs(shape, 512, True, True, seed=seed), lambda o, y, what: check_rows(o, y, ref.reference(y, True), what),
+                       INPUTS, out, ws)
 
 
 def test_refused_calls_write_nothing(dsa):
@@ -227,10 +240,4 @@ def test_refused_calls_write_nothing(dsa):
         ("workspace over the weights", InputError, "overlap", into(weights=w_over, workspace=ws_over)),
     ]
     watched = [out, ws, out384, alias_buf, ws_over, ids384, q32, w32] + [t[n] for t in (x, xl) for n in INPUTS if t[n] is not None]
-    before = [t.clone() for t in watched]
-    for name, exc, match, call in cases:
-        with pytest.raises(exc, match=match):
-            call()
-        torch.cuda.synchronize()
-        for t, b in zip(watched, before):
-            assert _same_bits(t, b), f"{name}: a tensor was written before the refusal"
+    refusals_write_nothing(cases, watched)

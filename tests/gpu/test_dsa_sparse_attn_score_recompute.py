@@ -26,7 +26,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import rel_err, shipped_keys  # noqa: E402
+from refutil import refusals_write_nothing, same_bits, shipped_keys  # noqa: E402
+from test_dsa_score_recompute import capture_and_replay, check_rows, run_form  # noqa: E402 - the indexer's test: the same three forms and row checks
 
 DEV = "cuda:0"
 FAMILY = "dsa_score_recompute"
@@ -66,12 +67,6 @@ def _nan(t):
     return t.fill_(math.nan)
 
 
-def _bits(t):
-    return t.view(torch.int32) if t.element_size() == 4 else (t.view(torch.int16) if t.element_size() == 2 else t.view(torch.uint8))
-
-
-def _same_bits(a, b):
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
 def _workspace(dsa, x):
@@ -86,34 +81,13 @@ def _out(x):
 
 
 def _run(dsa, x, form, glob):
-    args = dict(topk_length=x["topk_length"], topk_indices_global=glob)
     ins = (x["q_attn"], x["k_attn"], x["lse"], x["topk_indices"], x["softmax_scale"])
-    if form == "allocating":
-        got = dsa.sparse_attn_score_recompute(*ins, **args)["target"]
-        assert got.dtype == torch.float32 and got.shape == x["topk_indices"].shape and got.device == x["topk_indices"].device
-    elif form == "allocating-out":
-        out = _out(x)
-        got = dsa.sparse_attn_score_recompute(*ins, out=out, **args)["target"]
-        assert got is out
-    else:
-        out, ws = _out(x), _workspace(dsa, x)
-        got = dsa.sparse_attn_score_recompute_into(out, *ins, workspace=ws, **args)
-        assert got is out
-    torch.cuda.synchronize()
-    return got
+    return run_form(form, dsa.sparse_attn_score_recompute, dsa.sparse_attn_score_recompute_into, ins,
+                    dict(topk_length=x["topk_length"], topk_indices_global=glob), "target", lambda: _out(x), lambda: _workspace(dsa, x))
 
 
 def _check(got, x, want, what):
-    assert not torch.isnan(got).any(), f"{what}: target holds NaN (a column not written)"
-    scored = ref.scored_mask(x["topk_indices"], x["topk_length"])
-    assert (got[~scored] == 0).all(), f"{what}: a slot that is not scored is not exactly 0"
-    has = scored.any(-1)
-    sums = got.double().sum(-1)
-    assert (sums[~has] == 0).all(), f"{what}: a row without a scored slot is not all 0"
-    assert ((sums[has] - 1).abs() < 1e-5).all(), f"{what}: a row's target does not sum to 1 (worst {(sums[has] - 1).abs().max():.2e})"
-    e = rel_err(got, want)
-    assert e <= ref.REL_ERR_BOUNDS["target"], f"{what}: rel err {e:.3e} > {ref.REL_ERR_BOUNDS['target']}"
-    return e
+    return check_rows(got, x, want, what, "target")
 
 
 @pytest.mark.parametrize("entry", _entries(), ids=lambda e: "H%d-D%d-topk%d-length%d-global%d" % e)
@@ -129,7 +103,7 @@ def test_every_shipped_entry_matches_the_reference(dsa, entry, record_property):
             what = f"{dict(zip(FIELDS, entry))} shape {shape} {form}"
             worst = max(worst, _check(_run(dsa, x, form, glob), x, want, what))
             for n, t in keep.items():
-                assert _same_bits(x[n], t), f"{what}: {n} was modified (read-only)"
+                assert same_bits(x[n], t), f"{what}: {n} was modified (read-only)"
     record_property("worst_rel_err", worst)
     print(f"\n{dict(zip(FIELDS, entry))}: worst rel err {worst:.2e}")
 
@@ -159,28 +133,11 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
     _need(64, 512, 512, True, True)
     shape = (2, 40, 700)
     x = _inputs(shape, 64, 512, 512, True, True, seed=31)
-    bufs = {n: x[n].clone() for n in INPUTS}
     out, ws = _out(x), _workspace(dsa, x)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            dsa.sparse_attn_score_recompute_into(out, bufs["q_attn"], bufs["k_attn"], bufs["lse"], bufs["topk_indices"], x["softmax_scale"],
-                                                 topk_length=bufs["topk_length"], topk_indices_global=True, workspace=ws)
-    torch.cuda.synchronize()
-    assert torch.isnan(out).all(), "captured, not run"
-    for seed in (32, 33):
-        y = _inputs(shape, 64, 512, 512, True, True, seed=seed)
-        for n in INPUTS:
-            bufs[n].copy_(y[n])
-        _nan(out)
-        ws.fill_(0xFF)
-        g.replay()
-        torch.cuda.synchronize()
-        _check(out, y, ref.attention_reference(y, True), f"replay {seed}")
-        for n in INPUTS:
-            assert _same_bits(bufs[n], y[n]), f"replay {seed}: {n} was modified"
+    capture_and_replay(lambda b: dsa.sparse_attn_score_recompute_into(out, b["q_attn"], b["k_attn"], b["lse"], b["topk_indices"], x["softmax_scale"],
+                                                                      topk_length=b["topk_length"], topk_indices_global=True, workspace=ws),
+                       x, lambda seed: _inputs(shape, 64, 512, 512, True, True, seed=seed),
+                       lambda o, y, what: _check(o, y, ref.attention_reference(y, True), what), INPUTS, out, ws)
 
 
 def test_refused_calls_write_nothing(dsa):
@@ -212,10 +169,4 @@ def test_refused_calls_write_nothing(dsa):
         ("workspace over the lse", InputError, "overlap", into(lse=lse_over, workspace=ws_over)),
     ]
     watched = [out, ws, out384, ws_over, ids384, q32, lse32] + [x[n] for n in INPUTS if x[n] is not None]
-    before = [t.clone() for t in watched]
-    for name, exc, match, call in cases:
-        with pytest.raises(exc, match=match):
-            call()
-        torch.cuda.synchronize()
-        for t, b in zip(watched, before):
-            assert _same_bits(t, b), f"{name}: a tensor was written before the refusal"
+    refusals_write_nothing(cases, watched)

@@ -73,4 +73,4 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
     archs, ops = json.loads(p.stdout.strip().splitlines()[-1])
     assert archs == ["sm_100a", "sm_90a"]
     assert ops == {"csa": sorted(aot.csa.__all__), "dsa": sorted(aot.dsa.__all__)}  # every op and plan class of the tree, from the wheel
-    assert len(ops["csa"]) + len(ops["dsa"]) == 46  # 8 CSA (the differentiable compressor among them), 38 DSA (indexer and sparse backward, local_to_global, compactify, indexer top-k, indexer and sparse forward, fused indexer top-k: 2 ops, 3 sizing helpers; the differentiable sparse_attention; dense indexer backward and sparse indexer score recompute: 2 ops, a sizing helper and a plan each)
+    assert len(ops["csa"]) + len(ops["dsa"]) == 51  # 8 CSA (the differentiable compressor among them), 43 DSA (indexer and sparse backward, local_to_global, compactify, indexer top-k, indexer and sparse forward, fused indexer top-k: 2 ops, 3 sizing helpers; the differentiable sparse_attention; dense indexer backward, sparse indexer and sparse attention score recompute: 2 ops, a sizing helper and a plan each; sparse_attention_score_recompute)
