@@ -336,6 +336,32 @@ def check_sparse_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int)
     return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
 
 
+def check_dense_indexer_score(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
+    """Record the dense indexer score recompute's SM100 launch of ``key`` (BSHD B x S_q x S_k, or THD b
+    segments of at most S_q / S_k rows, H_kv 1) and run it through ``ns``; return problems."""
+    import aot.ops.dsa_score_recompute as op_mod
+
+    h, vl = key["heads"], key["varlen"]
+    if vl:
+        tq, tk = b * s_q, b * s_k
+        shapes = [(tq, s_k), (tq,), (tq, h, 128), (tk, 1, 128), (tq, h), (b + 1,), (b + 1,), (b,) if key["offsets"] else None, None]
+    else:
+        shapes = [(b, s_q, s_k), (b, s_q), (b, s_q, h, 128), (b, s_k, 1, 128), (b, s_q, h), None, None, (b,) if key["offsets"] else None, None]
+    ts, ptr, values, rec, t = _fakes(shapes, op_mod._DENSE_TENSORS)
+    c = op_mod._DenseCall(0, "sm_100a", vl, b, s_q, s_k, 0, None, [], (0.5,))
+    # upstream's order (_interface_sm100._dense_indexer_score_recompute's bf16 cute.compile call), written down here
+    want = t(2) + t(3) + t(4) + t(0) + t(1) + [0.5, s_q, s_k] + (t(5) + t(6) if vl else []) + t(7) + [STREAM]
+    try:
+        rec.launch(None, *op_mod._dense_launch_args("dense_indexer", ts, c, rec.p, rec.s, rec.x))
+        dims, blob = _replay(ns, rec, values, want)
+    except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
+        return [f"{type(ex).__name__}: {ex}"]
+    if dims[3] != 256 or dims[7] != STREAM:
+        return [f"block {dims[3]} on stream {dims[7]} (upstream: 256 threads on the caller's stream)"]
+    missing = [op_mod._DENSE_TENSORS[i] for i in (0, 1) if struct.pack("<Q", ptr[f"p[{i}]"]) not in blob]
+    return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
@@ -402,8 +428,16 @@ def main():
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
             bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_sparse_score(ns, e["op"], key, b, s_q, s_k)]
         sr += 1
+    for e in index["entries"]:
+        if e["family"] != "dsa_score_recompute" or e["op"] != "dense_indexer":
+            continue
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
+            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_dense_indexer_score(ns, key, b, s_q, s_k)]
+        sr += 1
     print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward, {f} sparse-forward, {g} fused top-k GEMM, {dd} dense indexer backward and "
-          f"{sr} sparse score recompute entries: the op's call runs each lifted host function; {len(bad)} problems")
+          f"{sr} score recompute entries: the op's call runs each lifted host function; {len(bad)} problems")
     for b in bad:
         print("  -", b)
     return 1 if bad or not n or not m or not f or not g or not dd or not sr else 0

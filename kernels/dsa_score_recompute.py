@@ -26,16 +26,20 @@ DIM = policy.DIM
 LOG2_E = math.log2(math.e)  # upstream's constant (sparse_score_recompute_sm90.py: math.log2(math.e))
 SM90_SCALE = 0.1  # any value: the launcher replaces it per call; one no other host constant shares
 LITERALS = {"sparse_attention_sm90": {"softmax_scale_log2": SM90_SCALE * LOG2_E}}
+DENSE_TOPK_MAX = 128  # the SM90 dense constructor's topk_max: upstream passes S_k, which no dense code path reads (research §3)
 
 
-def _T(dtype, rank):
-    """A tensor as to_cute_tensor presents it."""
+def _T(dtype, rank, align=16):
+    """A tensor as to_cute_tensor presents it (``align``: its assumed_align)."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
     shape = tuple(cute.sym_int() for _ in range(rank))
     stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-    return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=16)
+    return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=align)
+
+
+_ENV_3WG = "DENSE3WG_USE_WARP_SPLIT_PROD"  # read by DenseScoreRecomputeSm90's constructor, in no compile key (research §7 trap 4)
 
 
 def build(op, key, target):
@@ -46,9 +50,38 @@ def build(op, key, target):
     if op not in OPS:
         raise KeyError(op)
     T, bf16, f32, i32 = _T, cutlass.BFloat16, cutlass.Float32, cutlass.Int32
-    h, topk = key["heads"], key["topk"]
-    length = T(i32, 2) if key["length"] else None
+    h, topk = key["heads"], key.get("topk")
+    length = T(i32, 2) if key.get("length") else None
     stream = cuda_driver.CUstream(0)
+    if op == "dense_indexer":
+        from cudnn.deepseek_sparse_attention.score_recompute.indexer_score_unified_sm100 import IndexerScoreUnifiedSm100
+
+        m, n, k = policy.DENSE_TILE
+        kv_stage = policy.dense_kv_stage(m, n, k)
+        obj = IndexerScoreUnifiedSm100(head_dim=DIM, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k, kv_stage=kv_stage,
+                                       ratio=key["ratio"], is_varlen=key["varlen"], compute_lse=True, is_compressed_logits=False)
+        r = 3 if key["varlen"] else 4  # q / k rank: THD (T, H, D), BSHD (B, S, H, D)
+        cu = (T(i32, 1), T(i32, 1)) if key["varlen"] else (None, None)
+        offs = T(i32, 1) if key["offsets"] else None
+        # q, k, w, out, denom (LSE), sm_scale, max_seqlen_q, max_seqlen_k, cu_seqlens_q / k, q_causal_offsets, stream
+        args = (T(bf16, r), T(bf16, r), T(bf16, r - 1), T(f32, r - 1), T(f32, r - 2), cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1), *cu,
+                offs, stream)
+        return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
+    if op == "dense_indexer_sm90":
+        import os
+
+        from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm90 import DenseScoreRecomputeSm90
+
+        if os.environ.get(_ENV_3WG, "1") != "1":
+            raise ValueError(f"{_ENV_3WG}={os.environ[_ENV_3WG]!r} selects another SM90 dense kernel than cudnn's default: unset it to build")
+        tile_m, head_tiles = policy.sm90_tiles(h)
+        obj = DenseScoreRecomputeSm90(bf16, head_dim=DIM, qhead_per_kvhead=h, tile_m=tile_m, tile_n=64, num_threads=384, swap_AB=True,
+                                      topk_max=DENSE_TOPK_MAX, is_index_scores=True, softmax_scale=key["scale"], has_topk_length=False,
+                                      num_head_tiles=head_tiles, ratio=key["ratio"])
+        offs = T(i32, 1, align=4) if key["offsets"] else None  # upstream binds the offsets 4-byte aligned
+        # q, kv (B, S_k, H_kv, D), (no ids), stream, out, the weights transposed (B, H, S_q), (no lengths), denom (LSE), offsets
+        args = (T(bf16, 4), T(bf16, 4), None, stream, T(f32, 3), T(bf16, 3), None, T(f32, 2), offs)
+        return obj, args, None, {"tile_m": tile_m, "head_tiles": head_tiles}
     if op == "sparse_attention":
         from cudnn.deepseek_sparse_attention.score_recompute.sparse_score_recompute_sm100 import SparseScoreRecomputeSm100
 
@@ -125,6 +158,13 @@ def check_policy(targets):
 
     if "softmax_scale_log2 = self.softmax_scale * LOG2_E" not in inspect.getsource(sp90) or sp90.math.log2(sp90.math.e) != LOG2_E:
         raise ValueError("cudnn's SM90 sparse kernel no longer passes softmax_scale * LOG2_E: re-derive the op's softmax_scale_log2")
+    for heads in (16, 32, 64, 128):
+        m, n, k = i._dispatch_dense_indexer_tile_params(DIM, heads)
+        if (m, n, k) != policy.DENSE_TILE:
+            raise ValueError(f"cudnn's SM100 dense indexer tiles for H{heads} are {(m, n, k)}; the policy says {policy.DENSE_TILE}")
+    m, n, k = policy.DENSE_TILE
+    if i._compute_dense_kv_stage(DIM, m, n, k, per_head_elem_bytes=2) != policy.dense_kv_stage(m, n, k):
+        raise ValueError("cudnn's SM100 dense indexer kv_stage differs from policy.dense_kv_stage")
     src = inspect.getsource(i._sparse_indexer_score_recompute)
     for line in ("kv_stage = min(4, max(1, (_SM100_SMEM_BYTES - sQ_size - smem_overhead) // sK_per_stage))", "sTopkIdx_bytes = topk * 2 * 4",
                  "smem_fixed = sPerHead_bytes + 2048"):
@@ -139,6 +179,8 @@ FIDELITY_ROUTES = {
     "sparse_indexer_sm90": "sparse_indexer_score_recompute_wrapper -> SparseIndexerScoreRecompute.execute -> _interface_sm90",
     "sparse_attention": "sparse_attn_score_recompute_wrapper -> SparseAttnScoreRecompute.execute -> _interface_sm100",
     "sparse_attention_sm90": "sparse_attn_score_recompute_wrapper -> SparseAttnScoreRecompute.execute -> _interface_sm90",
+    "dense_indexer": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute -> _interface_sm100",
+    "dense_indexer_sm90": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute -> _interface_sm90 (BSHD)",
 }
 FIDELITY_SCALE = 576**-0.5  # not SM90_SCALE: the same cubin at another scale is part of what fidelity proves
 PRELOAD = (
@@ -170,6 +212,9 @@ def fidelity(op, key, target, up):
     up.patch(torch, "empty", lambda *shape, dtype=None, device=None, **k: like(real_empty(*shape, dtype=dtype)))
     api._cache_of_SparseIndexerScoreRecomputeObjects.clear()
     api._cache_of_SparseAttnScoreRecomputeObjects.clear()
+    api._cache_of_DenseIndexerScoreRecomputeObjects.clear()
+    if op.startswith("dense_indexer"):
+        return _fidelity_dense(op, key, up, api, h, i, T)
     fn = {"sparse_indexer": i._sparse_indexer_score_recompute, "sparse_attention": i._sparse_attn_score_recompute}.get(op, h._sparse_score_recompute)
     cache = up.cache(fn, "compile_cache")
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
@@ -203,4 +248,40 @@ def fidelity(op, key, target, up):
         import cutlass
 
         want = (cutlass.BFloat16, DIM, H, tile_m, 64, 2, 256, True, topk, True, 1.0, key["length"], head_tiles, True, False, key["topk_global"])
+    return cache, want, 1
+
+
+def _fidelity_dense(op, key, up, api, h, i, T):
+    """``dense_indexer_score_recompute_wrapper`` for a dense key: B 2, S_q 128, S_k 64, H_kv 1 (THD: the
+    same two segments' worth of rows, max_seqlen given, real cu_seqlens values)."""
+    import torch
+
+    bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    H, B, s_q, s_k = key["heads"], 2, 128, 64
+    sm90 = op == "dense_indexer_sm90"
+    # SM90: upstream at a double that is not the key's float32 value but rounds to it (1.0 itself stays 1.0: it
+    # drops the kernel's multiply): the cubin is the float32 immediate's alone
+    scale = (key["scale"] if key["scale"] == 1.0 else key["scale"] * (1 + 2**-40)) if sm90 else FIDELITY_SCALE
+    assert not sm90 or policy.f32(scale) == key["scale"]
+    kw = {"q_causal_offsets": T(i32, B)} if key["offsets"] else {}
+    if key.get("varlen"):
+        cu_q, cu_k = T(i32, B + 1), T(i32, B + 1)
+        cu_q.copy_(torch.tensor([0, 100, 2 * s_q], dtype=i32))
+        cu_k.copy_(torch.tensor([0, 40, 2 * s_k], dtype=i32))
+        q, k, w = T(bf16, B * s_q, H, DIM), T(bf16, B * s_k, 1, DIM), T(bf16, B * s_q, H)
+        out, den = T(f32, B * s_q, s_k), T(f32, B * s_q)
+        kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=s_q, max_seqlen_k=s_k)
+    else:
+        q, k, w = T(bf16, B, s_q, H, DIM), T(bf16, B, s_k, 1, DIM), T(bf16, B, s_q, H)
+        out, den = T(f32, B, s_q, s_k), T(f32, B, s_q)
+    cache = up.cache(h._dense_score_recompute if sm90 else i._dense_indexer_score_recompute, "compile_cache")
+    api.dense_indexer_score_recompute_wrapper(q, k, w, out=out, denom_out=den, sm_scale=scale, ratio=key["ratio"], stream=up.stream, **kw)
+    if sm90:
+        import cutlass
+
+        tile_m, head_tiles = policy.sm90_tiles(H)
+        want = (cutlass.BFloat16, DIM, H, tile_m, 64, 2, 384, True, True, scale, False, head_tiles, False, False, key["ratio"], key["offsets"])
+    else:
+        m, n, kb = policy.DENSE_TILE
+        want = ("dense_indexer", bf16, DIM, H, m, n, kb, policy.dense_kv_stage(m, n, kb), key["ratio"], key["varlen"], key["offsets"])
     return cache, want, 1

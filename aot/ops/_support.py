@@ -253,6 +253,24 @@ def thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev, layout=True):
     return b
 
 
+def max_lengths(cu_q, cu_k, max_q, max_k, stream):
+    """The longest THD segments where the caller gave none, read back as upstream's wrappers do (a
+    synchronisation); an InputError under graph capture."""
+    import torch
+
+    def ok(t):
+        return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_cuda and t.dtype == torch.int32 and t.ndim == 1 and t.numel() >= 1
+
+    if not (ok(cu_q) and ok(cu_k)):
+        return max_q, max_k  # the validation says what is wrong
+    if torch.cuda.is_current_stream_capturing():
+        raise input_error(["under CUDA-graph capture pass max_seqlen_q and max_seqlen_k: reading them from cu_seqlens_q / cu_seqlens_k needs a "
+                           "device synchronisation (upstream's .item())"])
+    with alloc_on(stream, cu_q.device.index):
+        got = [int((c[1:] - c[:-1]).max().item()) if c.numel() > 1 else 0 for c in (cu_q, cu_k)]
+    return (got[0] if max_q is None else max_q), (got[1] if max_k is None else max_k)
+
+
 def workspace_problems(workspace, need, dev, named, sizer, align=16) -> list:
     """What is wrong with a caller's ``workspace`` for ``need`` bytes on GPU ``dev``: missing, not a 1-D
     uint8 tensor there, too small, or its first ``need`` bytes overlapping one of ``named`` ((name,

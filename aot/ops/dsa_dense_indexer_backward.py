@@ -23,8 +23,8 @@ import functools
 from dataclasses import dataclass
 
 from ..policy import dsa_dense_indexer_backward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flat_args, footprint, input_error, integer, launcher, require,
-                       scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flat_args, footprint, input_error, integer, launcher, max_lengths,
+                       require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
 from .dsa_indexer_backward import _cast_into
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
@@ -96,7 +96,7 @@ def dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm, i
     import torch
 
     if cu_seqlens_q is not None and (max_seqlen_q is None or max_seqlen_k is None):
-        max_seqlen_q, max_seqlen_k = _max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
+        max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
     ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, cu_seqlens_q,
           cu_seqlens_k, q_causal_offsets, workspace)
     if workspace is None or d_index_q is None or d_weights is None or d_index_k is None:
@@ -121,23 +121,6 @@ def dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm, i
                                 grad_loss, sm_scale, loss_coeff, block_I, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 q_causal_offsets, stream, workspace)
     return Outputs(d_index_q=d_index_q, d_weights=d_weights, d_index_k=d_index_k)
-
-
-def _max_lengths(cu_q, cu_k, max_q, max_k, stream):
-    """The longest THD segments, read back as upstream does; an InputError under graph capture."""
-    import torch
-
-    def ok(t):
-        return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_cuda and t.dtype == torch.int32 and t.ndim == 1 and t.numel() >= 1
-
-    if not (ok(cu_q) and ok(cu_k)):
-        return max_q, max_k  # the validation says what is wrong
-    if torch.cuda.is_current_stream_capturing():
-        raise input_error(["under CUDA-graph capture pass max_seqlen_q and max_seqlen_k: reading them from cu_seqlens_q / cu_seqlens_k needs a "
-                           "device synchronisation (upstream's .item())"])
-    with alloc_on(stream, cu_q.device.index):
-        got = [int((c[1:] - c[:-1]).max().item()) if c.numel() > 1 else 0 for c in (cu_q, cu_k)]
-    return (got[0] if max_q is None else max_q), (got[1] if max_k is None else max_k)
 
 
 def dense_indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse,

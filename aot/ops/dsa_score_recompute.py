@@ -17,14 +17,16 @@ import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flag, flat_args, footprint, input_error, integer, launcher, require,
-                       scalar_f32, stream_handle, tensor_args, workspace_problems, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flag, flat_args, footprint, input_error, integer, launcher, max_lengths,
+                       require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
 __all__ = ["sparse_indexer_score_recompute", "sparse_indexer_score_recompute_into", "sparse_indexer_score_recompute_workspace_bytes",
            "SparseIndexerScoreRecompute", "sparse_attn_score_recompute", "sparse_attn_score_recompute_into",
-           "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute", "sparse_attention_score_recompute"]
+           "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute", "sparse_attention_score_recompute",
+           "dense_indexer_score_recompute", "dense_indexer_score_recompute_into", "dense_indexer_score_recompute_workspace_bytes",
+           "DenseIndexerScoreRecompute"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31
@@ -327,6 +329,231 @@ def _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, a
     return _Call(dev, arch, need, kernel, foot, x)
 
 
+# --- dense_indexer_score_recompute_wrapper: the indexer's logits over every key and their LSE -------------
+
+_DENSE_TENSORS = ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
+_NEG_INF = 0xFF800000  # fp32 -inf: what a key the ratio-causal rule hides holds in ``out``
+
+
+@dataclass(frozen=True)
+class _DenseCall:
+    dev: int
+    arch: str
+    varlen: bool
+    b: int
+    s_q: int  # S_q, or max_seqlen_q (THD)
+    s_k: int  # S_k, or max_seqlen_k (THD)
+    need: int
+    kernel: tuple | None
+    foot: list
+    x: tuple  # SM100: the scale (a kernel argument); SM90: () (baked into the cubin, part of the key)
+
+
+def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None) -> int:
+    """uint8 bytes the ``workspace`` of a BSHD dense indexer call with ``weights`` of this shape (B, S_q,
+    H) needs on GPU ``device`` (None: the current one): the transposed bf16 copy of the weights on SM90,
+    none on SM100."""
+    return _workspace_bytes(_INDEXER, weights_shape, device)
+
+
+def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=None, denom_out=None, sm_scale=1.0, ratio=1, cu_seqlens_q=None,
+                                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None,
+                                  k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, stream=None, *,
+                                  workspace=None):
+    """cudnn's ``dense_indexer_score_recompute_wrapper``: returns ``{'out', 'denom'}``: the indexer's logits
+    ``out[b, i, j] = sm_scale * sum_h w[b, i, h] relu(q[b, i, h] . k[b, j, h // qhpkv])`` over every key,
+    -inf where the ratio-causal rule hides key j from row i (``j >= (offset_b + i + 1) // ratio``), and
+    ``denom`` their log-sum-exp per row.
+
+    BSHD: q (B, S_q, H, 128), k (B, S_k, H_kv, 128), weights (B, S_q, H) bf16; ``out`` (B, S_q, S_k), ``denom``
+    (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): q (T_q, H, 128), k (T_k, H_kv, 128), weights
+    (T_q, H); ``out`` (T_q, max_seqlen_k), ``denom`` (T_q,); the allocating form reads missing
+    ``max_seqlen_*`` back from the device as upstream does (refused under capture: pass them), ``_into``
+    needs them. SM100 runs THD natively; on SM90 upstream loops per segment after reading ``cu_seqlens``
+    back, and that form is not shipped yet (an InputError says so). ``q_causal_offsets`` (B,) int32 or
+    None. ``precision`` "bf16" only (the block-scaled SM100 kernels are not shipped yet). On SM90 the
+    kernel bakes ``sm_scale`` in as a float32 immediate: the build ships the scales its manifest lists (a
+    call at another is a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin).
+    ``out`` / ``denom_out`` are allocated when not given, and on SM90 the ``workspace``
+    (``dense_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."""
+    import torch
+
+    _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
+    if cu_seqlens_q is not None and (max_seqlen_q is None or max_seqlen_k is None):
+        max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
+    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace)
+    if out is None or denom_out is None or workspace is None:
+        extra = (sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+        hit = remembered(_DENSE_CALLS, ALLOC, ts, extra)  # a loop of one shape validates once
+        c = hit and hit[0]
+        if c is None:
+            c = _validate_dense(ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, allocating=True)
+            remember(_DENSE_CALLS, ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
+        stream_handle(stream, c.dev)
+
+        def outputs():
+            with alloc_on(stream, c.dev):
+                rows = (q.shape[0],) if c.varlen else (c.b, c.s_q)
+                return (torch.empty(*rows, c.s_k, dtype=torch.float32, device=q.device) if out is None else out,
+                        torch.empty(*rows, dtype=torch.float32, device=q.device) if denom_out is None else denom_out,
+                        torch.empty(c.need, dtype=torch.uint8, device=q.device) if workspace is None and c.need else workspace)
+
+        out, denom_out, workspace = allocate(outputs)
+    dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                       q_causal_offsets, stream, workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
+    return Outputs(out=out, denom=denom_out)
+
+
+def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                                       max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
+    """``dense_indexer_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
+    ``workspace``); THD needs ``max_seqlen_q`` / ``max_seqlen_k``. Capture-safe from the first call,
+    allocates nothing. Returns ``(out, denom_out)``."""
+    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace)
+    extra = (sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+    call, p = cached(_DENSE_CALLS, ts, extra, lambda: _plan_dense(*ts, sm_scale=sm_scale, ratio=ratio, max_seqlen_q=max_seqlen_q,
+                                                                  max_seqlen_k=max_seqlen_k, qhead_per_kv_head=qhead_per_kv_head))
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+    return out, denom_out
+
+
+def _dense_precision(precision, q_scale, k_scale, cu_q_pad, cu_k_pad, sf_vec_size):
+    problems = []
+    if precision != "bf16" or any(t is not None for t in (q_scale, k_scale, cu_q_pad, cu_k_pad)):
+        problems.append(f"precision={precision!r} with block scales: the build ships the bf16 dense indexer only (upstream's mxfp8 / mxfp4 "
+                        "kernels are SM100 only and not shipped yet)")
+    if sf_vec_size != 32:
+        problems.append(f"sf_vec_size={sf_vec_size!r}: upstream's 32 only")
+    if problems:
+        raise input_error(problems)
+
+
+def _plan_dense(out, denom_out, q, k, weights, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, sm_scale=1.0, ratio=1,
+                max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None):
+    """Validate a dense indexer call and compile what it does."""
+    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace)
+    c = _validate_dense(ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+    rec = Recorder(len(ts), len(c.x))
+    if c.kernel is not None:
+        op, key = c.kernel
+        if op == "dense_indexer_sm90":
+            b, s_q, h = weights.shape
+
+            def transpose_weights(ts, stream, n=b * h * s_q, shape=(b, h, s_q)):
+                """The (B, H, S_q) copy the SM90 kernel reads, as upstream makes it."""
+                import torch
+
+                with alloc_on(stream, c.dev):
+                    ts[8][: 2 * n].view(torch.bfloat16).view(shape).copy_(ts[4].transpose(1, 2))
+
+            rec.first(transpose_weights)
+        # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
+        rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
+        rec.launch(launcher(FAMILY, op, key, c.dev), *_dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
+    return compile_call("dsa_score_recompute.dense_indexer", rec, c.dev, ts, c.foot, c.x)
+
+
+def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:
+    """The host-function arguments of dense entry ``op`` in upstream's order."""
+    out, denom, q, k, w, cu_q, cu_k, offs, _ = ts
+    o = tensor_args(offs, p[7]) if offs is not None else ()
+    if op == "dense_indexer":  # SM100: q, k, w, out, denom, sm_scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k], [offsets], stream
+        cu = (*tensor_args(cu_q, p[5]), *tensor_args(cu_k, p[6])) if c.varlen else ()
+        return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(w, p[4]), *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0], c.s_q,
+                c.s_k, *cu, *o, s)
+    b, s_q, h = w.shape
+    # SM90: q, kv, (no ids), stream, out, the weights transposed (B, H, S_q) in the workspace, (no lengths), denom, [offsets]
+    return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), s, *tensor_args(out, p[0]), *flat_args(p[8], (b, h, s_q)), *tensor_args(denom, p[1]), *o)
+
+
+class DenseIndexerScoreRecompute(Plan):
+    """cudnn's DenseIndexerScoreRecompute shape: ``DenseIndexerScoreRecompute(out, denom_out, q, k, weights,
+    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, sm_scale=1.0, ratio=1,
+    max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+
+    _build = staticmethod(_plan_dense)
+    _tensors = _DENSE_TENSORS
+
+
+_DENSE_CALLS: dict = {}
+
+
+def _validate_dense(ts, sm_scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False) -> _DenseCall:
+    """Every problem with a dense indexer call, raised together before anything is touched."""
+    import torch
+
+    out, denom, q, k, w, cu_q, cu_k, offs, workspace = ts
+    problems = []
+    scale = scalar_f32(problems, "sm_scale", sm_scale)
+    integer(problems, "ratio", ratio, 1, _I32 - 1)
+    varlen = cu_q is not None or cu_k is not None
+    rank = 3 if varlen else 4
+    shape_q = "(T_q, H, 128)" if varlen else "(B, S_q, H, 128)"
+    if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != rank or q.device.type != "cuda":
+        problems.append(f"q: expected a {shape_q} CUDA tensor{' (THD: cu_seqlens given)' if varlen else ''}, got {getattr(q, 'shape', type(q).__name__)}")
+        raise input_error(problems)
+    if not isinstance(k, torch.Tensor) or k.ndim != rank:
+        problems.append(f"k: expected a {'(T_k, H_kv, 128)' if varlen else '(B, S_k, H_kv, 128)'} tensor, got {getattr(k, 'shape', type(k).__name__)}")
+        raise input_error(problems)
+    dev = q.device.index
+    arch, sm100 = arch_or_refuse(problems, dev)
+    h, d = q.shape[-2], q.shape[-1]
+    h_kv = k.shape[-2]
+    lead = tuple(q.shape[:-2])
+    b = thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev)
+    if varlen:
+        s_q, s_k = max_q, max_k
+        k_shape = (k.shape[0], h_kv, d)
+        score = (lead[0], s_k if isinstance(s_k, int) else 0)
+        if not sm100:
+            problems.append("THD on SM90: upstream reads cu_seqlens back and launches the BSHD kernel per segment; that form is not shipped yet "
+                            "(issue 14): pass BSHD tensors, or run on SM100 (native THD)")
+    else:
+        b, s_q = lead
+        s_k = k.shape[1]
+        k_shape = (b, s_k, h_kv, d)
+        score = (b, s_q, s_k)
+    bf16, f32 = torch.bfloat16, torch.float32
+    check(problems, q, "q", lead + (h, d), bf16, dev, 16)
+    check(problems, k, "k", k_shape, bf16, dev, 16)
+    check(problems, w, "weights", lead + (h,), bf16, dev, 16)
+    if not (allocating and out is None):
+        check(problems, out, "out", score, f32, dev, 16)
+    if not (allocating and denom is None):
+        check(problems, denom, "denom_out", lead, f32, dev, 16)
+    if offs is not None and b is not None:
+        check(problems, offs, "q_causal_offsets", (b,), torch.int32, dev, 4 if not sm100 else 16)
+    if d != policy.DIM:
+        problems.append(f"D={d} (expected {policy.DIM})")
+    qhpkv = h // h_kv if h_kv and h % h_kv == 0 else None
+    if qhpkv is None or h <= h_kv:
+        problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
+    elif qhead_per_kv_head is not None and qhead_per_kv_head != qhpkv:
+        problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
+    if not problems:
+        rows = q.numel() // (h * d)
+        for what, n in (("q elements", q.numel()), ("k elements", k.numel()), ("rows*S_k", rows * s_k)):
+            if n >= _I32:
+                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+    kernel, need, x = None, 0, ()
+    if not problems:
+        ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, scale)
+        require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
+        rows = q.numel() // (h * d)
+        kernel = ks["main"] if rows and s_k and s_q and b else None
+        x = (scale,) if sm100 else ()
+        need = 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h)
+        if need and not (allocating and workspace is None):
+            problems += workspace_problems(workspace, need, dev, list(zip(_DENSE_TENSORS, ts[:8])), "aot.dsa.dense_indexer_score_recompute_workspace_bytes")
+    if not problems:
+        problems += aliasing([("out", out), ("denom_out", denom)], list(zip(_DENSE_TENSORS[2:8], ts[2:8])))
+    if problems:
+        raise input_error(problems)
+    masks = tuple(3 if i == 7 and not sm100 else (0 if i == 8 and not need else 15) for i in range(len(ts)))
+    foot = footprint(ts, writes=(0, 1, 8), masks=masks, sizes={8: need})
+    return _DenseCall(dev, arch, varlen, b or 0, s_q, s_k, need, kernel, foot, x)
+
+
 # --- cudnn.DSA.sparse_attention_score_recompute (deepseek_sparse_attention/training.py) ----------------
 
 _TOPK_TILE = 128  # upstream pads the index rows with -1 to a multiple of 128 slots
@@ -438,9 +665,38 @@ def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
     return indices.new_empty(indices.shape, dtype=torch.float32), indices.new_empty(indices.shape)
 
 
+def _t_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
+    r = dense_indexer_score_recompute(q, k, weights, sm_scale=sm_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets)
+    return r["out"], r["denom"]
+
+
+def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
+    import torch
+
+    if cu_seqlens_q is not None:
+        if max_seqlen_k is None:
+            raise input_error(["max_seqlen_k: the torch op needs it for THD (the output's width)"])
+        rows, s_k = (q.shape[0],), max_seqlen_k
+    else:
+        rows, s_k = tuple(q.shape[:2]), k.shape[1]
+    return q.new_empty((*rows, s_k), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
+
+
+def _t_dense_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                  q_causal_offsets=None, workspace=None):
+    dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                       q_causal_offsets, workspace=workspace)
+
+
 _IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
+_IN_DENSE = ("Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+             "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None")
 TORCH_OPS = {
+    "dsa_dense_indexer_score_recompute": (f"({_IN_DENSE}) -> (Tensor, Tensor)", _t_dense, _f_dense),
+    "dsa_dense_indexer_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DENSE}, Tensor(c!)? workspace=None) -> ()", _t_dense_into,
+                                               writes_only),
     "dsa_sparse_indexer_score_recompute": (f"({_IN}) -> Tensor", _t_sparse_indexer, _f_sparse_indexer),
     "dsa_sparse_indexer_score_recompute_into": (f"(Tensor(a!) out, {_IN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_indexer_into, writes_only),
     "dsa_sparse_attn_score_recompute": (f"({_IN_ATTN}) -> Tensor", _t_sparse_attn, _f_sparse_indexer),

@@ -3,8 +3,9 @@
 So far the two sparse wrappers: ``sparse_indexer_score_recompute_wrapper``, the indexer's predicted
 distribution ``softmax_i(sum_h relu(q_h . k_topk[i]) w_h)`` over each query's top-k slots, and
 ``sparse_attn_score_recompute_wrapper``, the attention's target distribution
-``L1norm_i(sum_h exp(scale q_h . k_topk[i] - lse_h))`` (the dense wrappers follow;
-docs/research/score-recompute.md has all four).
+``L1norm_i(sum_h exp(scale q_h . k_topk[i] - lse_h))``, and the dense indexer's,
+``dense_indexer_score_recompute_wrapper``: the indexer's logits over every key and their LSE (the dense
+attention wrapper follows; docs/research/score-recompute.md has all four).
 
 Ops and what changes their cubins (measured by compiling two values; docs/research/score-recompute.md §3):
 
@@ -19,6 +20,10 @@ Ops and what changes their cubins (measured by compiling two values; docs/resear
                           and runs the non-compact kernel: such a key is length = false
   sparse_attention_sm90   SparseScoreRecomputeSm90 (attention): heads, dim, topk, length, topk_global;
                           tile_m 48 x 2 head tiles at H96
+  dense_indexer           IndexerScoreUnifiedSm100 (compute_lse): heads per KV head, ratio, varlen, offsets;
+                          tiles 128 x 128 x 64, kv_stage from the budget
+  dense_indexer_sm90      DenseScoreRecomputeSm90 (index scores): heads, ratio, offsets and the scale, a
+                          float32 immediate in the cubin (an F32 field: the manifest lists the scales)
 
 Not in the keys: batch and sequence lengths (both arches); the indexer's scale (no wrapper passes one:
 1.0); the attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
@@ -30,10 +35,10 @@ caller's workspace here.
 
 from ._math import round_up
 from .arch import SM90, SM100, is_sm100
-from .keys import Choice, IntRange, Op
+from .keys import F32, Choice, IntRange, Op
 
 __all__ = ["FAMILY", "OPS", "DIM", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
-           "attention_kernels", "workspace_bytes"]
+           "attention_kernels", "workspace_bytes", "DENSE_TILE", "dense_kv_stage", "f32", "dense_indexer_kernels"]
 
 FAMILY = "dsa_score_recompute"
 DIM = 128
@@ -63,12 +68,41 @@ def _sm100_attention_check(key):
     return None
 
 
+_DENSE = {"heads": Choice(16, 32, 64, 128), "ratio": IntRange(1, 1024), "offsets": _BOOL}  # heads: per KV head
+
 OPS = {
     "sparse_indexer": Op(fields=dict(_SPARSE), arches=SM100),
     "sparse_indexer_sm90": Op(fields=dict(_SPARSE), arches=SM90),
     "sparse_attention": Op(fields=dict(_ATTN), check=_sm100_attention_check, arches=SM100),
     "sparse_attention_sm90": Op(fields=dict(_ATTN), arches=SM90),
+    "dense_indexer": Op(fields=dict(_DENSE, varlen=_BOOL), arches=SM100),
+    "dense_indexer_sm90": Op(fields=dict(_DENSE, scale=F32()), arches=SM90),
 }
+
+DENSE_TILE = (128, 128, 64)  # SM100 dense indexer (m, n, k_block): upstream's _dispatch_dense_indexer_tile_params at D128
+
+
+def dense_kv_stage(m: int, n: int, k: int, dim: int = DIM, per_head: int = 2) -> int:
+    """The SM100 dense kernels' KV stages (upstream's _compute_dense_kv_stage)."""
+    d = -(-dim // 16) * 16
+    return min(4, max(1, (SMEM_BYTES - m * d * 2 - (m * 2 * per_head + 2048)) // (n * k * 2)))
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32, as a kernel's float32 immediate holds it."""
+    import struct
+
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def dense_indexer_kernels(arch, heads, ratio, varlen, offsets, scale) -> dict:
+    """role -> (op, key) of one dense indexer call (``heads`` per KV head). SM100: the native BSHD / THD
+    kernel, the scale a run-time argument; SM90: the BSHD kernel (THD runs it per segment), keyed by the
+    float32 scale it bakes in."""
+    key = {"heads": int(heads), "ratio": int(ratio), "offsets": bool(offsets)}
+    if is_sm100(arch):
+        return {"main": ("dense_indexer", dict(key, varlen=bool(varlen)))}
+    return {"main": ("dense_indexer_sm90", dict(key, scale=f32(scale)))}
 
 
 def sm100_attention_tiles(dim: int, heads: int, topk: int, compact: bool) -> tuple:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Choice", "IntRange", "Op"]
+__all__ = ["Choice", "IntRange", "F32", "Op"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,25 @@ class IntRange:
     def describe(self) -> str:
         s = f"integers in [{self.lo}, {self.hi}]"
         return s + (f", multiples of {self.step}" if self.step > 1 else "")
+
+
+@dataclass(frozen=True)
+class F32:
+    """A float field whose value a kernel bakes in as a float32 constant: any finite value that is its own
+    float32 rounding (two doubles with one float32 give one cubin: list the float32 value)."""
+
+    def accepts(self, v) -> bool:
+        import struct
+
+        if not isinstance(v, float) or v != v or v in (float("inf"), float("-inf")):
+            return False
+        try:
+            return struct.unpack("<f", struct.pack("<f", v))[0] == v
+        except OverflowError:
+            return False
+
+    def describe(self) -> str:
+        return "finite float32 values (write the float32 rounding of the value, e.g. 0.0883883461356163 for 1/sqrt(128))"
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,8 @@ def build_cases(quick=False):
     add("attn-h128-d576-topk2048-length-global", op="attention", h=128, d=576, scale=576**-0.5, b=2, s_q=64, s_k=4096, topk=2048, length=True,
         glob=True)
     add("attn-h96-d576-topk1024-length", op="attention", h=96, d=576, scale=576**-0.5, b=1, s_q=100, s_k=3000, topk=1024, length=True)
+    add("dense-r4-offsets-scale1", op="dense", h=64, ratio=4, offsets=True, scale=1.0, b=2, s_q=256, s_k=64, topk=0)
+    add("dense-r1-scale-rsqrt128", op="dense", h=64, ratio=1, offsets=False, scale=128**-0.5, b=2, s_q=300, s_k=300, topk=0)
     if not quick:
         add("b1-sq4096-topk2048-prefill", b=1, s_q=4096, s_k=4096, topk=2048)
         add("attn-b1-sq4096-h64-d512-topk2048-prefill", op="attention", h=64, d=512, scale=512**-0.5, b=1, s_q=4096, s_k=4096, topk=2048)
@@ -89,6 +91,8 @@ def build_cases(quick=False):
 
 
 def label(spec):
+    if spec["op"] == "dense":
+        return f"dense indexer H{spec['h']} ratio {spec['ratio']}{' offsets' if spec['offsets'] else ''} scale {spec['scale']:.4g}"
     what = f"attention H{spec['h']} D{spec['d']} scale {spec['scale']:.4g}" if spec["op"] == "attention" else "indexer"
     return f"{what} top-k {spec['topk']}{' length' if spec['length'] else ''}{' global' if spec['glob'] else ' local'}"
 
@@ -101,6 +105,13 @@ def make_inputs(spec):
     import torch
 
     gen = torch.Generator().manual_seed(int(spec["seed"]))
+    if spec["op"] == "dense":  # the indexer's full-KV logits: q, k (B, S_k, 1, D), w; q causal offsets
+        b, s_q, s_k, h = spec["b"], spec["s_q"], spec["s_k"], spec["h"]
+        q = (torch.randn(b, s_q, h, D, generator=gen) * 0.25).bfloat16()
+        k = (torch.randn(b, s_k, 1, D, generator=gen) * 0.25).bfloat16()
+        w = (torch.randn(b, s_q, h, generator=gen) * 0.5).bfloat16()
+        offs = torch.tensor([0, 3 * spec["ratio"] + 1][:b], dtype=torch.int32) if spec["offsets"] else None
+        return dict(q=q, k=k, w=w, q_causal_offsets=offs)
     b, s_q, s_k, topk, h, d = spec["b"], spec["s_q"], spec["s_k"], spec["topk"], spec["h"], spec["d"]
     att = spec["op"] == "attention"
     q = (torch.randn(b, s_q, h, d, generator=gen) * (1.0 if att else d**-0.25)).bfloat16()
@@ -125,10 +136,15 @@ def run_case(name, spec, x, api, args, out_dir):
     import torch
 
     pristine = {k: v.clone() for k, v in x.items() if isinstance(v, torch.Tensor)}
-    shape = tuple(x["topk_indices"].shape)
+    shapes = ({"out": tuple(x["q"].shape[:2]) + (x["k"].shape[1],), "denom": tuple(x["q"].shape[:2])} if spec["op"] == "dense"
+              else {"out": tuple(x["topk_indices"].shape)})
 
     def fresh():
-        return torch.full(shape, float("nan"), device="cuda")
+        return {n: torch.full(sh, float("nan"), device="cuda") for n, sh in shapes.items()}
+
+    def host(outs, prefix="", suffix=""):
+        for n, t in outs.items():
+            saved[f"{prefix}{n}{suffix}"] = _host(t)
 
     row = {"case": name, "label": label(spec), "spec": spec}
     saved = {}
@@ -136,18 +152,18 @@ def run_case(name, spec, x, api, args, out_dir):
     api.begin_first(spec)
     row["first_s"] = first_call(lambda: api.call(spec, x, out))
     row.update(api.end_first(spec))
-    saved["out"] = _host(out)
+    host(out)
     for r in range(api.reruns(args)):
         o2 = fresh()
         api.call(spec, x, o2)
         torch.cuda.synchronize()
-        saved[f"out.run{r + 2}"] = _host(o2)
+        host(o2, suffix=f".run{r + 2}")
     row["reruns"] = api.reruns(args)
     if hasattr(api, "call_into"):
         o3 = fresh()
         api.call_into(spec, x, o3)
         torch.cuda.synchronize()
-        saved["into.out"] = _host(o3)
+        host(o3, prefix="into.")
     row["inputs_untouched"] = all(_same(x[k], v) for k, v in pristine.items())
     row["warm_us"] = warm_us(lambda: api.call(spec, x, out), args.calls, sync_every=SYNC_EVERY)
     if hasattr(api, "call_into"):
@@ -184,12 +200,16 @@ class JitApi(CompileKeys):
         return args.reruns
 
     def _snapshot(self):
-        return {("sm90", k) for k in self.h._sparse_score_recompute.compile_cache}
+        return {("sm90", k) for k in self.h._sparse_score_recompute.compile_cache} | {("sm90dense", k) for k in self.h._dense_score_recompute.compile_cache}
 
     @staticmethod
     def jit_keys(spec):
         import cutlass
 
+        if spec["op"] == "dense":
+            h = spec["h"]
+            return [("sm90dense", (cutlass.BFloat16, D, h, min(h, 64), 64, 2, 384, True, True, spec["scale"], False, h // min(h, 64), False, False,
+                                   spec["ratio"], spec["offsets"]))]
         if spec["op"] == "attention":
             h = spec["h"]
             tile_m, tiles = (48, 2) if h == 96 else (min(h, 64), h // min(h, 64))
@@ -201,6 +221,11 @@ class JitApi(CompileKeys):
     def index_key(kind, k):
         """cudnn's SM90 cache key -> (op, key) as in the index (fields the shipped keys fix added only when they differ;
         the attention's scale is the launcher's argument, not a key field)."""
+        if kind == "sm90dense":
+            import struct
+
+            _dt, d, h, _tm, _tn, _st, _thr, _swap, _is_index, scale, _len, _tiles, _sparse, _log, ratio, offsets = k
+            return "dense_indexer_sm90", {"heads": h, "ratio": ratio, "offsets": offsets, "scale": struct.unpack("<f", struct.pack("<f", scale))[0]}
         _dt, d, h, _tm, _tn, _st, _thr, _swap, topk, is_index, scale, length, _tiles, _sparse, log_probs, glob = k
         key = {"heads": h, "topk": topk, "length": length, "topk_global": glob}
         if not is_index:
@@ -210,7 +235,12 @@ class JitApi(CompileKeys):
         key.update({n: v for n, v, want in (("dim", d, D), ("scale", scale, 1.0), ("log_probs", log_probs, False)) if v != want})
         return "sparse_indexer_sm90", key
 
-    def call(self, spec, x, out):
+    def call(self, spec, x, outs):
+        out = outs["out"]
+        if spec["op"] == "dense":
+            self.api.dense_indexer_score_recompute_wrapper(x["q"], x["k"], x["w"], out=out, denom_out=outs["denom"], sm_scale=spec["scale"],
+                                                           ratio=spec["ratio"], q_causal_offsets=x["q_causal_offsets"])
+            return
         if spec["op"] == "attention":
             self.api.sparse_attn_score_recompute_wrapper(x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], topk_length=x["topk_length"],
                                                          topk_indices_global=spec["glob"], out=out)
@@ -219,7 +249,8 @@ class JitApi(CompileKeys):
                                                         topk_indices_global=spec["glob"], out=out)
 
     def cubins(self):
-        return jit_cubins((("sm90", self.h._sparse_score_recompute.compile_cache),), self.index_key)
+        return jit_cubins((("sm90", self.h._sparse_score_recompute.compile_cache), ("sm90dense", self.h._dense_score_recompute.compile_cache)),
+                          self.index_key)
 
 
 def cmd_jit(args):
@@ -241,9 +272,14 @@ class AotApi(SpiedAot):
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used
 
-    CACHES = ("_CALLS", "_ATTN_CALLS")
+    CACHES = ("_CALLS", "_ATTN_CALLS", "_DENSE_CALLS")
 
-    def call(self, spec, x, out):
+    def call(self, spec, x, outs):
+        out = outs["out"]
+        if spec["op"] == "dense":
+            self.dsa.dense_indexer_score_recompute(x["q"], x["k"], x["w"], out=out, denom_out=outs["denom"], sm_scale=spec["scale"], ratio=spec["ratio"],
+                                                   q_causal_offsets=x["q_causal_offsets"])
+            return
         if spec["op"] == "attention":
             self.dsa.sparse_attn_score_recompute(x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], topk_length=x["topk_length"],
                                                  topk_indices_global=spec["glob"], out=out)
@@ -251,14 +287,19 @@ class AotApi(SpiedAot):
         self.dsa.sparse_indexer_score_recompute(x["q"], x["k"], x["w"], x["topk_indices"], topk_length=x["topk_length"],
                                                 topk_indices_global=spec["glob"], out=out)
 
-    def call_into(self, spec, x, out):
+    def call_into(self, spec, x, outs):
         import torch
 
+        out = outs["out"]
         att = spec["op"] == "attention"
         n = (self.dsa.sparse_attn_score_recompute_workspace_bytes if att else self.dsa.sparse_indexer_score_recompute_workspace_bytes)(x["w"].shape)
         ws = self._ws.get(n)
         if ws is None:
             ws = self._ws[n] = torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") if n else None
+        if spec["op"] == "dense":
+            self.dsa.dense_indexer_score_recompute_into(out, outs["denom"], x["q"], x["k"], x["w"], spec["scale"], spec["ratio"],
+                                                        q_causal_offsets=x["q_causal_offsets"], workspace=ws)
+            return
         if att:
             self.dsa.sparse_attn_score_recompute_into(out, x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], x["topk_length"], spec["glob"],
                                                       workspace=ws)
@@ -300,7 +341,14 @@ def cmd_compare(args):
         ok_row, same_kernels, sha = call_checks(name, jr, ar, jit, entries, failures)
         ok_p, text_p, nums_p = jitter_verdict(jo, ao, "out")
         ok_i, text_i, _ = into_verdict(jo, ao, "out")
-        for ok, what, text in ((ok_p, "output", text_p), (ok_i, "_into output", text_i)):
+        checks = [(ok_p, "output", text_p), (ok_i, "_into output", text_i)]
+        if "denom" in jo:  # the dense op's second output, its LSE
+            ok_d, text_d, _ = jitter_verdict(jo, ao, "denom")
+            ok_di, text_di, _ = into_verdict(jo, ao, "denom")
+            checks += [(ok_d, "denom", text_d), (ok_di, "_into denom", text_di)]
+            ok_i = ok_i and ok_di
+            text_p = f"{text_p}; denom {text_d}"
+        for ok, what, text in checks:
             if not ok:
                 ok_row = False
                 failures.append(f"{name}: {what} {text}")

@@ -361,6 +361,12 @@ def torch_isnan(t):
     return torch.isnan(t.float()).sum()
 
 
+def torch_isfinite(t):
+    import torch
+
+    return torch.isfinite(t)
+
+
 def jitter_verdict(jo, ao, n):
     """(ok, text, numbers) for an order-dependent output: AOT vs JIT against the JIT's own jitter.
 
@@ -376,17 +382,18 @@ def jitter_verdict(jo, ao, n):
     bf16 = str(jo[n].dtype) == "torch.bfloat16"
     nans = int(torch_isnan(ao[n]))
     eq, cnt = bitwise(jo[n], ao[n])
-    jitter = max((float((jo[k].double() - j1).abs().max()) for k in runs), default=float("nan"))
-    aot_jitter = max((float((ao[k].double() - a1).abs().max()) for k in aot_runs), default=float("nan"))
-    diff = float((a1 - j1).abs().max()) if j1.numel() else 0.0
+    jitter = max((float(_absdiff(jo[k].double(), j1).max()) for k in runs), default=float("nan"))
+    aot_jitter = max((float(_absdiff(ao[k].double(), a1).max()) for k in aot_runs), default=float("nan"))
+    diff = float(_absdiff(a1, j1).max()) if j1.numel() else 0.0
     unit = ""
     if bf16 and runs and j1.numel():
         # each element may round to a neighbour (1 bf16 ulp at its size) and carry the fp32
         # order noise the JIT shows against itself (large where the sum cancels)
         bound = torch_ulp(a1, j1) + 2 * jitter
-        over = float(((a1 - j1).abs() / bound.clamp_min(1e-300)).max())
+        over = float((_absdiff(a1, j1) / bound.clamp_min(1e-300)).max())
         diff, unit = over, "x bound"
-    scale = float(j1.abs().max()) if j1.numel() else 0.0
+    fin = j1[torch_isfinite(j1)] if j1.numel() else j1
+    scale = float(fin.abs().max()) if fin.numel() else 0.0  # the finite values' (masked -inf entries compare exactly)
     nums = dict(diff=diff, unit=unit, jitter=jitter, aot_jitter=aot_jitter, max_abs=scale, differing=cnt, nan=nans, jit_reruns=len(runs))
     if nans or diff != diff:
         return False, f"NO ({nans} NaN)", nums
@@ -404,6 +411,13 @@ def jitter_verdict(jo, ao, n):
 # ------------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------------
+
+
+def _absdiff(x, y):
+    """|x - y| elementwise, 0 where the two are equal (equal infinities included: the masked logits' -inf)."""
+    import torch
+
+    return torch.where(x == y, torch.zeros_like(x), (x - y).abs())
 
 
 def into_verdict(jo, ao, n):

@@ -169,10 +169,22 @@ def sparse_attn_score_recompute(dev, seed, s_q=64, s_k=1000):
     return aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, ids, d**-0.5), dict(workspace=ws), (out,), (True,)
 
 
+def dense_indexer_score_recompute(dev, seed, s_q=128, s_k=96):
+    import aot.dsa
+    import ref_indexer_forward
+
+    q, k, w, _, _ = ref_indexer_forward.random_inputs((2, s_q), (2, s_k), 64, generator(seed))
+    q, k, w = q.to(f"cuda:{dev}"), k.to(f"cuda:{dev}"), w.to(f"cuda:{dev}")
+    out = torch.full((2, s_q, s_k), float("nan"), device=f"cuda:{dev}")
+    den = torch.full((2, s_q), float("nan"), device=f"cuda:{dev}")
+    ws = torch.empty(aot.dsa.dense_indexer_score_recompute_workspace_bytes(w.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    return aot.dsa.dense_indexer_score_recompute_into, (out, den, q, k, w), dict(ratio=4, workspace=ws), (out, den), (True, True)
+
+
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
        "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k, "indexer_forward": indexer_forward,
        "dense_indexer_backward": dense_indexer_backward, "sparse_indexer_score_recompute": sparse_indexer_score_recompute,
-       "sparse_attn_score_recompute": sparse_attn_score_recompute}
+       "sparse_attn_score_recompute": sparse_attn_score_recompute, "dense_indexer_score_recompute": dense_indexer_score_recompute}
 _OVERWRITTEN = {"indexer_backward_into": 6, "dense_indexer_backward_into": 8}  # the input each op overwrites (attn_score / index_score)
 
 

@@ -179,6 +179,13 @@ dim = 512
 topk = 512
 length = [false, true]
 topk_global = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "dense_indexer_sm90"
+heads = 64
+ratio = 4
+offsets = [false, true]
+scale = 1.0
 """
 
 
@@ -303,6 +310,13 @@ dim = 512
 topk = 512
 length = true
 topk_global = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "dense_indexer"
+heads = 64
+ratio = 4
+varlen = [false, true]
+offsets = false
 """
 
 

@@ -6,6 +6,7 @@ is not the shipped one, or an input one side modified. (The jit and aot steps ne
 import importlib
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,17 @@ def test_aot_sides_spy_on_their_op_modules_caches(name):
     mod = _script(name)
     ops = importlib.import_module(mod.AotApi.OP_MODULE)
     assert all(isinstance(getattr(ops, c), dict) for c in mod.AotApi.CACHES)
+
+
+def test_jitter_verdict_compares_equal_infinities_as_equal():
+    """The dense score recompute's masked logits are -inf on both sides: equal, not NaN differences; a NaN
+    or a finite value where the JIT has -inf still fails."""
+    import parity_common as pc
+
+    j = torch.tensor([[-math.inf, 1.0, 2.0]])
+    jo = {"out": j, "out.run2": j.clone()}
+    assert pc.jitter_verdict(jo, {"out": j.clone()}, "out")[:2] == (True, "bitwise")
+    assert pc.jitter_verdict(jo, {"out": torch.tensor([[0.0, 1.0, 2.0]])}, "out")[0] is False
+    assert pc.jitter_verdict(jo, {"out": torch.tensor([[math.nan, 1.0, 2.0]])}, "out")[0] is False
+    jn = {"out": j, "out.run2": torch.tensor([[-math.inf, 1.0, 2.0 + 1e-6]])}  # the JIT jitters: a tolerance, the -inf still equal
+    assert pc.jitter_verdict(jn, {"out": torch.tensor([[-math.inf, 1.0 + 1e-7, 2.0]])}, "out")[0] is True

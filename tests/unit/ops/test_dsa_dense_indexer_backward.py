@@ -18,10 +18,11 @@ def torch_steps(monkeypatch):
     tensors: no CUDA stream or capture state to enter on a CPU-only torch."""
     import contextlib
 
+    import aot.ops._support as support
     import aot.ops.dsa_dense_indexer_backward as op
     import aot.ops.dsa_indexer_backward as ib
 
-    for mod in (op, ib):
+    for mod in (op, ib, support):  # (_support.max_lengths reads the THD maxima)
         monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 

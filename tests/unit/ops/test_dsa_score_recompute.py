@@ -18,9 +18,11 @@ from aot.errors import InputError, KernelNotFoundError
 def torch_steps(monkeypatch):
     """The op's torch step (the transposed weights copy) on the stand-in's CPU tensors: no CUDA stream
     to enter on a CPU-only torch."""
+    import aot.ops._support as support
     import aot.ops.dsa_score_recompute as op
 
-    monkeypatch.setattr(op, "alloc_on", lambda stream, dev: contextlib.nullcontext())
+    for mod in (op, support):  # (_support.max_lengths reads THD maxima)
+        monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
 
@@ -112,7 +114,7 @@ def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls)
     from aot.toolchain import verify
 
     index = json.loads((sm100_build / "index.json").read_text())
-    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute"]
+    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"].startswith("sparse")]
     assert sorted(e["op"] for e in entries) == ["sparse_attention"] * 3 + ["sparse_indexer"] * 2
     real = op._launch_args
 
@@ -264,3 +266,72 @@ def test_training_form_normalises_pads_and_slices_as_upstream(env, torch_steps, 
     with pytest.raises(KernelNotFoundError, match="topk = 640"):  # K 600 pads to 640: not in the small build
         aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(torch.zeros(s_q, 600, dtype=torch.int32)))
     assert not env.launches
+
+
+# --- the dense indexer score recompute ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offsets", [False, True])
+def test_sm90_dense_indexer_fills_minus_inf_copies_the_weights_then_launches_once(env, torch_steps, offsets):
+    """Upstream's SM90 order: the weights transposed into the workspace, ``out`` filled with -inf (the kernel
+    skips hidden K blocks), one launch on grid (.., H_kv, B) with 384 threads; the scale is in the cubin
+    (the key), not in the parameters."""
+    stream = env.new_stream(0)
+    fn, args, kw, writes = op_calls.dense_indexer_score_recompute(0, stream, s_q=8, s_k=40)
+    out, den, q, k, w = args
+    if offsets:
+        kw["q_causal_offsets"] = stand_in.cuda_tensor(torch.tensor([0, 9], dtype=torch.int32))
+    env.launches.clear()
+    env.memsets.clear()
+    fn(*args, **kw)
+    (launch,) = env.launches
+    ((ptr, n, on, _, word),) = env.memsets
+    assert ptr == out.data_ptr() and n == out.numel() * 4 and on == stream and word == 0xFF800000, "out filled with fp32 -inf first"
+    assert launch.dims[1:6] == (1, 2, 384, 1, 1) and launch.dims[7] == stream
+    for t in (out, den, q, k, kw["workspace"]) + ((kw["q_causal_offsets"],) if offsets else ()):
+        assert _ptr_in(t, launch.params)
+    assert not _ptr_in(w, launch.params)
+    assert torch.equal(kw["workspace"][: w.numel() * 2].view(torch.bfloat16).view(2, 64, 8), w.transpose(1, 2))
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_sm100_dense_indexer_passes_the_scale_and_runs_thd_natively(sm100_env, varlen):
+    stream = sm100_env.new_stream(0)
+    fn, args, kw, _ = op_calls.dense_indexer_score_recompute(0, stream, s_q=9, s_k=33, varlen=varlen)
+    assert kw["workspace"] is None
+    sm100_env.launches.clear()
+    sm100_env.memsets.clear()
+    fn(*args, **{**kw, "sm_scale": 0.37})
+    (launch,) = sm100_env.launches
+    assert len(sm100_env.memsets) == 1, "out filled with -inf"
+    assert launch.dims[3] == 256 and launch.dims[7] == stream
+    assert struct.pack("<f", 0.37) in launch.params
+    if varlen:
+        assert _ptr_in(kw["cu_seqlens_q"], launch.params) and _ptr_in(kw["cu_seqlens_k"], launch.params)
+
+
+def test_dense_indexer_refusals_before_anything_runs(env, torch_steps):
+    import aot.dsa
+
+    fn, args, kw, writes = op_calls.dense_indexer_score_recompute(0, env.new_stream(0))
+    out, den, q, k, w = args
+    before = [stand_in.contents(t) for t in writes]
+    env.launches.clear()
+    env.memsets.clear()
+    with pytest.raises(KernelNotFoundError, match="scale = 0.5"):  # SM90 bakes the scale in: the bucket to add
+        fn(*args, **{**kw, "sm_scale": 0.5})
+    with pytest.raises(InputError, match="THD on SM90"):
+        cu = stand_in.cuda_tensor(torch.tensor([0, 8, 16], dtype=torch.int32))
+        fn(out.view(16, 40), den.view(16), q.view(16, 64, 128), k.view(80, 1, 128), w.view(16, 64), ratio=4, cu_seqlens_q=cu, cu_seqlens_k=cu,
+           max_seqlen_q=8, max_seqlen_k=40, workspace=kw["workspace"])
+    with pytest.raises(InputError, match="precision='mxfp8'"):
+        aot.dsa.dense_indexer_score_recompute(q, k, w, precision="mxfp8")
+    with pytest.raises(InputError) as e:
+        fn(out, den, q, k, stand_in.cuda_tensor(torch.zeros(w.shape)), ratio=0, sm_scale=float("inf"), workspace=kw["workspace"])
+    for want in ("weights: dtype torch.float32", "ratio=0", "sm_scale=inf"):
+        assert want in str(e.value), (want, str(e.value))
+    assert not env.launches and not env.memsets
+    assert [stand_in.contents(t) for t in writes] == before
+    # two doubles with one float32 are one cubin: 1.0 + 2**-30 is not 1.0, but its float32 is
+    fn(*args, **{**kw, "sm_scale": 1.0 + 2**-30})
+    assert len(env.launches) == 1
