@@ -164,3 +164,14 @@ def test_one_target_per_arch():
     text = GOOD_TARGET + '\n[[target]]\nname = "h100"\narch = "sm_90a"\nsm_count = 114\n\n[[bucket]]\nfamily = "csa_compressor"\nop = "dape_reduce"\nsplit = true\n'
     with pytest.raises(ManifestError, match="a second target for sm_90a"):
         manifest.loads(text)
+
+
+def test_a_float32_key_field_takes_float32_values_only():
+    """The SM90 dense indexer bakes its scale into the cubin as a float32: the manifest lists float32 values
+    (two doubles with one float32 are one cubin); the double 1/sqrt(128) is refused with the value to write."""
+    body = GOOD_TARGET + '\n[[bucket]]\nfamily = "dsa_score_recompute"\nop = "dense_indexer_sm90"\nheads = 64\nratio = 4\noffsets = false\n'
+    m = manifest.loads(body + "scale = [1.0, 0.0883883461356163]\n")
+    assert sorted(e.key_dict["scale"] for e in m.entries) == [0.0883883461356163, 1.0]
+    for bad in ("0.08838834764831845", "1e39", "nan", "1"):
+        with pytest.raises(ManifestError, match="float32"):
+            manifest.loads(body + f"scale = {bad}\n")
