@@ -421,20 +421,14 @@ def main():
         dd += 1
     sr = 0
     for e in index["entries"]:
-        if e["family"] != "dsa_score_recompute" or e["op"] not in ("sparse_indexer", "sparse_attention"):
+        if e["family"] != "dsa_score_recompute" or e["op"] not in ("sparse_indexer", "sparse_attention", "dense_indexer"):
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
-            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_sparse_score(ns, e["op"], key, b, s_q, s_k)]
-        sr += 1
-    for e in index["entries"]:
-        if e["family"] != "dsa_score_recompute" or e["op"] != "dense_indexer":
-            continue
-        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
-        for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
-            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_dense_indexer_score(ns, key, b, s_q, s_k)]
+            problems = (check_dense_indexer_score(ns, key, b, s_q, s_k) if e["op"] == "dense_indexer" else
+                        check_sparse_score(ns, e["op"], key, b, s_q, s_k))
+            bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in problems]
         sr += 1
     print(f"{n} SM100 sparse-backward, {m} SM100 indexer-forward, {f} sparse-forward, {g} fused top-k GEMM, {dd} dense indexer backward and "
           f"{sr} score recompute entries: the op's call runs each lifted host function; {len(bad)} problems")

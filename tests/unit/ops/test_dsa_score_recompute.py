@@ -335,3 +335,38 @@ def test_dense_indexer_refusals_before_anything_runs(env, torch_steps):
     # two doubles with one float32 are one cubin: 1.0 + 2**-30 is not 1.0, but its float32 is
     fn(*args, **{**kw, "sm_scale": 1.0 + 2**-30})
     assert len(env.launches) == 1
+
+
+def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_calls):
+    """ci/check_sm100_calls.check_dense_indexer_score on the SM100 build's dense entries (BSHD and THD): the op's
+    arguments in upstream's order run through the lifted host function; swapped out / denom pointers and a
+    dropped scale are caught."""
+    import json
+
+    import aot.ops.dsa_score_recompute as op
+    from aot.toolchain import verify
+
+    index = json.loads((sm100_build / "index.json").read_text())
+    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == "dense_indexer"]
+    assert sorted(e["key"]["varlen"] for e in entries) == [False, True]
+    real = op._dense_launch_args
+
+    def swapped(o, ts, c, p, s, x=()):
+        p = list(p)
+        p[0], p[1] = p[1], p[0]
+        return real(o, ts, c, p, s, x)
+
+    def unscaled(o, ts, c, p, s, x=()):
+        return real(o, ts, c, p, s, (1.0,))
+
+    for e in entries:
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
+        for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
+            assert sm100_calls.check_dense_indexer_score(ns, key, b, s_q, s_k) == [], e["id"]
+        for bad in (swapped, unscaled):
+            op._dense_launch_args = bad
+            try:
+                assert sm100_calls.check_dense_indexer_score(ns, key, 2, 64, 4096) != [], (e["id"], bad.__name__)
+            finally:
+                op._dense_launch_args = real
