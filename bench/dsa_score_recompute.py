@@ -1,4 +1,4 @@
-"""DSA score recompute (sparse indexer, sparse attention, dense indexer): time to first call and host cost per op call, dsa-aot vs cudnn's JIT path vs torch.add.
+"""DSA score recompute (sparse indexer and attention, dense indexer and attention): time to first call and host cost per op call, dsa-aot vs cudnn's JIT path vs torch.add.
 
     python bench/dsa_score_recompute.py        # on a GPU machine; cudnn side runs only where cutlass and cudnn import
 
@@ -8,7 +8,8 @@ H 64, D 512, softmax_scale 512**-0.5. cudnn's side is its public wrappers
 ``sparse_indexer_score_recompute_wrapper`` / ``sparse_attn_score_recompute_wrapper`` (SM90 path: the
 weights / LSE copied transposed, one launch); the AOT side is ``aot.dsa.sparse_*_score_recompute``
 (out given, the workspace allocated per call) and ``_into`` (out and workspace given). The dense indexer:
-H 64, B1, S_q 4096 over S_k 1024 keys (ratio 4), sm_scale 1/sqrt(128), ``out`` / ``denom_out`` given. First call per side in a fresh subprocess after torch,
+H 64, B1, S_q 4096 over S_k 1024 keys (ratio 4), sm_scale 1/sqrt(128), ``out`` / ``denom_out`` given; the
+dense attention the same at H64 D512, softmax_scale 512**-0.5. First call per side in a fresh subprocess after torch,
 CUDA and the inputs are set up; warm host cost as bench/dsa_indexer_backward.py measures it (its
 runner, import blocker and timers).
 """
@@ -25,7 +26,7 @@ import dsa_indexer_backward as _bi  # noqa: E402  (the indexer bench: its runner
 BLOCK = _bi.BLOCK
 assert _bi.WARM.startswith(_bi.SETUP)
 TIMERS = _bi.WARM[len(_bi.SETUP) :]
-SHAPE = "B1 S_q 4096 S_k 4096, top-k 2048; indexer H64 D128, attention H64 D512; dense indexer S_k 1024 ratio 4"
+SHAPE = "B1 S_q 4096 S_k 4096, top-k 2048; indexer H64 D128, attention H64 D512; dense S_k 1024 ratio 4"
 
 SETUP = r"""
 import torch
@@ -48,6 +49,7 @@ args_a = (qa, ka, lse, ids, scale)
 kd = (torch.randn(B, 1024, 1, D, device=dev) * 0.25).bfloat16()
 logits_d, den_d = torch.empty(B, S_q, 1024, device=dev), torch.empty(B, S_q, device=dev)
 kw_d = dict(sm_scale=128**-0.5, ratio=4)
+kda = torch.randn(B, 1024, 1, DA, device=dev).bfloat16()
 torch.cuda.synchronize()
 """
 
@@ -66,6 +68,10 @@ FIRST = {
                                             f"from {API}.api import dense_indexer_score_recompute_wrapper",
                                             "dense_indexer_score_recompute_wrapper(q, kd, w, out=logits_d, denom_out=den_d, **kw_d)",
                                             _COMPILED.replace("_sparse_score_recompute", "_dense_score_recompute")),
+    "dense_attention": _bi.first_call_scripts(SETUP, "aot.dsa.dense_attn_score_recompute(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4)",
+                                              f"from {API}.api import dense_attn_score_recompute_wrapper",
+                                              "dense_attn_score_recompute_wrapper(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4)",
+                                              _COMPILED.replace("_sparse_score_recompute", "_dense_score_recompute")),
 }
 
 WARM = SETUP + TIMERS
@@ -81,16 +87,22 @@ dev_d["attn aot _into"] = device(lambda: aot.dsa.sparse_attn_score_recompute_int
 out_d["dense aot (out given)"] = rounds(lambda: aot.dsa.dense_indexer_score_recompute(q, kd, w, out=logits_d, denom_out=den_d, **kw_d))
 out_d["dense aot _into"] = rounds(lambda: aot.dsa.dense_indexer_score_recompute_into(logits_d, den_d, q, kd, w, workspace=workspace, **kw_d))
 dev_d["dense aot _into"] = device(lambda: aot.dsa.dense_indexer_score_recompute_into(logits_d, den_d, q, kd, w, workspace=workspace, **kw_d))
+out_d["dattn aot (out given)"] = rounds(lambda: aot.dsa.dense_attn_score_recompute(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4))
+out_d["dattn aot _into"] = rounds(lambda: aot.dsa.dense_attn_score_recompute_into(logits_d, den_d, qa, kda, lse, scale, 4, workspace=ws_a))
+dev_d["dattn aot _into"] = device(lambda: aot.dsa.dense_attn_score_recompute_into(logits_d, den_d, qa, kda, lse, scale, 4, workspace=ws_a))
 """)
 
 JIT_WARM = WARM.replace("SIDE", rf"""
-from {API}.api import sparse_indexer_score_recompute_wrapper, sparse_attn_score_recompute_wrapper, dense_indexer_score_recompute_wrapper
+from {API}.api import (sparse_indexer_score_recompute_wrapper, sparse_attn_score_recompute_wrapper, dense_indexer_score_recompute_wrapper,
+                       dense_attn_score_recompute_wrapper)
 out_d["cudnn (out given)"] = rounds(lambda: sparse_indexer_score_recompute_wrapper(*args, out=out))
 dev_d["cudnn"] = device(lambda: sparse_indexer_score_recompute_wrapper(*args, out=out))
 out_d["attn cudnn (out given)"] = rounds(lambda: sparse_attn_score_recompute_wrapper(*args_a, out=out))
 dev_d["attn cudnn"] = device(lambda: sparse_attn_score_recompute_wrapper(*args_a, out=out))
 out_d["dense cudnn (out given)"] = rounds(lambda: dense_indexer_score_recompute_wrapper(q, kd, w, out=logits_d, denom_out=den_d, **kw_d))
 dev_d["dense cudnn"] = device(lambda: dense_indexer_score_recompute_wrapper(q, kd, w, out=logits_d, denom_out=den_d, **kw_d))
+out_d["dattn cudnn (out given)"] = rounds(lambda: dense_attn_score_recompute_wrapper(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4))
+dev_d["dattn cudnn"] = device(lambda: dense_attn_score_recompute_wrapper(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4))
 """)
 
 _num = _bi._num
@@ -102,11 +114,11 @@ def measure(have_jit):
 
 
 def report(res, have_jit, title=f"DSA sparse score recompute, {SHAPE}"):
-    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, title, ["sparse_indexer", "sparse_attention", "dense_indexer"])
+    aw, jw = _bi.first_call_and_warm_rows(res, have_jit, title, ["sparse_indexer", "sparse_attention", "dense_indexer", "dense_attention"])
     print()
     host = aw.get("host", {})
     a_add = _num(host, "torch.add")
-    for op, pre in (("sparse_indexer", ""), ("sparse_attention", "attn "), ("dense_indexer", "dense ")):
+    for op, pre in (("sparse_indexer", ""), ("sparse_attention", "attn "), ("dense_indexer", "dense "), ("dense_attention", "dattn ")):
         a_call, a_into = _num(host, f"{pre}aot (out given)"), _num(host, f"{pre}aot _into")
         print(f"{op}: AOT warm / torch.add: op {a_call / a_add:.2f}, _into {a_into / a_add:.2f}")
         if have_jit:

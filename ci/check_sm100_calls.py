@@ -336,23 +336,24 @@ def check_sparse_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int)
     return [f"{', '.join(missing)} never reach a kernel parameter"] if missing else []
 
 
-def check_dense_indexer_score(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
-    """Record the dense indexer score recompute's SM100 launch of ``key`` (BSHD B x S_q x S_k, or THD b
-    segments of at most S_q / S_k rows, H_kv 1) and run it through ``ns``; return problems."""
+def check_dense_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) -> list:
+    """Record a dense score recompute's SM100 launch of entry ``op`` ("dense_indexer" or "dense_attention") with
+    ``key`` (BSHD B x S_q x S_k, or THD b segments of at most S_q / S_k rows, H_kv 1) and run it through
+    ``ns``; return problems."""
     import aot.ops.dsa_score_recompute as op_mod
 
-    h, vl = key["heads"], key["varlen"]
+    h, vl, d = key["heads"], key["varlen"], key.get("dim", 128)
     if vl:
         tq, tk = b * s_q, b * s_k
-        shapes = [(tq, s_k), (tq,), (tq, h, 128), (tk, 1, 128), (tq, h), (b + 1,), (b + 1,), (b,) if key["offsets"] else None, None]
+        shapes = [(tq, s_k), (tq,), (tq, h, d), (tk, 1, d), (tq, h), (b + 1,), (b + 1,), (b,) if key["offsets"] else None, None]
     else:
-        shapes = [(b, s_q, s_k), (b, s_q), (b, s_q, h, 128), (b, s_k, 1, 128), (b, s_q, h), None, None, (b,) if key["offsets"] else None, None]
+        shapes = [(b, s_q, s_k), (b, s_q), (b, s_q, h, d), (b, s_k, 1, d), (b, s_q, h), None, None, (b,) if key["offsets"] else None, None]
     ts, ptr, values, rec, t = _fakes(shapes, op_mod._DENSE_TENSORS)
     c = op_mod._DenseCall(0, "sm_100a", vl, b, s_q, s_k, 0, None, [], (0.5,))
-    # upstream's order (_interface_sm100._dense_indexer_score_recompute's bf16 cute.compile call), written down here
+    # upstream's order (_interface_sm100._dense_indexer_ / _dense_attn_score_recompute's bf16 cute.compile calls), written down here
     want = t(2) + t(3) + t(4) + t(0) + t(1) + [0.5, s_q, s_k] + (t(5) + t(6) if vl else []) + t(7) + [STREAM]
     try:
-        rec.launch(None, *op_mod._dense_launch_args("dense_indexer", ts, c, rec.p, rec.s, rec.x))
+        rec.launch(None, *op_mod._dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
         dims, blob = _replay(ns, rec, values, want)
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
@@ -421,12 +422,12 @@ def main():
         dd += 1
     sr = 0
     for e in index["entries"]:
-        if e["family"] != "dsa_score_recompute" or e["op"] not in ("sparse_indexer", "sparse_attention", "dense_indexer"):
+        if e["family"] != "dsa_score_recompute" or e["op"] not in ("sparse_indexer", "sparse_attention", "dense_indexer", "dense_attention"):
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
-            problems = (check_dense_indexer_score(ns, key, b, s_q, s_k) if e["op"] == "dense_indexer" else
+            problems = (check_dense_score(ns, e["op"], key, b, s_q, s_k) if e["op"].startswith("dense") else
                         check_sparse_score(ns, e["op"], key, b, s_q, s_k))
             bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in problems]
         sr += 1

@@ -25,7 +25,7 @@ OPS = policy.OPS
 DIM = policy.DIM
 LOG2_E = math.log2(math.e)  # upstream's constant (sparse_score_recompute_sm90.py: math.log2(math.e))
 SM90_SCALE = 0.1  # any value: the launcher replaces it per call; one no other host constant shares
-LITERALS = {"sparse_attention_sm90": {"softmax_scale_log2": SM90_SCALE * LOG2_E}}
+LITERALS = {op: {"softmax_scale_log2": SM90_SCALE * LOG2_E} for op in ("sparse_attention_sm90", "dense_attention_sm90")}
 DENSE_TOPK_MAX = 128  # the SM90 dense constructor's topk_max: upstream passes S_k, which no dense code path reads (research §3)
 
 
@@ -67,7 +67,21 @@ def build(op, key, target):
         args = (T(bf16, r), T(bf16, r), T(bf16, r - 1), T(f32, r - 1), T(f32, r - 2), cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1), *cu,
                 offs, stream)
         return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
-    if op == "dense_indexer_sm90":
+    if op == "dense_attention":
+        from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm100 import DenseScoreRecomputeSm100
+
+        d = key["dim"]
+        m, n, k, kv_stage = policy.sm100_dense_attention_tiles(d, h)
+        obj = DenseScoreRecomputeSm100(head_dim=d, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k, kv_stage=kv_stage,
+                                       score_type="attention", ratio=key["ratio"], is_varlen=key["varlen"])
+        r = 3 if key["varlen"] else 4
+        cu = (T(i32, 1), T(i32, 1)) if key["varlen"] else (None, None)
+        offs = T(i32, 1) if key["offsets"] else None
+        # q, k, lse, out, denom (L1 sums), softmax_scale, max_seqlen_q, max_seqlen_k, cu_seqlens_q / k, q_causal_offsets, stream
+        args = (T(bf16, r), T(bf16, r), T(f32, r - 1), T(f32, r - 1), T(f32, r - 2), cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1), *cu,
+                offs, stream)
+        return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
+    if op in ("dense_indexer_sm90", "dense_attention_sm90"):
         import os
 
         from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm90 import DenseScoreRecomputeSm90
@@ -75,12 +89,14 @@ def build(op, key, target):
         if os.environ.get(_ENV_3WG, "1") != "1":
             raise ValueError(f"{_ENV_3WG}={os.environ[_ENV_3WG]!r} selects another SM90 dense kernel than cudnn's default: unset it to build")
         tile_m, head_tiles = policy.sm90_tiles(h)
-        obj = DenseScoreRecomputeSm90(bf16, head_dim=DIM, qhead_per_kvhead=h, tile_m=tile_m, tile_n=64, num_threads=384, swap_AB=True,
-                                      topk_max=DENSE_TOPK_MAX, is_index_scores=True, softmax_scale=key["scale"], has_topk_length=False,
-                                      num_head_tiles=head_tiles, ratio=key["ratio"])
+        index = op == "dense_indexer_sm90"
+        obj = DenseScoreRecomputeSm90(bf16, head_dim=DIM if index else key["dim"], qhead_per_kvhead=h, tile_m=tile_m, tile_n=64, num_threads=384,
+                                      swap_AB=True, topk_max=DENSE_TOPK_MAX, is_index_scores=index, softmax_scale=key["scale"] if index else SM90_SCALE,
+                                      has_topk_length=False, num_head_tiles=head_tiles, ratio=key["ratio"])
         offs = T(i32, 1, align=4) if key["offsets"] else None  # upstream binds the offsets 4-byte aligned
-        # q, kv (B, S_k, H_kv, D), (no ids), stream, out, the weights transposed (B, H, S_q), (no lengths), denom (LSE), offsets
-        args = (T(bf16, 4), T(bf16, 4), None, stream, T(f32, 3), T(bf16, 3), None, T(f32, 2), offs)
+        # q, kv (B, S_k, H_kv, D), (no ids), stream, out, the weights (bf16) / LSE (fp32) transposed (B, H, S_q), (no lengths),
+        # denom (LSE / L1 sums), offsets
+        args = (T(bf16, 4), T(bf16, 4), None, stream, T(f32, 3), T(bf16 if index else f32, 3), None, T(f32, 2), offs)
         return obj, args, None, {"tile_m": tile_m, "head_tiles": head_tiles}
     if op == "sparse_attention":
         from cudnn.deepseek_sparse_attention.score_recompute.sparse_score_recompute_sm100 import SparseScoreRecomputeSm100
@@ -162,6 +178,13 @@ def check_policy(targets):
         m, n, k = i._dispatch_dense_indexer_tile_params(DIM, heads)
         if (m, n, k) != policy.DENSE_TILE:
             raise ValueError(f"cudnn's SM100 dense indexer tiles for H{heads} are {(m, n, k)}; the policy says {policy.DENSE_TILE}")
+    for d in policy.ATTN_DIMS:
+        for heads in (16, 32, 64, 128):
+            m, n, k, kv_stage = policy.sm100_dense_attention_tiles(d, heads)
+            up = i._dispatch_dense_attn_tile_params(d, heads, precision="bf16")
+            up_stage = i._compute_dense_kv_stage(-(-d // 16) * 16, up[0], up[1], up[2], per_head_elem_bytes=4)
+            if (m, n, k, kv_stage) != (*up, up_stage):
+                raise ValueError(f"cudnn's SM100 dense attention tiles for D{d} H{heads} are {(*up, up_stage)}; the policy says {(m, n, k, kv_stage)}")
     m, n, k = policy.DENSE_TILE
     if i._compute_dense_kv_stage(DIM, m, n, k, per_head_elem_bytes=2) != policy.dense_kv_stage(m, n, k):
         raise ValueError("cudnn's SM100 dense indexer kv_stage differs from policy.dense_kv_stage")
@@ -181,6 +204,8 @@ FIDELITY_ROUTES = {
     "sparse_attention_sm90": "sparse_attn_score_recompute_wrapper -> SparseAttnScoreRecompute.execute -> _interface_sm90",
     "dense_indexer": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute -> _interface_sm100",
     "dense_indexer_sm90": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute -> _interface_sm90 (BSHD)",
+    "dense_attention": "dense_attn_score_recompute_wrapper -> DenseAttnScoreRecompute.execute -> _interface_sm100 (bf16)",
+    "dense_attention_sm90": "dense_attn_score_recompute_wrapper -> DenseAttnScoreRecompute.execute -> _interface_sm90 (BSHD)",
 }
 FIDELITY_SCALE = 576**-0.5  # not SM90_SCALE: the same cubin at another scale is part of what fidelity proves
 PRELOAD = (
@@ -213,7 +238,8 @@ def fidelity(op, key, target, up):
     api._cache_of_SparseIndexerScoreRecomputeObjects.clear()
     api._cache_of_SparseAttnScoreRecomputeObjects.clear()
     api._cache_of_DenseIndexerScoreRecomputeObjects.clear()
-    if op.startswith("dense_indexer"):
+    api._cache_of_DenseAttnScoreRecomputeObjects.clear()
+    if op.startswith("dense"):
         return _fidelity_dense(op, key, up, api, h, i, T)
     fn = {"sparse_indexer": i._sparse_indexer_score_recompute, "sparse_attention": i._sparse_attn_score_recompute}.get(op, h._sparse_score_recompute)
     cache = up.cache(fn, "compile_cache")
@@ -252,35 +278,44 @@ def fidelity(op, key, target, up):
 
 
 def _fidelity_dense(op, key, up, api, h, i, T):
-    """``dense_indexer_score_recompute_wrapper`` for a dense key: B 2, S_q 128, S_k 64, H_kv 1 (THD: the
-    same two segments' worth of rows, max_seqlen given, real cu_seqlens values)."""
+    """``dense_indexer_score_recompute_wrapper`` / ``dense_attn_score_recompute_wrapper`` for a dense key:
+    B 2, S_q 128, S_k 64, H_kv 1 (THD: the same two segments' worth of rows, max_seqlen given, real
+    cu_seqlens values)."""
     import torch
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     H, B, s_q, s_k = key["heads"], 2, 128, 64
-    sm90 = op == "dense_indexer_sm90"
-    # SM90: upstream at a double that is not the key's float32 value but rounds to it (1.0 itself stays 1.0: it
-    # drops the kernel's multiply): the cubin is the float32 immediate's alone
-    scale = (key["scale"] if key["scale"] == 1.0 else key["scale"] * (1 + 2**-40)) if sm90 else FIDELITY_SCALE
-    assert not sm90 or policy.f32(scale) == key["scale"]
+    sm90, attn = op.endswith("_sm90"), op.startswith("dense_attention")
+    d = key.get("dim", DIM)
+    # SM90 indexer: upstream at a double that is not the key's float32 value but rounds to it (1.0 itself stays
+    # 1.0: it drops the kernel's multiply): the cubin is the float32 immediate's alone
+    scale = (key["scale"] if key["scale"] == 1.0 else key["scale"] * (1 + 2**-40)) if sm90 and not attn else FIDELITY_SCALE
+    assert not (sm90 and not attn) or policy.f32(scale) == key["scale"]
+    aux = f32 if attn else bf16
     kw = {"q_causal_offsets": T(i32, B)} if key["offsets"] else {}
     if key.get("varlen"):
         cu_q, cu_k = T(i32, B + 1), T(i32, B + 1)
         cu_q.copy_(torch.tensor([0, 100, 2 * s_q], dtype=i32))
         cu_k.copy_(torch.tensor([0, 40, 2 * s_k], dtype=i32))
-        q, k, w = T(bf16, B * s_q, H, DIM), T(bf16, B * s_k, 1, DIM), T(bf16, B * s_q, H)
+        q, k, w = T(bf16, B * s_q, H, d), T(bf16, B * s_k, 1, d), T(aux, B * s_q, H)
         out, den = T(f32, B * s_q, s_k), T(f32, B * s_q)
         kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=s_q, max_seqlen_k=s_k)
     else:
-        q, k, w = T(bf16, B, s_q, H, DIM), T(bf16, B, s_k, 1, DIM), T(bf16, B, s_q, H)
+        q, k, w = T(bf16, B, s_q, H, d), T(bf16, B, s_k, 1, d), T(aux, B, s_q, H)
         out, den = T(f32, B, s_q, s_k), T(f32, B, s_q)
-    cache = up.cache(h._dense_score_recompute if sm90 else i._dense_indexer_score_recompute, "compile_cache")
-    api.dense_indexer_score_recompute_wrapper(q, k, w, out=out, denom_out=den, sm_scale=scale, ratio=key["ratio"], stream=up.stream, **kw)
+    cache = up.cache(h._dense_score_recompute if sm90 else i._dense_attn_score_recompute if attn else i._dense_indexer_score_recompute, "compile_cache")
+    if attn:
+        api.dense_attn_score_recompute_wrapper(q, k, w, scale, out=out, denom_out=den, ratio=key["ratio"], stream=up.stream, **kw)
+    else:
+        api.dense_indexer_score_recompute_wrapper(q, k, w, out=out, denom_out=den, sm_scale=scale, ratio=key["ratio"], stream=up.stream, **kw)
     if sm90:
         import cutlass
 
         tile_m, head_tiles = policy.sm90_tiles(H)
-        want = (cutlass.BFloat16, DIM, H, tile_m, 64, 2, 384, True, True, scale, False, head_tiles, False, False, key["ratio"], key["offsets"])
+        want = (cutlass.BFloat16, d, H, tile_m, 64, 2, 384, True, not attn, scale, False, head_tiles, False, False, key["ratio"], key["offsets"])
+    elif attn:
+        m, n, kb, kv_stage = policy.sm100_dense_attention_tiles(d, H)
+        want = ("dense_attention", bf16, d, H, m, n, kb, kv_stage, key["ratio"], key["varlen"], key["offsets"])
     else:
         m, n, kb = policy.DENSE_TILE
         want = ("dense_indexer", bf16, DIM, H, m, n, kb, policy.dense_kv_stage(m, n, kb), key["ratio"], key["varlen"], key["offsets"])

@@ -26,7 +26,8 @@ __all__ = ["sparse_indexer_score_recompute", "sparse_indexer_score_recompute_int
            "SparseIndexerScoreRecompute", "sparse_attn_score_recompute", "sparse_attn_score_recompute_into",
            "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute", "sparse_attention_score_recompute",
            "dense_indexer_score_recompute", "dense_indexer_score_recompute_into", "dense_indexer_score_recompute_workspace_bytes",
-           "DenseIndexerScoreRecompute"]
+           "DenseIndexerScoreRecompute", "dense_attn_score_recompute", "dense_attn_score_recompute_into", "dense_attn_score_recompute_workspace_bytes",
+           "DenseAttnScoreRecompute"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31
@@ -329,10 +330,27 @@ def _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, a
     return _Call(dev, arch, need, kernel, foot, x)
 
 
-# --- dense_indexer_score_recompute_wrapper: the indexer's logits over every key and their LSE -------------
+# --- the dense wrappers: dense_indexer_ / dense_attn_score_recompute_wrapper --------------------------------
 
-_DENSE_TENSORS = ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
 _NEG_INF = 0xFF800000  # fp32 -inf: what a key the ratio-causal rule hides holds in ``out``
+
+
+@dataclass(frozen=True)
+class _DenseKind:
+    """What differs between the two dense wrappers."""
+
+    name: str
+    tensors: tuple  # argument names in _into order
+    aux_dtype: str  # weights bf16 / lse fp32
+    aux_bytes: int
+    dims: tuple
+
+
+_DENSE_INDEXER = _DenseKind("dense_indexer_score_recompute", ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k",
+                                                              "q_causal_offsets", "workspace"), "bfloat16", 2, (policy.DIM,))
+_DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", ("out", "denom_out", "q", "k", "lse", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets",
+                                                             "workspace"), "float32", 4, policy.ATTN_DIMS)
+_DENSE_TENSORS = _DENSE_INDEXER.tensors
 
 
 @dataclass(frozen=True)
@@ -346,7 +364,7 @@ class _DenseCall:
     need: int
     kernel: tuple | None
     foot: list
-    x: tuple  # SM100: the scale (a kernel argument); SM90: () (baked into the cubin, part of the key)
+    x: tuple  # the scale as the kernel reads it: SM100 an argument; SM90 the attention's literal argument, the indexer's none (in the cubin)
 
 
 def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None) -> int:
@@ -356,6 +374,12 @@ def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None) ->
     return _workspace_bytes(_INDEXER, weights_shape, device)
 
 
+def dense_attn_score_recompute_workspace_bytes(lse_shape, device=None) -> int:
+    """uint8 bytes the ``workspace`` of a BSHD dense attention call with ``lse`` of this shape (B, S_q, H)
+    needs on GPU ``device`` (None: the current one): the transposed fp32 copy of the LSE on SM90, none on SM100."""
+    return _workspace_bytes(_ATTENTION, lse_shape, device)
+
+
 def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=None, denom_out=None, sm_scale=1.0, ratio=1, cu_seqlens_q=None,
                                   cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None,
                                   k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, stream=None, *,
@@ -363,7 +387,7 @@ def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=Non
     """cudnn's ``dense_indexer_score_recompute_wrapper``: returns ``{'out', 'denom'}``: the indexer's logits
     ``out[b, i, j] = sm_scale * sum_h w[b, i, h] relu(q[b, i, h] . k[b, j, h // qhpkv])`` over every key,
     -inf where the ratio-causal rule hides key j from row i (``j >= (offset_b + i + 1) // ratio``), and
-    ``denom`` their log-sum-exp per row.
+    ``denom`` their log-sum-exp per row (-inf for a row that sees no key).
 
     BSHD: q (B, S_q, H, 128), k (B, S_k, H_kv, 128), weights (B, S_q, H) bf16; ``out`` (B, S_q, S_k), ``denom``
     (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): q (T_q, H, 128), k (T_k, H_kv, 128), weights
@@ -376,19 +400,68 @@ def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=Non
     call at another is a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin).
     ``out`` / ``denom_out`` are allocated when not given, and on SM90 the ``workspace``
     (``dense_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."""
+    _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
+    out, denom_out = _dense_call(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head)
+    return Outputs(out=out, denom=denom_out)
+
+
+def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                                       max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
+    """``dense_indexer_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
+    ``workspace``); THD needs ``max_seqlen_q`` / ``max_seqlen_k``. Capture-safe from the first call,
+    allocates nothing. Returns ``(out, denom_out)``."""
+    return _dense_into(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       q_causal_offsets, stream, workspace, qhead_per_kv_head)
+
+
+def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None, out=None, denom_out=None, ratio=1, cu_seqlens_q=None,
+                               cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None,
+                               k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, stream=None, *,
+                               workspace=None):
+    """cudnn's ``dense_attn_score_recompute_wrapper``: returns ``{'out', 'denom'}``: the attention's
+    probabilities summed over heads, ``out[b, i, j] = sum_h exp(softmax_scale q[b, i, h] . k[b, j, h // qhpkv]
+    - lse[b, i, h])`` for every key the ratio-causal rule shows row i, -inf where it hides one, and ``denom``
+    their sum per row (the L1 norm; ``out`` is not divided by it).
+
+    Layouts as :func:`dense_indexer_score_recompute` with ``lse`` (B, S_q, H) / (T_q, H) fp32 in place of the
+    weights and D 512 or 576. ``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code
+    literal is the launcher's argument). SM100 BSHD and THD; SM90 BSHD (its THD, upstream's per-segment
+    host loop, is not shipped yet: an InputError). bf16 only (the mxfp8 kernel is not shipped yet)."""
+    _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
+    out, denom_out = _dense_call(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head)
+    return Outputs(out=out, denom=denom_out)
+
+
+def dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                                    max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
+    """``dense_attn_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
+    ``workspace``); THD needs ``max_seqlen_q`` / ``max_seqlen_k``. Capture-safe from the first call,
+    allocates nothing. Returns ``(out, denom_out)``."""
+    return _dense_into(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       q_causal_offsets, stream, workspace, qhead_per_kv_head)
+
+
+def _dense_calls(kind) -> dict:
+    return _DENSE_CALLS if kind is _DENSE_INDEXER else _DATTN_CALLS
+
+
+def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv):
+    """The allocating forms: THD maxima read back where missing, the outputs and workspace allocated on the
+    call's stream where not given, then the ``_into`` form. Returns (out, denom_out)."""
     import torch
 
-    _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
-    if cu_seqlens_q is not None and (max_seqlen_q is None or max_seqlen_k is None):
-        max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
-    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace)
+    if cu_q is not None and (max_q is None or max_k is None):
+        max_q, max_k = max_lengths(cu_q, cu_k, max_q, max_k, stream)
+    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace)
     if out is None or denom_out is None or workspace is None:
-        extra = (sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
-        hit = remembered(_DENSE_CALLS, ALLOC, ts, extra)  # a loop of one shape validates once
+        extra = (scale, ratio, max_q, max_k, qhpkv)
+        hit = remembered(_dense_calls(kind), ALLOC, ts, extra)  # a loop of one shape validates once
         c = hit and hit[0]
         if c is None:
-            c = _validate_dense(ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, allocating=True)
-            remember(_DENSE_CALLS, ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
+            c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True)
+            remember(_dense_calls(kind), ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
         stream_handle(stream, c.dev)
 
         def outputs():
@@ -399,20 +472,13 @@ def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=Non
                         torch.empty(c.need, dtype=torch.uint8, device=q.device) if workspace is None and c.need else workspace)
 
         out, denom_out, workspace = allocate(outputs)
-    dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                       q_causal_offsets, stream, workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
-    return Outputs(out=out, denom=denom_out)
+    return _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv)
 
 
-def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                                       max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
-    """``dense_indexer_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
-    ``workspace``); THD needs ``max_seqlen_q`` / ``max_seqlen_k``. Capture-safe from the first call,
-    allocates nothing. Returns ``(out, denom_out)``."""
-    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace)
-    extra = (sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
-    call, p = cached(_DENSE_CALLS, ts, extra, lambda: _plan_dense(*ts, sm_scale=sm_scale, ratio=ratio, max_seqlen_q=max_seqlen_q,
-                                                                  max_seqlen_k=max_seqlen_k, qhead_per_kv_head=qhead_per_kv_head))
+def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv):
+    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace)
+    extra = (scale, ratio, max_q, max_k, qhpkv)
+    call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv))
     call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
     return out, denom_out
 
@@ -420,7 +486,7 @@ def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1
 def _dense_precision(precision, q_scale, k_scale, cu_q_pad, cu_k_pad, sf_vec_size):
     problems = []
     if precision != "bf16" or any(t is not None for t in (q_scale, k_scale, cu_q_pad, cu_k_pad)):
-        problems.append(f"precision={precision!r} with block scales: the build ships the bf16 dense indexer only (upstream's mxfp8 / mxfp4 "
+        problems.append(f"precision={precision!r} with block scales: the build ships the bf16 dense kernels only (upstream's block-scaled "
                         "kernels are SM100 only and not shipped yet)")
     if sf_vec_size != 32:
         problems.append(f"sf_vec_size={sf_vec_size!r}: upstream's 32 only")
@@ -431,39 +497,54 @@ def _dense_precision(precision, q_scale, k_scale, cu_q_pad, cu_k_pad, sf_vec_siz
 def _plan_dense(out, denom_out, q, k, weights, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, sm_scale=1.0, ratio=1,
                 max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None):
     """Validate a dense indexer call and compile what it does."""
-    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace)
-    c = _validate_dense(ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+    return _plan_dense_kind(_DENSE_INDEXER, (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace), sm_scale, ratio,
+                            max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+
+
+def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, softmax_scale,
+                          ratio=1, max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None):
+    """Validate a dense attention call and compile what it does."""
+    return _plan_dense_kind(_DENSE_ATTENTION, (out, denom_out, q, k, lse, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace), softmax_scale,
+                            ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+
+
+def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv):
+    c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv)
+    out, aux = ts[0], ts[4]
     rec = Recorder(len(ts), len(c.x))
     if c.kernel is not None:
         op, key = c.kernel
-        if op == "dense_indexer_sm90":
-            b, s_q, h = weights.shape
+        if op.endswith("_sm90"):
+            b, s_q, h = aux.shape
 
-            def transpose_weights(ts, stream, n=b * h * s_q, shape=(b, h, s_q)):
+            def transpose_aux(ts, stream, n=b * h * s_q, shape=(b, h, s_q), dtype=kind.aux_dtype, size=kind.aux_bytes):
                 """The (B, H, S_q) copy the SM90 kernel reads, as upstream makes it."""
                 import torch
 
                 with alloc_on(stream, c.dev):
-                    ts[8][: 2 * n].view(torch.bfloat16).view(shape).copy_(ts[4].transpose(1, 2))
+                    ts[8][: size * n].view(getattr(torch, dtype)).view(shape).copy_(ts[4].transpose(1, 2))
 
-            rec.first(transpose_weights)
+            rec.first(transpose_aux)
         # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
         rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
         rec.launch(launcher(FAMILY, op, key, c.dev), *_dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
-    return compile_call("dsa_score_recompute.dense_indexer", rec, c.dev, ts, c.foot, c.x)
+    return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
 
 
 def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:
-    """The host-function arguments of dense entry ``op`` in upstream's order."""
-    out, denom, q, k, w, cu_q, cu_k, offs, _ = ts
+    """The host-function arguments of dense entry ``op`` in upstream's order (``x``: the scale as the kernel
+    reads it, see :class:`_DenseCall`)."""
+    out, denom, q, k, aux, cu_q, cu_k, offs, _ = ts
     o = tensor_args(offs, p[7]) if offs is not None else ()
-    if op == "dense_indexer":  # SM100: q, k, w, out, denom, sm_scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k], [offsets], stream
+    if not op.endswith("_sm90"):  # SM100: q, k, w / lse, out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k], [offsets], stream
         cu = (*tensor_args(cu_q, p[5]), *tensor_args(cu_k, p[6])) if c.varlen else ()
-        return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(w, p[4]), *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0], c.s_q,
+        return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(aux, p[4]), *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0], c.s_q,
                 c.s_k, *cu, *o, s)
-    b, s_q, h = w.shape
-    # SM90: q, kv, (no ids), stream, out, the weights transposed (B, H, S_q) in the workspace, (no lengths), denom, [offsets]
-    return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), s, *tensor_args(out, p[0]), *flat_args(p[8], (b, h, s_q)), *tensor_args(denom, p[1]), *o)
+    b, s_q, h = aux.shape
+    # SM90: q, kv, (no ids), stream, out, the weights / LSE transposed (B, H, S_q) in the workspace, (no lengths), denom, [offsets],
+    # then the attention's softmax_scale_log2 (the spec's LITERALS)
+    return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), s, *tensor_args(out, p[0]), *flat_args(p[8], (b, h, s_q)), *tensor_args(denom, p[1]), *o,
+            *x)
 
 
 class DenseIndexerScoreRecompute(Plan):
@@ -472,28 +553,41 @@ class DenseIndexerScoreRecompute(Plan):
     max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
 
     _build = staticmethod(_plan_dense)
-    _tensors = _DENSE_TENSORS
+    _tensors = _DENSE_INDEXER.tensors
 
 
-_DENSE_CALLS: dict = {}
+class DenseAttnScoreRecompute(Plan):
+    """cudnn's DenseAttnScoreRecompute shape: ``DenseAttnScoreRecompute(out, denom_out, q, k, lse,
+    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, softmax_scale, ratio=1,
+    max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+
+    _build = staticmethod(_plan_dense_attention)
+    _tensors = _DENSE_ATTENTION.tensors
 
 
-def _validate_dense(ts, sm_scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False) -> _DenseCall:
-    """Every problem with a dense indexer call, raised together before anything is touched."""
+_DENSE_CALLS: dict = {}  # the dense indexer's plans
+_DATTN_CALLS: dict = {}  # the dense attention's
+
+
+def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False) -> _DenseCall:
+    """Every problem with a dense call, raised together before anything is touched."""
     import torch
 
-    out, denom, q, k, w, cu_q, cu_k, offs, workspace = ts
+    out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts
+    names = kind.tensors
+    attention = kind is _DENSE_ATTENTION
     problems = []
-    scale = scalar_f32(problems, "sm_scale", sm_scale)
+    x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", scale, positive=attention)
     integer(problems, "ratio", ratio, 1, _I32 - 1)
     varlen = cu_q is not None or cu_k is not None
     rank = 3 if varlen else 4
-    shape_q = "(T_q, H, 128)" if varlen else "(B, S_q, H, 128)"
+    dims = " or ".join(map(str, kind.dims))
+    shape_q = f"(T_q, H, {dims})" if varlen else f"(B, S_q, H, {dims})"
     if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != rank or q.device.type != "cuda":
         problems.append(f"q: expected a {shape_q} CUDA tensor{' (THD: cu_seqlens given)' if varlen else ''}, got {getattr(q, 'shape', type(q).__name__)}")
         raise input_error(problems)
     if not isinstance(k, torch.Tensor) or k.ndim != rank:
-        problems.append(f"k: expected a {'(T_k, H_kv, 128)' if varlen else '(B, S_k, H_kv, 128)'} tensor, got {getattr(k, 'shape', type(k).__name__)}")
+        problems.append(f"k: expected a {'(T_k, H_kv, D)' if varlen else '(B, S_k, H_kv, D)'} tensor, got {getattr(k, 'shape', type(k).__name__)}")
         raise input_error(problems)
     dev = q.device.index
     arch, sm100 = arch_or_refuse(problems, dev)
@@ -516,37 +610,43 @@ def _validate_dense(ts, sm_scale, ratio, max_q, max_k, qhead_per_kv_head, alloca
     bf16, f32 = torch.bfloat16, torch.float32
     check(problems, q, "q", lead + (h, d), bf16, dev, 16)
     check(problems, k, "k", k_shape, bf16, dev, 16)
-    check(problems, w, "weights", lead + (h,), bf16, dev, 16)
+    check(problems, aux, names[4], lead + (h,), getattr(torch, kind.aux_dtype), dev, 16)
     if not (allocating and out is None):
         check(problems, out, "out", score, f32, dev, 16)
     if not (allocating and denom is None):
         check(problems, denom, "denom_out", lead, f32, dev, 16)
     if offs is not None and b is not None:
         check(problems, offs, "q_causal_offsets", (b,), torch.int32, dev, 4 if not sm100 else 16)
-    if d != policy.DIM:
-        problems.append(f"D={d} (expected {policy.DIM})")
+    if d not in kind.dims:
+        problems.append(f"D={d} (expected {dims})")
     qhpkv = h // h_kv if h_kv and h % h_kv == 0 else None
     if qhpkv is None or h <= h_kv:
         problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
     elif qhead_per_kv_head is not None and qhead_per_kv_head != qhpkv:
         problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
+    x = ()
     if not problems:
         rows = q.numel() // (h * d)
         for what, n in (("q elements", q.numel()), ("k elements", k.numel()), ("rows*S_k", rows * s_k)):
             if n >= _I32:
                 problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
-    kernel, need, x = None, 0, ()
+        # the scale as the kernel reads it: SM100 an argument; SM90 attention f32(scale * log2 e), the host
+        # code's literal; SM90 indexer none (a float32 immediate in the cubin: part of the key)
+        x = (x32,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x32 * _LOG2_E),) if attention else ()
+    kernel, need = None, 0
     if not problems:
-        ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, scale)
+        if attention:
+            ks = policy.dense_attention_kernels(arch, qhpkv, d, ratio, varlen, offs is not None)
+        else:
+            ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, x32)
         require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
         rows = q.numel() // (h * d)
         kernel = ks["main"] if rows and s_k and s_q and b else None
-        x = (scale,) if sm100 else ()
-        need = 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h)
+        need = 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
         if need and not (allocating and workspace is None):
-            problems += workspace_problems(workspace, need, dev, list(zip(_DENSE_TENSORS, ts[:8])), "aot.dsa.dense_indexer_score_recompute_workspace_bytes")
+            problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:8])), f"aot.dsa.{kind.name}_workspace_bytes")
     if not problems:
-        problems += aliasing([("out", out), ("denom_out", denom)], list(zip(_DENSE_TENSORS[2:8], ts[2:8])))
+        problems += aliasing([("out", out), ("denom_out", denom)], list(zip(names[2:8], ts[2:8])))
     if problems:
         raise input_error(problems)
     masks = tuple(3 if i == 7 and not sm100 else (0 if i == 8 and not need else 15) for i in range(len(ts)))
@@ -689,11 +789,32 @@ def _t_dense_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqle
                                        q_causal_offsets, workspace=workspace)
 
 
+def _t_dattn(q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
+    r = dense_attn_score_recompute(q, k, lse, softmax_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets)
+    return r["out"], r["denom"]
+
+
+def _f_dattn(q, k, lse, softmax_scale, *args, **kwargs):
+    return _f_dense(q, k, lse, None, *args, **kwargs)
+
+
+def _t_dattn_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                  q_causal_offsets=None, workspace=None):
+    dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    q_causal_offsets, workspace=workspace)
+
+
 _IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_DENSE = ("Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
              "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None")
+_IN_DATTN = ("Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+             "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None")
 TORCH_OPS = {
+    "dsa_dense_attn_score_recompute": (f"({_IN_DATTN}) -> (Tensor, Tensor)", _t_dattn, _f_dattn),
+    "dsa_dense_attn_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DATTN}, Tensor(c!)? workspace=None) -> ()", _t_dattn_into,
+                                            writes_only),
     "dsa_dense_indexer_score_recompute": (f"({_IN_DENSE}) -> (Tensor, Tensor)", _t_dense, _f_dense),
     "dsa_dense_indexer_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DENSE}, Tensor(c!)? workspace=None) -> ()", _t_dense_into,
                                                writes_only),

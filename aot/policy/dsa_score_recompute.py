@@ -4,8 +4,9 @@ So far the two sparse wrappers: ``sparse_indexer_score_recompute_wrapper``, the 
 distribution ``softmax_i(sum_h relu(q_h . k_topk[i]) w_h)`` over each query's top-k slots, and
 ``sparse_attn_score_recompute_wrapper``, the attention's target distribution
 ``L1norm_i(sum_h exp(scale q_h . k_topk[i] - lse_h))``, and the dense indexer's,
-``dense_indexer_score_recompute_wrapper``: the indexer's logits over every key and their LSE (the dense
-attention wrapper follows; docs/research/score-recompute.md has all four).
+``dense_indexer_score_recompute_wrapper``: the indexer's logits over every key and their LSE, and its
+attention twin ``dense_attn_score_recompute_wrapper``: the head-summed probabilities of every visible key and
+their row sums (docs/research/score-recompute.md has all four).
 
 Ops and what changes their cubins (measured by compiling two values; docs/research/score-recompute.md §3):
 
@@ -24,6 +25,10 @@ Ops and what changes their cubins (measured by compiling two values; docs/resear
                           tiles 128 x 128 x 64, kv_stage from the budget
   dense_indexer_sm90      DenseScoreRecomputeSm90 (index scores): heads, ratio, offsets and the scale, a
                           float32 immediate in the cubin (an F32 field: the manifest lists the scales)
+  dense_attention         DenseScoreRecomputeSm100 "attention" (bf16): heads, dim, ratio, varlen, offsets;
+                          derived m (two query tokens per tile where they fit), k_block, kv_stage
+  dense_attention_sm90    DenseScoreRecomputeSm90 (attention): heads, dim, ratio, offsets; the scale the
+                          host code's literal, the launcher's argument as for the sparse attention
 
 Not in the keys: batch and sequence lengths (both arches); the indexer's scale (no wrapper passes one:
 1.0); the attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
@@ -38,7 +43,8 @@ from .arch import SM90, SM100, is_sm100
 from .keys import F32, Choice, IntRange, Op
 
 __all__ = ["FAMILY", "OPS", "DIM", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
-           "attention_kernels", "workspace_bytes", "DENSE_TILE", "dense_kv_stage", "f32", "dense_indexer_kernels"]
+           "attention_kernels", "workspace_bytes", "DENSE_TILE", "dense_kv_stage", "f32", "dense_indexer_kernels", "sm100_dense_attention_tiles",
+           "dense_attention_kernels"]
 
 FAMILY = "dsa_score_recompute"
 DIM = 128
@@ -77,6 +83,8 @@ OPS = {
     "sparse_attention_sm90": Op(fields=dict(_ATTN), arches=SM90),
     "dense_indexer": Op(fields=dict(_DENSE, varlen=_BOOL), arches=SM100),
     "dense_indexer_sm90": Op(fields=dict(_DENSE, scale=F32()), arches=SM90),
+    "dense_attention": Op(fields=dict(_DENSE, dim=Choice(*ATTN_DIMS), varlen=_BOOL), arches=SM100),
+    "dense_attention_sm90": Op(fields=dict(_DENSE, dim=Choice(*ATTN_DIMS)), arches=SM90),
 }
 
 DENSE_TILE = (128, 128, 64)  # SM100 dense indexer (m, n, k_block): upstream's _dispatch_dense_indexer_tile_params at D128
@@ -86,6 +94,25 @@ def dense_kv_stage(m: int, n: int, k: int, dim: int = DIM, per_head: int = 2) ->
     """The SM100 dense kernels' KV stages (upstream's _compute_dense_kv_stage)."""
     d = -(-dim // 16) * 16
     return min(4, max(1, (SMEM_BYTES - m * d * 2 - (m * 2 * per_head + 2048)) // (n * k * 2)))
+
+
+def sm100_dense_attention_tiles(dim: int, heads: int) -> tuple:
+    """(m, n, k_block, kv_stage) of the SM100 bf16 dense attention kernel (upstream's
+    _dispatch_dense_attn_tile_params at D512 / D576 and _compute_dense_kv_stage; check_policy compares):
+    two query tokens per tile when their Q fits beside one 128 x 64 K stage, else one."""
+    d = -(-dim // 16) * 16
+    m = heads * 2 if heads * 2 * d * 2 + 128 * 64 * 2 + heads * 2 * 2 * 4 + 4096 <= SMEM_BYTES else heads
+    k = 128 if dim == 512 and heads in (64, 128) else 64
+    return m, 128, k, dense_kv_stage(m, 128, k, dim, per_head=4)
+
+
+def dense_attention_kernels(arch, heads, dim, ratio, varlen, offsets) -> dict:
+    """role -> (op, key) of one dense attention call (``heads`` per KV head): SM100 native BSHD / THD, SM90
+    BSHD; the scale a run-time argument on both (SM90: the launcher's literal argument)."""
+    key = {"heads": int(heads), "dim": int(dim), "ratio": int(ratio), "offsets": bool(offsets)}
+    if is_sm100(arch):
+        return {"main": ("dense_attention", dict(key, varlen=bool(varlen)))}
+    return {"main": ("dense_attention_sm90", key)}
 
 
 def f32(x: float) -> float:

@@ -84,6 +84,8 @@ def build_cases(quick=False):
     add("attn-h96-d576-topk1024-length", op="attention", h=96, d=576, scale=576**-0.5, b=1, s_q=100, s_k=3000, topk=1024, length=True)
     add("dense-r4-offsets-scale1", op="dense", h=64, ratio=4, offsets=True, scale=1.0, b=2, s_q=256, s_k=64, topk=0)
     add("dense-r1-scale-rsqrt128", op="dense", h=64, ratio=1, offsets=False, scale=128**-0.5, b=2, s_q=300, s_k=300, topk=0)
+    add("dattn-h64-d512-r4-offsets", op="dattn", h=64, d=512, ratio=4, offsets=True, scale=512**-0.5, b=2, s_q=256, s_k=64, topk=0)
+    add("dattn-h128-d576-r1", op="dattn", h=128, d=576, ratio=1, offsets=False, scale=576**-0.5, b=2, s_q=200, s_k=200, topk=0)
     if not quick:
         add("b1-sq4096-topk2048-prefill", b=1, s_q=4096, s_k=4096, topk=2048)
         add("attn-b1-sq4096-h64-d512-topk2048-prefill", op="attention", h=64, d=512, scale=512**-0.5, b=1, s_q=4096, s_k=4096, topk=2048)
@@ -91,6 +93,8 @@ def build_cases(quick=False):
 
 
 def label(spec):
+    if spec["op"] == "dattn":
+        return f"dense attention H{spec['h']} D{spec['d']} ratio {spec['ratio']}{' offsets' if spec['offsets'] else ''} scale {spec['scale']:.4g}"
     if spec["op"] == "dense":
         return f"dense indexer H{spec['h']} ratio {spec['ratio']}{' offsets' if spec['offsets'] else ''} scale {spec['scale']:.4g}"
     what = f"attention H{spec['h']} D{spec['d']} scale {spec['scale']:.4g}" if spec["op"] == "attention" else "indexer"
@@ -105,11 +109,15 @@ def make_inputs(spec):
     import torch
 
     gen = torch.Generator().manual_seed(int(spec["seed"]))
-    if spec["op"] == "dense":  # the indexer's full-KV logits: q, k (B, S_k, 1, D), w; q causal offsets
-        b, s_q, s_k, h = spec["b"], spec["s_q"], spec["s_k"], spec["h"]
-        q = (torch.randn(b, s_q, h, D, generator=gen) * 0.25).bfloat16()
-        k = (torch.randn(b, s_k, 1, D, generator=gen) * 0.25).bfloat16()
-        w = (torch.randn(b, s_q, h, generator=gen) * 0.5).bfloat16()
+    if spec["op"] in ("dense", "dattn"):  # full KV: q, k (B, S_k, 1, D), w (the indexer's) or the LSE; q causal offsets
+        b, s_q, s_k, h, d = spec["b"], spec["s_q"], spec["s_k"], spec["h"], spec["d"]
+        sd = 1.0 if spec["op"] == "dattn" else 0.25
+        q = (torch.randn(b, s_q, h, d, generator=gen) * sd).bfloat16()
+        k = (torch.randn(b, s_k, 1, d, generator=gen) * sd).bfloat16()
+        if spec["op"] == "dattn":  # each head's log-sum-exp over all keys: O(1) probabilities
+            w = torch.logsumexp(spec["scale"] * torch.einsum("bqhd,bkd->bqhk", q.float(), k[:, :, 0].float()), dim=-1).contiguous()
+        else:
+            w = (torch.randn(b, s_q, h, generator=gen) * 0.5).bfloat16()
         offs = torch.tensor([0, 3 * spec["ratio"] + 1][:b], dtype=torch.int32) if spec["offsets"] else None
         return dict(q=q, k=k, w=w, q_causal_offsets=offs)
     b, s_q, s_k, topk, h, d = spec["b"], spec["s_q"], spec["s_k"], spec["topk"], spec["h"], spec["d"]
@@ -136,7 +144,7 @@ def run_case(name, spec, x, api, args, out_dir):
     import torch
 
     pristine = {k: v.clone() for k, v in x.items() if isinstance(v, torch.Tensor)}
-    shapes = ({"out": tuple(x["q"].shape[:2]) + (x["k"].shape[1],), "denom": tuple(x["q"].shape[:2])} if spec["op"] == "dense"
+    shapes = ({"out": tuple(x["q"].shape[:2]) + (x["k"].shape[1],), "denom": tuple(x["q"].shape[:2])} if spec["op"] in ("dense", "dattn")
               else {"out": tuple(x["topk_indices"].shape)})
 
     def fresh():
@@ -206,10 +214,10 @@ class JitApi(CompileKeys):
     def jit_keys(spec):
         import cutlass
 
-        if spec["op"] == "dense":
-            h = spec["h"]
-            return [("sm90dense", (cutlass.BFloat16, D, h, min(h, 64), 64, 2, 384, True, True, spec["scale"], False, h // min(h, 64), False, False,
-                                   spec["ratio"], spec["offsets"]))]
+        if spec["op"] in ("dense", "dattn"):
+            h, index = spec["h"], spec["op"] == "dense"
+            return [("sm90dense", (cutlass.BFloat16, spec["d"], h, min(h, 64), 64, 2, 384, True, index, spec["scale"], False, h // min(h, 64), False,
+                                   False, spec["ratio"], spec["offsets"]))]
         if spec["op"] == "attention":
             h = spec["h"]
             tile_m, tiles = (48, 2) if h == 96 else (min(h, 64), h // min(h, 64))
@@ -224,7 +232,9 @@ class JitApi(CompileKeys):
         if kind == "sm90dense":
             import struct
 
-            _dt, d, h, _tm, _tn, _st, _thr, _swap, _is_index, scale, _len, _tiles, _sparse, _log, ratio, offsets = k
+            _dt, d, h, _tm, _tn, _st, _thr, _swap, is_index, scale, _len, _tiles, _sparse, _log, ratio, offsets = k
+            if not is_index:
+                return "dense_attention_sm90", {"heads": h, "dim": d, "ratio": ratio, "offsets": offsets}
             return "dense_indexer_sm90", {"heads": h, "ratio": ratio, "offsets": offsets, "scale": struct.unpack("<f", struct.pack("<f", scale))[0]}
         _dt, d, h, _tm, _tn, _st, _thr, _swap, topk, is_index, scale, length, _tiles, _sparse, log_probs, glob = k
         key = {"heads": h, "topk": topk, "length": length, "topk_global": glob}
@@ -237,6 +247,10 @@ class JitApi(CompileKeys):
 
     def call(self, spec, x, outs):
         out = outs["out"]
+        if spec["op"] == "dattn":
+            self.api.dense_attn_score_recompute_wrapper(x["q"], x["k"], x["w"], spec["scale"], out=out, denom_out=outs["denom"], ratio=spec["ratio"],
+                                                        q_causal_offsets=x["q_causal_offsets"])
+            return
         if spec["op"] == "dense":
             self.api.dense_indexer_score_recompute_wrapper(x["q"], x["k"], x["w"], out=out, denom_out=outs["denom"], sm_scale=spec["scale"],
                                                            ratio=spec["ratio"], q_causal_offsets=x["q_causal_offsets"])
@@ -272,10 +286,14 @@ class AotApi(SpiedAot):
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used
 
-    CACHES = ("_CALLS", "_ATTN_CALLS", "_DENSE_CALLS")
+    CACHES = ("_CALLS", "_ATTN_CALLS", "_DENSE_CALLS", "_DATTN_CALLS")
 
     def call(self, spec, x, outs):
         out = outs["out"]
+        if spec["op"] == "dattn":
+            self.dsa.dense_attn_score_recompute(x["q"], x["k"], x["w"], spec["scale"], out=out, denom_out=outs["denom"], ratio=spec["ratio"],
+                                                q_causal_offsets=x["q_causal_offsets"])
+            return
         if spec["op"] == "dense":
             self.dsa.dense_indexer_score_recompute(x["q"], x["k"], x["w"], out=out, denom_out=outs["denom"], sm_scale=spec["scale"], ratio=spec["ratio"],
                                                    q_causal_offsets=x["q_causal_offsets"])
@@ -291,11 +309,15 @@ class AotApi(SpiedAot):
         import torch
 
         out = outs["out"]
-        att = spec["op"] == "attention"
+        att = spec["op"] in ("attention", "dattn")  # an fp32 LSE
         n = (self.dsa.sparse_attn_score_recompute_workspace_bytes if att else self.dsa.sparse_indexer_score_recompute_workspace_bytes)(x["w"].shape)
         ws = self._ws.get(n)
         if ws is None:
             ws = self._ws[n] = torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") if n else None
+        if spec["op"] == "dattn":
+            self.dsa.dense_attn_score_recompute_into(out, outs["denom"], x["q"], x["k"], x["w"], spec["scale"], spec["ratio"],
+                                                     q_causal_offsets=x["q_causal_offsets"], workspace=ws)
+            return
         if spec["op"] == "dense":
             self.dsa.dense_indexer_score_recompute_into(out, outs["denom"], x["q"], x["k"], x["w"], spec["scale"], spec["ratio"],
                                                         q_causal_offsets=x["q_causal_offsets"], workspace=ws)

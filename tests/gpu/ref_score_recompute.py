@@ -310,3 +310,49 @@ def make_attention_inputs(B, S_q, S_k, H, topk, d=512, *, softmax_scale=None, wi
     lse = lse + (torch.rand(B, S_q, H, generator=gen, dtype=torch.float64) * 2 - 1) * lse_jitter
     return dict(q_attn=q.to(device), k_attn=k.to(device), lse=lse.to(device=device, dtype=torch.float32).contiguous(), topk_indices=ids.to(device),
                 topk_length=None if length is None else length.to(device), softmax_scale=scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# The dense attention's scores (dense_attn_score_recompute_wrapper)
+# ----------------------------------------------------------------------------------------------
+
+
+def dense_attn_ref(q, k, lse, softmax_scale, ratio=1, offsets=None):
+    """float64 (out, denom) of cudnn's ``dense_attn_score_recompute_wrapper`` (BSHD, one KV head): for key j
+    visible to row i of batch b (``j < (offset_b + i + 1) // ratio``, the indexer forward's ratio-causal
+    rule), ``out[b, i, j] = sum_h exp(softmax_scale q[b, i, h] . k[b, j] - lse[b, i, h])``, -inf where j is
+    hidden; ``denom[b, i]`` the sum of row i's visible entries (0 for a row that sees none). ``out`` is not
+    normalised (dense_score_recompute_sm90.py l.1274-1330: the head-summed exp2 written per visible
+    position, -inf past the causal limit, the same sums added into the L1 denominator). q (B, S_q, H, D),
+    k (B, S_k, 1, D), lse (B, S_q, H)."""
+    B, S_q, H, D = q.shape
+    S_k = k.shape[1]
+    dev = q.device
+    outs, dens = [], []
+    for b in range(B):
+        off = 0 if offsets is None else int(offsets[b])
+        vis = torch.arange(S_k, device=dev)[None, :] < torch.div(off + torch.arange(S_q, device=dev)[:, None] + 1, ratio, rounding_mode="floor")
+        s = torch.einsum("ihd,jd->ihj", q[b].double(), k[b, :, 0].double()) * softmax_scale - lse[b].double()[..., None]
+        p = torch.exp(s).sum(1).masked_fill(~vis, 0.0)  # (S_q, S_k)
+        dens.append(p.sum(-1))
+        outs.append(p.masked_fill(~vis, -math.inf))
+    return torch.stack(outs), torch.stack(dens)
+
+
+def make_dense_attn_inputs(B, S_q, S_k, H, D, ratio, offsets=None, *, softmax_scale=None, seed=None, lse_jitter=1.0):
+    """bf16 q (B, S_q, H, D) and k (B, S_k, 1, D) with N(0, 1) entries, ``softmax_scale`` default D**-0.5, and
+    lse (B, S_q, H) fp32: each head's fp64 log-sum-exp over the row's visible keys (what a dense forward
+    returns), plus a per-head offset in [-lse_jitter, lse_jitter]; 0 for a row that sees no key."""
+    gen = generator(seed)
+    scale = D**-0.5 if softmax_scale is None else softmax_scale
+    q = torch.randn(B, S_q, H, D, generator=gen).to(torch.bfloat16)
+    k = torch.randn(B, S_k, 1, D, generator=gen).to(torch.bfloat16)
+    lse = torch.zeros(B, S_q, H, dtype=torch.float64)
+    for b in range(B):
+        off = 0 if offsets is None else int(offsets[b])
+        vis = torch.arange(S_k)[None, :] < torch.div(off + torch.arange(S_q)[:, None] + 1, ratio, rounding_mode="floor")
+        s = torch.einsum("ihd,jd->ihj", q[b].double(), k[b, :, 0].double()) * scale
+        l = torch.logsumexp(s.masked_fill(~vis[:, None, :], -math.inf), dim=-1)
+        lse[b] = torch.where(torch.isfinite(l), l, 0.0)
+    lse = lse + (torch.rand(B, S_q, H, generator=gen, dtype=torch.float64) * 2 - 1) * lse_jitter
+    return q, k, lse.to(torch.float32).contiguous(), scale

@@ -16,7 +16,7 @@ from test_runtime_safety import OPS as CALLS, same  # noqa: E402
 NS = {"csa_forward": "csa_", "csa_backward": "csa_", "indexer_backward": "dsa_", "sparse_backward": "dsa_", "local_to_global": "dsa_", "compactify": "dsa_",
       "indexer_top_k": "dsa_", "indexer_forward": "dsa_", "dense_indexer_backward": "dsa_",
       "sparse_indexer_score_recompute": "dsa_", "sparse_attn_score_recompute": "dsa_",
-      "dense_indexer_score_recompute": "dsa_"}
+      "dense_indexer_score_recompute": "dsa_", "dense_attn_score_recompute": "dsa_"}
 
 
 def torch_calls(which, seed):

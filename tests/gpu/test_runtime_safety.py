@@ -181,10 +181,23 @@ def dense_indexer_score_recompute(dev, seed, s_q=128, s_k=96):
     return aot.dsa.dense_indexer_score_recompute_into, (out, den, q, k, w), dict(ratio=4, workspace=ws), (out, den), (True, True)
 
 
+def dense_attn_score_recompute(dev, seed, s_q=128, s_k=96):
+    import aot.dsa
+    import ref_score_recompute
+
+    q, k, lse, scale = ref_score_recompute.make_dense_attn_inputs(2, s_q, s_k, 64, 512, 4, seed=seed)
+    q, k, lse = q.to(f"cuda:{dev}"), k.to(f"cuda:{dev}"), lse.to(f"cuda:{dev}")
+    out = torch.full((2, s_q, s_k), float("nan"), device=f"cuda:{dev}")
+    den = torch.full((2, s_q), float("nan"), device=f"cuda:{dev}")
+    ws = torch.empty(aot.dsa.dense_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    return aot.dsa.dense_attn_score_recompute_into, (out, den, q, k, lse, scale), dict(ratio=4, workspace=ws), (out, den), (True, True)
+
+
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
        "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k, "indexer_forward": indexer_forward,
        "dense_indexer_backward": dense_indexer_backward, "sparse_indexer_score_recompute": sparse_indexer_score_recompute,
-       "sparse_attn_score_recompute": sparse_attn_score_recompute, "dense_indexer_score_recompute": dense_indexer_score_recompute}
+       "sparse_attn_score_recompute": sparse_attn_score_recompute, "dense_indexer_score_recompute": dense_indexer_score_recompute,
+       "dense_attn_score_recompute": dense_attn_score_recompute}
 _OVERWRITTEN = {"indexer_backward_into": 6, "dense_indexer_backward_into": 8}  # the input each op overwrites (attn_score / index_score)
 
 

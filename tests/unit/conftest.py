@@ -186,6 +186,13 @@ heads = 64
 ratio = 4
 offsets = [false, true]
 scale = 1.0
+[[bucket]]
+family = "dsa_score_recompute"
+op = "dense_attention_sm90"
+heads = 64
+dim = 512
+ratio = 4
+offsets = false
 """
 
 
@@ -314,6 +321,14 @@ topk_global = false
 family = "dsa_score_recompute"
 op = "dense_indexer"
 heads = 64
+ratio = 4
+varlen = [false, true]
+offsets = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "dense_attention"
+heads = 64
+dim = 512
 ratio = 4
 varlen = [false, true]
 offsets = false

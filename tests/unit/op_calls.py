@@ -210,13 +210,36 @@ def dense_indexer_score_recompute(dev, stream, s_q=8, s_k=40, varlen=False):
     return aot.dsa.dense_indexer_score_recompute_into, (out, den, q, k, w), dict(kw, workspace=ws), (out, den) + ((ws,) if ws is not None else ())
 
 
+def dense_attn_score_recompute(dev, stream, s_q=8, s_k=40, varlen=False):
+    """The dense attention score recompute (bf16 H64 D512, ratio 4, softmax_scale 512**-0.5), B 2; THD: segments
+    of S_q and S_k rows (SM100 only); on SM90 with its workspace."""
+    import aot.dsa
+
+    b, h, d = 2, 64, 512
+    lead, k_lead = ((b * s_q,), (b * s_k,)) if varlen else ((b, s_q), (b, s_k))
+    q, k, lse = _t(lead + (h, d), torch.bfloat16, dev), _t(k_lead + (1, d), torch.bfloat16, dev), _t(lead + (h,), torch.float32, dev)
+    out, den = _t(lead[:1] + (s_k,) if varlen else lead + (s_k,), torch.float32, dev), _t(lead, torch.float32, dev)
+    kw = dict(ratio=4, stream=stream)
+    if varlen:
+        kw.update(cu_seqlens_q=_t((b + 1,), torch.int32, dev), cu_seqlens_k=_t((b + 1,), torch.int32, dev), max_seqlen_q=s_q, max_seqlen_k=s_k)
+    need = 0 if varlen else aot.dsa.dense_attn_score_recompute_workspace_bytes(lse.shape, dev)
+    ws = _t((need,), torch.uint8, dev) if need else None
+    return (aot.dsa.dense_attn_score_recompute_into, (out, den, q, k, lse, 512**-0.5), dict(kw, workspace=ws),
+            (out, den) + ((ws,) if ws is not None else ()))
+
+
+def dense_attn_score_recompute_thd(dev, stream):
+    return dense_attn_score_recompute(dev, stream, varlen=True)
+
+
 def dense_indexer_score_recompute_thd(dev, stream):
     return dense_indexer_score_recompute(dev, stream, varlen=True)
 
 
 SM100_FAMILIES = {"fused_top_k": fused_top_k, "fused_top_k_thd": fused_top_k_thd, "sparse_indexer_score_recompute": sparse_indexer_score_recompute,
                   "sparse_attn_score_recompute": sparse_attn_score_recompute, "dense_indexer_score_recompute": dense_indexer_score_recompute,
-                  "dense_indexer_score_recompute_thd": dense_indexer_score_recompute_thd}  # on the sm100 build (sm100_env)
+                  "dense_indexer_score_recompute_thd": dense_indexer_score_recompute_thd, "dense_attn_score_recompute": dense_attn_score_recompute,
+                  "dense_attn_score_recompute_thd": dense_attn_score_recompute_thd}  # on the sm100 build (sm100_env)
 
 
 def plan_class(fn):
@@ -232,7 +255,8 @@ def plan_class(fn):
             aot.dsa.dense_indexer_backward_into: aot.dsa.DenseIndexerBackward,
             aot.dsa.sparse_indexer_score_recompute_into: aot.dsa.SparseIndexerScoreRecompute,
             aot.dsa.sparse_attn_score_recompute_into: aot.dsa.SparseAttnScoreRecompute,
-            aot.dsa.dense_indexer_score_recompute_into: aot.dsa.DenseIndexerScoreRecompute}[fn]
+            aot.dsa.dense_indexer_score_recompute_into: aot.dsa.DenseIndexerScoreRecompute,
+            aot.dsa.dense_attn_score_recompute_into: aot.dsa.DenseAttnScoreRecompute}[fn]
 
 
 FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,

@@ -19,7 +19,7 @@ def env(small_build, monkeypatch) -> stand_in.Driver:
     import aot.ops.dsa_indexer_top_k as itk
     import aot.ops.dsa_topk_utils as tk
 
-    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (itk, "_CACHE"), (ifw, "_CALLS"), (saf, "_CALLS"), (didx, "_CALLS"), (srec, "_CALLS"), (srec, "_ATTN_CALLS")):
+    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (itk, "_CACHE"), (ifw, "_CALLS"), (saf, "_CALLS"), (didx, "_CALLS"), (srec, "_CALLS"), (srec, "_ATTN_CALLS"), (srec, "_DENSE_CALLS"), (srec, "_DATTN_CALLS")):
         monkeypatch.setattr(mod, name, {})
     return stand_in.install(monkeypatch, Index(small_build))
 
@@ -38,5 +38,6 @@ def sm100_env(sm100_build, monkeypatch) -> stand_in.Driver:
 
     for mod in (ifw, saf, ftk, didx, srec):
         monkeypatch.setattr(mod, "_CALLS", {})
-    monkeypatch.setattr(srec, "_ATTN_CALLS", {})
+    for name in ("_ATTN_CALLS", "_DENSE_CALLS", "_DATTN_CALLS"):
+        monkeypatch.setattr(srec, name, {})
     return stand_in.install(monkeypatch, Index(sm100_build), capability=(10, 0), sm_count=148)

@@ -363,10 +363,73 @@ def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
-            assert sm100_calls.check_dense_indexer_score(ns, key, b, s_q, s_k) == [], e["id"]
+            assert sm100_calls.check_dense_score(ns, "dense_indexer", key, b, s_q, s_k) == [], e["id"]
         for bad in (swapped, unscaled):
             op._dense_launch_args = bad
             try:
-                assert sm100_calls.check_dense_indexer_score(ns, key, 2, 64, 4096) != [], (e["id"], bad.__name__)
+                assert sm100_calls.check_dense_score(ns, "dense_indexer", key, 2, 64, 4096) != [], (e["id"], bad.__name__)
             finally:
                 op._dense_launch_args = real
+
+
+# --- the dense attention score recompute -------------------------------------------------------------
+
+
+def test_sm90_dense_attention_copies_the_lse_and_passes_the_scale_per_call(env, torch_steps):
+    """The LSE transposed (fp32) into the workspace, out filled with -inf, one launch; the scale is the
+    launcher's literal argument: two scales, launches that differ in those 4 bytes only."""
+    stream = env.new_stream(0)
+    fn, args, kw, writes = op_calls.dense_attn_score_recompute(0, stream)
+    out, den, q, k, lse, scale = args
+    env.launches.clear()
+    env.memsets.clear()
+    a = _params_of(env, fn, args, kw)
+    ((ptr, n, on, _, word),) = env.memsets
+    assert ptr == out.data_ptr() and n == out.numel() * 4 and word == 0xFF800000
+    assert a.dims[1:6] == (1, 2, 384, 1, 1)
+    assert torch.equal(kw["workspace"][: lse.numel() * 4].view(torch.float32).view(2, 64, 8), lse.transpose(1, 2))
+    assert struct.pack("<f", scale * 1.4426950408889634) in a.params
+    b = _params_of(env, fn, (*args[:5], 0.25), kw)
+    diff = [i for i, (x, y) in enumerate(zip(a.params, b.params)) if x != y]
+    assert len(diff) == 4 and b.params[diff[0]:diff[0] + 4] == struct.pack("<f", 0.25 * 1.4426950408889634)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_sm100_dense_attention_reads_the_scale(sm100_env, varlen):
+    stream = sm100_env.new_stream(0)
+    fn, args, kw, _ = op_calls.dense_attn_score_recompute(0, stream, s_q=9, s_k=33, varlen=varlen)
+    sm100_env.launches.clear()
+    sm100_env.memsets.clear()
+    launch = _params_of(sm100_env, fn, args, kw)
+    assert len(sm100_env.memsets) == 1 and launch.dims[7] == stream
+    assert struct.pack("<f", args[5]) in launch.params
+
+
+def test_dense_attention_refusals_and_the_sm100_call_order(env, torch_steps, sm100_build, sm100_calls):
+    import json
+
+    from aot.toolchain import verify
+
+    fn, args, kw, writes = op_calls.dense_attn_score_recompute(0, env.new_stream(0))
+    out, den, q, k, lse, scale = args
+    before = [stand_in.contents(t) for t in writes]
+    env.launches.clear()
+    with pytest.raises(InputError) as e:
+        fn(out, den, q, k, stand_in.cuda_tensor(torch.zeros(lse.shape, dtype=torch.bfloat16)), -1.0, **kw)
+    for want in ("lse: dtype torch.bfloat16", "softmax_scale=-1.0"):
+        assert want in str(e.value), (want, str(e.value))
+    q128 = stand_in.cuda_tensor(torch.zeros(2, 8, 64, 128, dtype=torch.bfloat16))
+    with pytest.raises(InputError, match="D=128"):
+        fn(out, den, q128, stand_in.cuda_tensor(torch.zeros(2, 40, 1, 128, dtype=torch.bfloat16)), lse, scale, **kw)
+    with pytest.raises(KernelNotFoundError, match="ratio = 2"):
+        fn(*args, **{**kw, "ratio": 2})
+    assert not env.launches
+    assert [stand_in.contents(t) for t in writes] == before
+    index = json.loads((sm100_build / "index.json").read_text())
+    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == "dense_attention"]
+    assert sorted(e["key"]["varlen"] for e in entries) == [False, True]
+    for e in entries:
+        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
+        ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
+        for b, s_q, s_k in ((2, 64, 4096), (3, 5, 2)):
+            assert sm100_calls.check_dense_score(ns, "dense_attention", key, b, s_q, s_k) == [], e["id"]

@@ -487,3 +487,43 @@ def test_attention_lse_is_the_forwards_per_head_log_sum_exp():
     p = torch.softmax(x0["softmax_scale"] * q[b, s] @ keys.T, dim=-1)
     assert torch.allclose(ref.attention_reference(x0)[b, s, : int(n[b, s])], p.mean(0), rtol=1e-6, atol=1e-9)
     assert not torch.equal(x["lse"], x0["lse"])
+
+
+# ------------------------------------------------------------------------------------------------
+# The dense attention's scores: a loop oracle and mutants
+# ------------------------------------------------------------------------------------------------
+
+
+def _dense_oracle(q, k, lse, scale, ratio, offs, mutant=None):
+    B, S_q, H, D = q.shape
+    S_k = k.shape[1]
+    out = torch.full((B, S_q, S_k), -math.inf, dtype=torch.float64)
+    den = torch.zeros(B, S_q, dtype=torch.float64)
+    for b in range(B):
+        off = 0 if offs is None else int(offs[b])
+        for i in range(S_q):
+            limit = (off + i + 1) // ratio + (1 if mutant == "limit_plus_one" else 0)
+            for j in range(min(limit, S_k)):
+                v = sum(math.exp(scale * float(q[b, i, h].double() @ k[b, j, 0].double()) - (0.0 if mutant == "no_lse" else float(lse[b, i, h])))
+                        for h in range(H))
+                out[b, i, j] = v
+                den[b, i] += v
+    if mutant == "normalised":
+        out = torch.where(torch.isfinite(out), out / den.clamp_min(1e-300)[..., None], out)
+    return out, den
+
+
+@pytest.mark.parametrize("ratio,offsets", [(1, False), (4, True)])
+def test_dense_attention_reference_matches_its_oracle_and_catches_mutants(ratio, offsets):
+    offs = torch.tensor([0, 5], dtype=torch.int32) if offsets else None
+    q, k, lse, scale = ref.make_dense_attn_inputs(2, 9, 7, 3, 16, ratio, offs, seed=11)
+    got, den = ref.dense_attn_ref(q, k, lse, scale, ratio, offs)
+    want, want_den = _dense_oracle(q, k, lse, scale, ratio, offs)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert torch.allclose(got[fin], want[fin], rtol=TIGHT, atol=TIGHT) and torch.allclose(den, want_den, rtol=TIGHT, atol=TIGHT)
+    assert bool((den == 0).any()) == (ratio > 1), "rows that see no key (ratio 4: the first three) sum to 0"
+    for mutant in ("no_lse", "normalised", "limit_plus_one"):
+        m, md = _dense_oracle(q, k, lse, scale, ratio, offs, mutant)
+        differs = not torch.equal(torch.isinf(m), torch.isinf(got)) or ref.rel_err(got[fin], m[fin]) > 1e-3 or ref.rel_err(den, md) > 1e-3
+        assert differs, mutant

@@ -1,0 +1,145 @@
+"""aot.dsa.dense_attn_score_recompute on the GPU against the fp64 reference (``ref_score_recompute.dense_attn_ref``).
+
+Every shipped SM90 ``dense_attention_sm90`` entry (heads, dim, ratio, offsets) at two BSHD shapes: B 2,
+S_q 128 over S_k 64, and S_q 203 over S_k 77 (S_k % 4 != 0 and S_q odd: research §7 trap 7), each at its
+own ``softmax_scale`` (the SM90 kernel's scale is the launcher's argument, not the build's), allocating and
+``_into``, ``out`` / ``denom`` NaN-poisoned, the workspace 0xFF. Checks: the -inf mask exactly the
+reference's, no NaN, the finite scores and the L1 sums within 1e-5 (fp32 sums of exact bf16 products, a
+fast exp2 per head: the sparse attention's bound), every input's bits kept. Also: capture and replay, and
+the refusals (THD on SM90, block scales, an LSE of the wrong dtype) before any write.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+import ref_score_recompute as ref  # noqa: E402
+from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
+
+DEV = "cuda:0"
+FAMILY = "dsa_score_recompute"
+OP = "dense_attention_sm90"
+FIELDS = ("heads", "dim", "ratio", "offsets")
+SHAPES = ((2, 128, 64), (2, 203, 77))
+BOUND = 1e-5
+
+
+def _entries():
+    return shipped_keys(FAMILY, FIELDS, OP)
+
+
+@pytest.fixture(scope="module")
+def dsa():
+    if torch.cuda.get_device_capability(DEV)[0] != 9:
+        pytest.skip("the sm_90a entries (and the SM90 workspace) need an SM90 GPU")
+    import aot.dsa
+
+    return aot.dsa
+
+
+def _case(shape, heads, dim, ratio, offsets, seed, scale=None):
+    B, S_q, S_k = shape
+    offs = torch.tensor([0, 3 * ratio + 1][:B], dtype=torch.int32) if offsets else None
+    q, k, lse, scale = ref.make_dense_attn_inputs(B, S_q, S_k, heads, dim, ratio, offs, softmax_scale=scale, seed=seed)
+    want = tuple(t.to(DEV) for t in ref.dense_attn_ref(q, k, lse, scale, ratio, offs))
+    return q.to(DEV), k.to(DEV), lse.to(DEV), None if offs is None else offs.to(DEV), scale, want
+
+
+def _check(got, want, what):
+    assert not torch.isnan(got).any(), f"{what}: NaN left (an element the op never wrote)"
+    assert torch.equal(torch.isinf(got) & (got < 0), torch.isinf(want) & (want < 0)), f"{what}: the -inf mask differs"
+    fin = torch.isfinite(want)
+    err = rel_err(got[fin], want[fin]) if fin.any() else 0.0
+    assert err <= BOUND, f"{what}: rel err {err:.3g} > {BOUND}"
+    return err
+
+
+def _workspace(dsa, lse):
+    n = dsa.dense_attn_score_recompute_workspace_bytes(lse.shape, DEV)
+    return torch.full((n,), 0xFF, dtype=torch.uint8, device=DEV)
+
+
+@pytest.mark.parametrize("entry", _entries(), ids=lambda e: "H%d-D%d-ratio%d-offsets%d" % e)
+def test_every_shipped_entry_matches_the_reference(dsa, entry, record_property):
+    heads, dim, ratio, offsets = entry
+    worst = 0.0
+    for i, shape in enumerate(SHAPES):
+        q, k, lse, offs, scale, (want, want_den) = _case(shape, heads, dim, ratio, offsets, seed=heads + dim + ratio + 7 * offsets + i,
+                                                         scale=(0.6 + 0.3 * i) * dim**-0.5)
+        keep = [t.clone() for t in (q, k, lse)]
+        out, den = torch.full(want.shape, math.nan, device=DEV), torch.full(want_den.shape, math.nan, device=DEV)
+        r_into = dsa.dense_attn_score_recompute_into(out, den, q, k, lse, scale, ratio, q_causal_offsets=offs, workspace=_workspace(dsa, lse))
+        r = dsa.dense_attn_score_recompute(q, k, lse, scale, ratio=ratio, q_causal_offsets=offs)
+        torch.cuda.synchronize()
+        assert r_into[0] is out and r_into[1] is den
+        what = f"{dict(zip(FIELDS, entry))} shape {shape}"
+        for form, (o, d) in (("_into", (out, den)), ("allocating", (r["out"], r["denom"]))):
+            worst = max(worst, _check(o, want, f"{what} {form} out"), _check(d, want_den, f"{what} {form} denom"))
+        for t, b in zip((q, k, lse), keep):
+            assert same_bits(t, b), f"{what}: an input was modified"
+    record_property("worst_rel_err", worst)
+    print(f"\n{dict(zip(FIELDS, entry))}: worst rel err {worst:.2e}")
+
+
+def test_the_entry_list_covers_the_manifest():
+    assert _entries() == sorted((h, d, r, o) for h in (64, 128) for d in (512, 576) for r in (1, 4) for o in (False, True))
+
+
+def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
+    if (64, 512, 4, True) not in _entries():
+        pytest.skip("the build ships no H64 D512 ratio-4 entry with offsets")
+    shape = (2, 96, 40)
+    q, k, lse, offs, scale, _ = _case(shape, 64, 512, 4, True, seed=3)
+    out, den = torch.full(shape, math.nan, device=DEV), torch.full(shape[:2], math.nan, device=DEV)
+    ws = _workspace(dsa, lse)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            dsa.dense_attn_score_recompute_into(out, den, q, k, lse, scale, 4, q_causal_offsets=offs, workspace=ws)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "captured, not run"
+    for seed in (4, 5):
+        q2, k2, lse2, offs2, _, (want, want_den) = _case(shape, 64, 512, 4, True, seed=seed, scale=scale)
+        for dst, src in ((q, q2), (k, k2), (lse, lse2), (offs, offs2)):
+            dst.copy_(src)
+        out.fill_(math.nan)
+        den.fill_(math.nan)
+        g.replay()
+        torch.cuda.synchronize()
+        _check(out, want, f"replay {seed} out")
+        _check(den, want_den, f"replay {seed} denom")
+
+
+def test_refused_calls_write_nothing(dsa):
+    from aot.errors import InputError
+
+    if (64, 512, 4, False) not in _entries():
+        pytest.skip("the build ships no H64 D512 ratio-4 entry")
+    shape = (2, 64, 40)
+    q, k, lse, _, scale, _ = _case(shape, 64, 512, 4, False, seed=9)
+    out, den = torch.full(shape, math.nan, device=DEV), torch.full(shape[:2], math.nan, device=DEV)
+    ws = _workspace(dsa, lse)
+    cu_q = torch.tensor([0, 64, 128], dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0, 40, 80], dtype=torch.int32, device=DEV)
+
+    def into(**over):
+        a = dict(out=out, denom_out=den, q=q, k=k, lse=lse, softmax_scale=scale, ratio=4, workspace=ws)
+        a.update(over)
+        return lambda: dsa.dense_attn_score_recompute_into(**a)
+
+    cases = [
+        ("THD on SM90", InputError, "THD on SM90", into(q=q.view(-1, 64, 512), k=k.view(-1, 1, 512), lse=lse.view(-1, 64), out=out.view(-1, 40),
+                                                       denom_out=den.view(-1), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=64, max_seqlen_k=40)),
+        ("lse bf16", InputError, "lse", into(lse=lse.bfloat16())),
+        ("scale 0", InputError, "softmax_scale", into(softmax_scale=0.0)),
+        ("mxfp8", InputError, "precision", lambda: dsa.dense_attn_score_recompute(q, k, lse, scale, precision="mxfp8")),
+        ("no workspace", InputError, "workspace", into(workspace=None)),
+    ]
+    refusals_write_nothing(cases, [out, den, ws, q, k, lse])
