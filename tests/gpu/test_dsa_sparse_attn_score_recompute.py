@@ -26,7 +26,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import refusals_write_nothing, same_bits, shipped_keys  # noqa: E402
+from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
 from test_dsa_score_recompute import capture_and_replay, check_rows, run_form  # noqa: E402 - the indexer's test: the same three forms and row checks
 
 DEV = "cuda:0"
@@ -170,3 +170,26 @@ def test_refused_calls_write_nothing(dsa):
     ]
     watched = [out, ws, out384, ws_over, ids384, q32, lse32] + [x[n] for n in INPUTS if x[n] is not None]
     refusals_write_nothing(cases, watched)
+
+
+def test_the_training_form_normalises_pads_and_matches_the_reference(dsa):
+    """aot.dsa.sparse_attention_score_recompute (upstream's training.sparse_attention_score_recompute): ids
+    outside [0, S_kv) and slots past the clamped length become -1 (positions kept), rows padded to 512 slots,
+    one batch-1 launch, the target sliced back to K columns: against the fp64 target of those slots."""
+    _need(64, 512, 512, False, False)
+    g = torch.Generator().manual_seed(17)
+    s_q, s_kv, k = 96, 700, 500
+    x = ref.make_attention_inputs(1, s_q, s_kv, 64, 512, 512, seed=17)
+    q, kv, lse = x["q_attn"][0].to(DEV), x["k_attn"][0].to(DEV), x["lse"][0].to(DEV)
+    ids = torch.randint(-5, s_kv + 50, (s_q, k), generator=g, dtype=torch.int32)
+    length = torch.randint(-2, k + 20, (s_q,), generator=g, dtype=torch.int32)
+    r = dsa.sparse_attention_score_recompute(q, kv, lse, ids.to(DEV), topk_length=length.to(DEV))
+    torch.cuda.synchronize()
+    pos = torch.arange(k)[None, :]
+    safe = torch.where((ids >= 0) & (ids < s_kv) & (pos < length.clamp(0, k)[:, None]), ids, -1)
+    assert torch.equal(r["indices"].cpu(), safe)
+    padded = torch.nn.functional.pad(safe, (0, 12), value=-1)
+    want = ref.sparse_attn_target_ref(q[None], kv[None], lse[None], padded[None].to(DEV), 512**-0.5)[0, :, :k]
+    assert r["target"].shape == (s_q, k) and not torch.isnan(r["target"]).any()
+    assert (r["target"].cpu()[safe < 0] == 0).all()
+    assert rel_err(r["target"], want) <= ref.REL_ERR_BOUNDS["target"]
