@@ -19,14 +19,13 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402
-from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
+from refutil import refusals_write_nothing, same_bits, shipped_keys  # noqa: E402
+# the dense indexer's test: the masked-scores check (NaN, the -inf mask, 1e-5 on the finite part)
+from test_dsa_dense_indexer_score_recompute import DEV, FAMILY, _check  # noqa: E402
 
-DEV = "cuda:0"
-FAMILY = "dsa_score_recompute"
 OP = "dense_attention_sm90"
 FIELDS = ("heads", "dim", "ratio", "offsets")
 SHAPES = ((2, 128, 64), (2, 203, 77))
-BOUND = 1e-5
 
 
 def _entries():
@@ -48,15 +47,6 @@ def _case(shape, heads, dim, ratio, offsets, seed, scale=None):
     q, k, lse, scale = ref.make_dense_attn_inputs(B, S_q, S_k, heads, dim, ratio, offs, softmax_scale=scale, seed=seed)
     want = tuple(t.to(DEV) for t in ref.dense_attn_ref(q, k, lse, scale, ratio, offs))
     return q.to(DEV), k.to(DEV), lse.to(DEV), None if offs is None else offs.to(DEV), scale, want
-
-
-def _check(got, want, what):
-    assert not torch.isnan(got).any(), f"{what}: NaN left (an element the op never wrote)"
-    assert torch.equal(torch.isinf(got) & (got < 0), torch.isinf(want) & (want < 0)), f"{what}: the -inf mask differs"
-    fin = torch.isfinite(want)
-    err = rel_err(got[fin], want[fin]) if fin.any() else 0.0
-    assert err <= BOUND, f"{what}: rel err {err:.3g} > {BOUND}"
-    return err
 
 
 def _workspace(dsa, lse):

@@ -193,39 +193,33 @@ def sparse_attn_score_recompute(dev, stream, s_q=8, s_k=300, length=False, heads
             (out,) + ((ws,) if ws is not None else ()))
 
 
-def dense_indexer_score_recompute(dev, stream, s_q=8, s_k=40, varlen=False):
-    """The dense indexer score recompute (bf16 H64, ratio 4, scale 1.0), B 2; THD: segments of S_q and S_k rows
-    (SM100 only); on SM90 with its workspace."""
+def _dense_score(dev, stream, attention, s_q, s_k, varlen):
+    """A dense score recompute's ``_into`` call, bf16 H64 ratio 4, B 2 (THD: segments of S_q and S_k rows, SM100
+    only; on SM90 with its workspace): the indexer's (D128, weights, scale 1.0) or the attention's (D512, an fp32
+    LSE, softmax_scale 512**-0.5)."""
     import aot.dsa
 
-    b, h, d = 2, 64, 128
+    b, h, d = 2, 64, 512 if attention else 128
     lead, k_lead = ((b * s_q,), (b * s_k,)) if varlen else ((b, s_q), (b, s_k))
-    q, k, w = _t(lead + (h, d), torch.bfloat16, dev), _t(k_lead + (1, d), torch.bfloat16, dev), _t(lead + (h,), torch.bfloat16, dev)
+    q, k = _t(lead + (h, d), torch.bfloat16, dev), _t(k_lead + (1, d), torch.bfloat16, dev)
+    aux = _t(lead + (h,), torch.float32 if attention else torch.bfloat16, dev)
     out, den = _t(lead[:1] + (s_k,) if varlen else lead + (s_k,), torch.float32, dev), _t(lead, torch.float32, dev)
     kw = dict(ratio=4, stream=stream)
     if varlen:
         kw.update(cu_seqlens_q=_t((b + 1,), torch.int32, dev), cu_seqlens_k=_t((b + 1,), torch.int32, dev), max_seqlen_q=s_q, max_seqlen_k=s_k)
-    need = 0 if varlen else aot.dsa.dense_indexer_score_recompute_workspace_bytes(w.shape, dev)
+    sizer = aot.dsa.dense_attn_score_recompute_workspace_bytes if attention else aot.dsa.dense_indexer_score_recompute_workspace_bytes
+    need = 0 if varlen else sizer(aux.shape, dev)
     ws = _t((need,), torch.uint8, dev) if need else None
-    return aot.dsa.dense_indexer_score_recompute_into, (out, den, q, k, w), dict(kw, workspace=ws), (out, den) + ((ws,) if ws is not None else ())
+    fn = aot.dsa.dense_attn_score_recompute_into if attention else aot.dsa.dense_indexer_score_recompute_into
+    return fn, (out, den, q, k, aux) + ((512**-0.5,) if attention else ()), dict(kw, workspace=ws), (out, den) + ((ws,) if ws is not None else ())
+
+
+def dense_indexer_score_recompute(dev, stream, s_q=8, s_k=40, varlen=False):
+    return _dense_score(dev, stream, False, s_q, s_k, varlen)
 
 
 def dense_attn_score_recompute(dev, stream, s_q=8, s_k=40, varlen=False):
-    """The dense attention score recompute (bf16 H64 D512, ratio 4, softmax_scale 512**-0.5), B 2; THD: segments
-    of S_q and S_k rows (SM100 only); on SM90 with its workspace."""
-    import aot.dsa
-
-    b, h, d = 2, 64, 512
-    lead, k_lead = ((b * s_q,), (b * s_k,)) if varlen else ((b, s_q), (b, s_k))
-    q, k, lse = _t(lead + (h, d), torch.bfloat16, dev), _t(k_lead + (1, d), torch.bfloat16, dev), _t(lead + (h,), torch.float32, dev)
-    out, den = _t(lead[:1] + (s_k,) if varlen else lead + (s_k,), torch.float32, dev), _t(lead, torch.float32, dev)
-    kw = dict(ratio=4, stream=stream)
-    if varlen:
-        kw.update(cu_seqlens_q=_t((b + 1,), torch.int32, dev), cu_seqlens_k=_t((b + 1,), torch.int32, dev), max_seqlen_q=s_q, max_seqlen_k=s_k)
-    need = 0 if varlen else aot.dsa.dense_attn_score_recompute_workspace_bytes(lse.shape, dev)
-    ws = _t((need,), torch.uint8, dev) if need else None
-    return (aot.dsa.dense_attn_score_recompute_into, (out, den, q, k, lse, 512**-0.5), dict(kw, workspace=ws),
-            (out, den) + ((ws,) if ws is not None else ()))
+    return _dense_score(dev, stream, True, s_q, s_k, varlen)
 
 
 def dense_attn_score_recompute_thd(dev, stream):
