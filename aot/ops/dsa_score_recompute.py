@@ -105,11 +105,7 @@ def _allocating(kind, ts, extra, validate, stream):
     """``out`` and ``workspace`` of an allocating call, allocated on its stream where not given."""
     import torch
 
-    hit = remembered(_calls(kind), ALLOC, ts, extra)
-    call = hit and hit[0]
-    if call is None:
-        call = validate(allocating=True)
-        remember(_calls(kind), ALLOC, extra, probe_for(ts, call.dev, call.foot), call)
+    call = _remembered_call(_calls(kind), ts, extra, lambda: validate(allocating=True))
     dev = call.dev
     stream_handle(stream, dev)  # refuse a bad stream before allocating on it
     out, q, *_, idx, _, workspace = ts
@@ -211,18 +207,37 @@ def _plan(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale):
     if c.kernel is not None:
         op, key = c.kernel
         if op.endswith("_sm90"):
-            b, s_q, h = ts[3].shape
-
-            def transpose_aux(ts, stream, n=b * h * s_q, shape=(b, h, s_q), dtype=kind.aux_dtype, size=kind.aux_bytes):
-                """The (B, H, S_q) copy the SM90 kernel reads (S_q the unit stride), as upstream makes it."""
-                import torch
-
-                with alloc_on(stream, c.dev):
-                    ts[6][: size * n].view(getattr(torch, dtype)).view(shape).copy_(ts[3].transpose(1, 2))
-
-            rec.first(transpose_aux)
+            rec.first(_transposed_into_workspace(ts[3].shape, 3, 6, kind.aux_dtype, c.dev))
         rec.launch(launcher(FAMILY, op, key, c.dev), *_launch_args(op, key, ts, rec.p, rec.s, rec.x))
     return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
+
+
+def _transposed_into_workspace(shape, src, ws, dtype, dev):
+    """The plan step that copies tensor ``ts[src]`` (B, S_q, H) of ``dtype`` transposed, (B, H, S_q), into the
+    workspace ``ts[ws]``: what every SM90 score-recompute kernel reads (S_q the unit stride), as upstream
+    makes it on every call."""
+    import torch
+
+    b, s_q, h = shape
+    t = getattr(torch, dtype)
+    nbytes = b * h * s_q * t.itemsize  # (resolved once per plan: the step runs on every call)
+
+    def step(ts, stream):
+        with alloc_on(stream, dev):
+            ts[ws][:nbytes].view(t).view(b, h, s_q).copy_(ts[src].transpose(1, 2))
+
+    return step
+
+
+def _remembered_call(cache, ts, extra, validate):
+    """An allocating form's validation: the one its last call with these options and tensors like these
+    proved (a loop of one shape validates once), else ``validate()`` kept for the next."""
+    hit = remembered(cache, ALLOC, ts, extra)
+    c = hit and hit[0]
+    if c is None:
+        c = validate()
+        remember(cache, ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
+    return c
 
 
 def _launch_args(op, key, ts, p, s, x=()) -> tuple:
@@ -457,11 +472,7 @@ def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q
     ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace)
     if out is None or denom_out is None or workspace is None:
         extra = (scale, ratio, max_q, max_k, qhpkv)
-        hit = remembered(_dense_calls(kind), ALLOC, ts, extra)  # a loop of one shape validates once
-        c = hit and hit[0]
-        if c is None:
-            c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True)
-            remember(_dense_calls(kind), ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
+        c = _remembered_call(_dense_calls(kind), ts, extra, lambda: _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True))
         stream_handle(stream, c.dev)
 
         def outputs():
@@ -515,16 +526,7 @@ def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv):
     if c.kernel is not None:
         op, key = c.kernel
         if op.endswith("_sm90"):
-            b, s_q, h = aux.shape
-
-            def transpose_aux(ts, stream, n=b * h * s_q, shape=(b, h, s_q), dtype=kind.aux_dtype, size=kind.aux_bytes):
-                """The (B, H, S_q) copy the SM90 kernel reads, as upstream makes it."""
-                import torch
-
-                with alloc_on(stream, c.dev):
-                    ts[8][: size * n].view(getattr(torch, dtype)).view(shape).copy_(ts[4].transpose(1, 2))
-
-            rec.first(transpose_aux)
+            rec.first(_transposed_into_workspace(aux.shape, 4, 8, kind.aux_dtype, c.dev))
         # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
         rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
         rec.launch(launcher(FAMILY, op, key, c.dev), *_dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
