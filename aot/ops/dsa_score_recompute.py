@@ -5,10 +5,11 @@ The indexer's predicted distribution over each query's top-k slots,
 ``predict[b, s, i] = softmax_i(sum_h relu(q[b, s, h] . k[b, topk[b, s, i]]) w[b, s, h])``, and the
 attention's target distribution,
 ``target[b, s, i] = L1norm_i(sum_h exp(scale q[b, s, h] . k[b, topk[b, s, i]] - lse[b, s, h]))``,
-which the indexer loss compares (:mod:`aot.policy.dsa_score_recompute`). One launch per call; on SM90
-the weights / LSE are first copied transposed into the caller's workspace, on the call's stream, as
-upstream copies them on every call. Every input is validated before anything is written or launched.
-(The two dense score-recompute wrappers are not shipped yet: the README's coverage table.)
+which the indexer loss compares (:mod:`aot.policy.dsa_score_recompute`), and their dense twins over
+every key (``dense_indexer_score_recompute`` / ``dense_attn_score_recompute``). One launch per call (SM90
+THD: one per segment); on SM90 the weights / LSE are first copied transposed into the caller's
+workspace, on the call's stream, as upstream copies them on every call. Every input is validated
+before anything is written or launched.
 """
 
 from __future__ import annotations
@@ -380,19 +381,50 @@ class _DenseCall:
     kernel: tuple | None
     foot: list
     x: tuple  # the scale as the kernel reads it: SM100 an argument; SM90 the attention's literal argument, the indexer's none (in the cubin)
+    segs: tuple = ()  # SM90 THD: the segments launched, policy.thd_segments
+    regions: tuple = ()  # SM90 THD: their workspace regions, policy.thd_workspace
+    no_keys: tuple = ()  # SM90 THD: (q_start, S_q) of the segments with queries and no key
 
 
-def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None) -> int:
-    """uint8 bytes the ``workspace`` of a BSHD dense indexer call with ``weights`` of this shape (B, S_q,
-    H) needs on GPU ``device`` (None: the current one): the transposed bf16 copy of the weights on SM90,
-    none on SM100."""
-    return _workspace_bytes(_INDEXER, weights_shape, device)
+def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None, cu_seqlens_q=None, cu_seqlens_k=None) -> int:
+    """uint8 bytes the ``workspace`` of a dense indexer call with ``weights`` of this shape needs on GPU
+    ``device`` (None: the current one); none on SM100. SM90 BSHD, weights (B, S_q, H): their transposed
+    bf16 copy. SM90 THD, weights (T_q, H) and the call's ``cu_seqlens_q`` / ``cu_seqlens_k`` (on the host:
+    CPU tensors or lists; device ones are read back): per segment the transposed copy and the scores and
+    denominators the kernel writes before they are copied into the packed outputs, as upstream allocates
+    them."""
+    return _dense_workspace_bytes(_INDEXER, weights_shape, device, cu_seqlens_q, cu_seqlens_k)
 
 
-def dense_attn_score_recompute_workspace_bytes(lse_shape, device=None) -> int:
-    """uint8 bytes the ``workspace`` of a BSHD dense attention call with ``lse`` of this shape (B, S_q, H)
-    needs on GPU ``device`` (None: the current one): the transposed fp32 copy of the LSE on SM90, none on SM100."""
-    return _workspace_bytes(_ATTENTION, lse_shape, device)
+def dense_attn_score_recompute_workspace_bytes(lse_shape, device=None, cu_seqlens_q=None, cu_seqlens_k=None) -> int:
+    """uint8 bytes the ``workspace`` of a dense attention call with ``lse`` of this shape needs on GPU
+    ``device`` (None: the current one): as :func:`dense_indexer_score_recompute_workspace_bytes`, with the
+    fp32 LSE in place of the weights."""
+    return _dense_workspace_bytes(_ATTENTION, lse_shape, device, cu_seqlens_q, cu_seqlens_k)
+
+
+def _dense_workspace_bytes(kind, aux_shape, device, cu_q, cu_k) -> int:
+    if cu_q is None and cu_k is None:
+        return _workspace_bytes(kind, aux_shape, device)
+    from ..runtime.device import device_index
+
+    problems = []
+    shape = tuple(aux_shape) if isinstance(aux_shape, (tuple, list)) or type(aux_shape).__name__ == "Size" else None
+    if shape is None or len(shape) != 2:
+        problems.append(f"{kind.tensors[3]}_shape={aux_shape!r} (expected (T_q, H) with cu_seqlens: THD)")
+    else:
+        for i, n in enumerate(shape):
+            integer(problems, f"{kind.tensors[3]}_shape[{i}]", n, 0, _I32 - 1)
+    dev = device_index(device)
+    arch, sm100 = arch_or_refuse(problems, dev)
+    if problems:
+        raise input_error(problems)
+    if sm100:
+        return 0
+    cu = _host_offsets(problems, cu_q, cu_k, dev, None)
+    if problems:
+        raise input_error(problems)
+    return policy.thd_workspace(policy.thd_segments(*cu), shape[1], kind.aux_bytes)[1]
 
 
 def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=None, denom_out=None, sm_scale=1.0, ratio=1, cu_seqlens_q=None,
@@ -406,15 +438,19 @@ def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=Non
 
     BSHD: q (B, S_q, H, 128), k (B, S_k, H_kv, 128), weights (B, S_q, H) bf16; ``out`` (B, S_q, S_k), ``denom``
     (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): q (T_q, H, 128), k (T_k, H_kv, 128), weights
-    (T_q, H); ``out`` (T_q, max_seqlen_k), ``denom`` (T_q,); the allocating form reads missing
-    ``max_seqlen_*`` back from the device as upstream does (refused under capture: pass them), ``_into``
-    needs them. SM100 runs THD natively; on SM90 upstream loops per segment after reading ``cu_seqlens``
-    back, and that form is not shipped yet (an InputError says so). ``q_causal_offsets`` (B,) int32 or
-    None. ``precision`` "bf16" only (the block-scaled SM100 kernels are not shipped yet). On SM90 the
+    (T_q, H); ``out`` (T_q, max_seqlen_k), ``denom`` (T_q,). SM100 runs THD natively, from ``cu_seqlens``
+    on the device (int32): the allocating form reads missing ``max_seqlen_*`` back from it as upstream
+    does (refused under capture: pass them), ``_into`` needs them. SM90 runs upstream's per-segment form
+    (one BSHD launch per segment with queries and keys, through workspace temporaries): it needs the
+    segment bounds on the host, so ``cu_seqlens`` given as CPU tensors or lists make it sync-free and
+    capture-safe; device ones are read back as upstream does (a synchronisation, refused under capture).
+    Rows of a segment with no key get ``denom`` -inf (upstream leaves them unwritten). Upstream's plan
+    classes do not run SM90 THD, nor do ours. ``q_causal_offsets`` (B,) int32 or None. ``precision`` "bf16" only (the block-scaled SM100 kernels are not shipped yet). On SM90 the
     kernel bakes ``sm_scale`` in as a float32 immediate: the build ships the scales its manifest lists (a
     call at another is a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin).
     ``out`` / ``denom_out`` are allocated when not given, and on SM90 the ``workspace``
-    (``dense_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."""
+    (``dense_indexer_score_recompute_workspace_bytes``; THD: of the call's ``cu_seqlens``). Every tensor
+    contiguous."""
     _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
     out, denom_out = _dense_call(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head)
@@ -424,8 +460,9 @@ def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=Non
 def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                                        max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
     """``dense_indexer_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
-    ``workspace``); THD needs ``max_seqlen_q`` / ``max_seqlen_k``. Capture-safe from the first call,
-    allocates nothing. Returns ``(out, denom_out)``."""
+    ``workspace``); SM100 THD needs ``max_seqlen_q`` / ``max_seqlen_k``, SM90 THD host ``cu_seqlens``.
+    Capture-safe from the first call (SM90 THD with host ``cu_seqlens``), allocates nothing. Returns
+    ``(out, denom_out)``."""
     return _dense_into(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        q_causal_offsets, stream, workspace, qhead_per_kv_head)
 
@@ -441,8 +478,9 @@ def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None,
 
     Layouts as :func:`dense_indexer_score_recompute` with ``lse`` (B, S_q, H) / (T_q, H) fp32 in place of the
     weights and D 512 or 576. ``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code
-    literal is the launcher's argument). SM100 BSHD and THD; SM90 BSHD (its THD, upstream's per-segment
-    host loop, is not shipped yet: an InputError). bf16 only (the mxfp8 kernel is not shipped yet)."""
+    literal is the launcher's argument). THD as the indexer's (SM90: per segment, host ``cu_seqlens``
+    sync-free; rows of a segment with no key get ``denom`` 0, the sum of no probability). bf16 only (the
+    mxfp8 kernel is not shipped yet)."""
     _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
     out, denom_out = _dense_call(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head)
@@ -452,7 +490,7 @@ def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None,
 def dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                                     max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
     """``dense_attn_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
-    ``workspace``); THD needs ``max_seqlen_q`` / ``max_seqlen_k``. Capture-safe from the first call,
+    ``workspace``); THD as :func:`dense_indexer_score_recompute_into`. Capture-safe from the first call,
     allocates nothing. Returns ``(out, denom_out)``."""
     return _dense_into(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        q_causal_offsets, stream, workspace, qhead_per_kv_head)
@@ -467,12 +505,16 @@ def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q
     call's stream where not given, then the ``_into`` form. Returns (out, denom_out)."""
     import torch
 
-    if cu_q is not None and (max_q is None or max_k is None):
-        max_q, max_k = max_lengths(cu_q, cu_k, max_q, max_k, stream)
+    host = None
+    if cu_q is not None or cu_k is not None:
+        host, cu_q, cu_k = _sm90_segments(q, cu_q, cu_k, stream)
+        if host is None and (max_q is None or max_k is None):
+            max_q, max_k = max_lengths(cu_q, cu_k, max_q, max_k, stream)
     ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace)
     if out is None or denom_out is None or workspace is None:
-        extra = (scale, ratio, max_q, max_k, qhpkv)
-        c = _remembered_call(_dense_calls(kind), ts, extra, lambda: _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True))
+        extra = (scale, ratio, max_q, max_k, qhpkv, host)
+        c = _remembered_call(_dense_calls(kind), ts, extra,
+                             lambda: _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True, host=host))
         stream_handle(stream, c.dev)
 
         def outputs():
@@ -483,15 +525,65 @@ def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q
                         torch.empty(c.need, dtype=torch.uint8, device=q.device) if workspace is None and c.need else workspace)
 
         out, denom_out, workspace = allocate(outputs)
-    return _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv)
+    return _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, *(host or (cu_q, cu_k)), max_q, max_k, offs, stream, workspace, qhpkv)
 
 
 def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv):
+    host = None
+    if cu_q is not None or cu_k is not None:
+        host, cu_q, cu_k = _sm90_segments(q, cu_q, cu_k, stream)
     ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace)
-    extra = (scale, ratio, max_q, max_k, qhpkv)
-    call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv))
+    extra = (scale, ratio, max_q, max_k, qhpkv, host)
+    call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host))
     call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
     return out, denom_out
+
+
+def _sm90_segments(q, cu_q, cu_k, stream):
+    """(host segment bounds, None, None) for a THD call on an SM90 GPU, whose kernel runs once per segment
+    from bounds the host knows: ``cu_seqlens_*`` given on the host as they are, device ones read back
+    (upstream's sync; refused under capture). Otherwise (None, cu_q, cu_k) unchanged (SM100 reads them on the
+    device; a malformed call is for the validation to describe)."""
+    if getattr(q, "is_cuda", False):
+        arch, sm100 = arch_or_refuse([], q.device.index)
+        if arch is not None and not sm100:
+            problems = []
+            host = _host_offsets(problems, cu_q, cu_k, q.device.index, stream)
+            if problems:
+                raise input_error(problems)
+            return host, None, None
+    return None, cu_q, cu_k
+
+
+def _host_offsets(problems, cu_q, cu_k, dev, stream):
+    """(cu_seqlens_q, cu_seqlens_k) as tuples of ints: from lists / tuples / 1-D integer CPU tensors, or
+    1-D int32 tensors on GPU ``dev`` read back (a synchronisation, refused under graph capture). None with
+    ``problems`` appended for anything else."""
+    import torch
+
+    got = []
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if isinstance(t, torch.Tensor):
+            if t.ndim != 1 or t.dtype not in (torch.int32, torch.int64) or t.numel() < 1 or (t.is_cuda and t.device.index != dev):
+                problems.append(f"{name}: {t.dtype} {tuple(t.shape)} on {t.device} (expected batch + 1 integer offsets: a 1-D CPU tensor or list, "
+                                f"or int32 on cuda:{dev})")
+                continue
+            if t.is_cuda:
+                if torch.cuda.is_current_stream_capturing():
+                    problems.append(f"{name} on the device under CUDA-graph capture: SM90 THD launches the BSHD kernel per segment, so the "
+                                    "segment bounds must be known on the host; pass cu_seqlens_q / cu_seqlens_k as CPU tensors or lists "
+                                    "(the sync-free form)")
+                    continue
+                with alloc_on(stream, dev):
+                    t = t.tolist()  # upstream's read back (a synchronisation)
+            else:
+                t = t.tolist()
+        if not isinstance(t, (list, tuple)) or not t or not all(type(v) is int for v in t):
+            problems.append(f"{name}: {type(t).__name__} (THD on SM90 needs batch + 1 integer offsets: a 1-D CPU tensor or list, or int32 "
+                            f"on cuda:{dev}, read back)")
+            continue
+        got.append(tuple(t))
+    return tuple(got) if len(got) == 2 else None
 
 
 def _dense_precision(precision, q_scale, k_scale, cu_q_pad, cu_k_pad, sf_vec_size):
@@ -519,11 +611,13 @@ def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqle
                             ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
 
 
-def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv):
-    c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv)
+def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None):
+    c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=host)
     out, aux = ts[0], ts[4]
     rec = Recorder(len(ts), len(c.x))
-    if c.kernel is not None:
+    if c.segs:
+        _record_sm90_thd(rec, kind, ts, c)
+    elif c.kernel is not None:
         op, key = c.kernel
         if op.endswith("_sm90"):
             rec.first(_transposed_into_workspace(aux.shape, 4, 8, kind.aux_dtype, c.dev))
@@ -533,20 +627,65 @@ def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv):
     return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
 
 
+def _record_sm90_thd(rec, kind, ts, c):
+    """Upstream's SM90 THD host loop as one plan, from host segment bounds: every segment's weights / LSE
+    transposed into its workspace region; ``out`` filled with -inf and so is each segment's scores
+    region (the BSHD call's fill); the denominators of rows whose segment has no key written as the
+    kernel writes a row that sees none (upstream leaves them unwritten); one BSHD launch per segment
+    into its regions; the regions copied into the packed outputs."""
+    import torch
+
+    out, _, q, k, _, _, _, offs, _ = ts
+    p, op, key = rec.p, *c.kernel
+    h, d, h_kv = q.shape[1], q.shape[2], k.shape[1]
+    t = getattr(torch, kind.aux_dtype)
+    segs, regions, dev = c.segs, c.regions, c.dev
+
+    def transpose(ts, stream):
+        with alloc_on(stream, dev):
+            for (_, qs, sq, _, _), (wo, _, _) in zip(segs, regions):
+                ts[8][wo:wo + h * sq * t.itemsize].view(t).view(h, sq).copy_(ts[4][qs:qs + sq].t())
+
+    def copy_back(ts, stream):
+        with alloc_on(stream, dev):
+            ws = ts[8]
+            for (_, qs, sq, _, sk), (_, oo, do) in zip(segs, regions):
+                ts[0][qs:qs + sq, :sk].copy_(ws[oo:oo + sq * sk * 4].view(torch.float32).view(sq, sk))
+                ts[1][qs:qs + sq].copy_(ws[do:do + sq * 4].view(torch.float32))
+
+    rec.first(transpose)
+    rec.memset(p[0], out.numel() * 4, _NEG_INF)
+    for qs, sq in c.no_keys:  # the LSE of no key is -inf, the attention's sum of none 0
+        rec.memset(p[1] + qs * 4, sq * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
+    for (_, _, sq, _, sk), (_, oo, _) in zip(segs, regions):
+        rec.memset(p[8] + oo, sq * sk * 4, _NEG_INF)
+    entry = launcher(FAMILY, op, key, c.dev)
+    for (b, qs, sq, ks, sk), (wo, oo, do) in zip(segs, regions):
+        rec.launch(entry, *_sm90_dense_args(p[2] + qs * h * d * 2, p[3] + ks * h_kv * d * 2, p[8] + oo, p[8] + wo, p[8] + do,
+                                            None if offs is None else p[7] + 4 * b, 1, sq, sk, h, h_kv, d, rec.s, rec.x))
+    rec.then(copy_back)
+
+
 def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:
     """The host-function arguments of dense entry ``op`` in upstream's order (``x``: the scale as the kernel
     reads it, see :class:`_DenseCall`)."""
     out, denom, q, k, aux, cu_q, cu_k, offs, _ = ts
-    o = tensor_args(offs, p[7]) if offs is not None else ()
     if not op.endswith("_sm90"):  # SM100: q, k, w / lse, out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k], [offsets], stream
+        o = tensor_args(offs, p[7]) if offs is not None else ()
         cu = (*tensor_args(cu_q, p[5]), *tensor_args(cu_k, p[6])) if c.varlen else ()
         return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(aux, p[4]), *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0], c.s_q,
                 c.s_k, *cu, *o, s)
     b, s_q, h = aux.shape
-    # SM90: q, kv, (no ids), stream, out, the weights / LSE transposed (B, H, S_q) in the workspace, (no lengths), denom, [offsets],
-    # then the attention's softmax_scale_log2 (the spec's LITERALS)
-    return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), s, *tensor_args(out, p[0]), *flat_args(p[8], (b, h, s_q)), *tensor_args(denom, p[1]), *o,
-            *x)
+    return _sm90_dense_args(p[2], p[3], p[0], p[8], p[1], None if offs is None else p[7], b, s_q, k.shape[1], h, k.shape[2], q.shape[3], s, x)
+
+
+def _sm90_dense_args(q, k, out, aux_t, denom, offs, b, s_q, s_k, h, h_kv, d, s, x) -> tuple:
+    """The SM90 dense host function's arguments, compact BSHD buffers at these pointers: q, kv, (no ids),
+    stream, out, the weights / LSE transposed (B, H, S_q), (no lengths), denom, [offsets], then the
+    attention's softmax_scale_log2 (the spec's LITERALS)."""
+    o = flat_args(offs, (b,)) if offs is not None else ()
+    return (*flat_args(q, (b, s_q, h, d)), *flat_args(k, (b, s_k, h_kv, d)), s, *flat_args(out, (b, s_q, s_k)), *flat_args(aux_t, (b, h, s_q)),
+            *flat_args(denom, (b, s_q)), *o, *x)
 
 
 class DenseIndexerScoreRecompute(Plan):
@@ -571,8 +710,9 @@ _DENSE_CALLS: dict = {}  # the dense indexer's plans
 _DATTN_CALLS: dict = {}  # the dense attention's
 
 
-def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False) -> _DenseCall:
-    """Every problem with a dense call, raised together before anything is touched."""
+def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False, host=None) -> _DenseCall:
+    """Every problem with a dense call, raised together before anything is touched (``host``: an SM90 THD
+    call's segment bounds, :func:`_sm90_segments`; its ``cu_seqlens`` are then None in ``ts``)."""
     import torch
 
     out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts
@@ -581,7 +721,7 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
     problems = []
     x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", scale, positive=attention)
     integer(problems, "ratio", ratio, 1, _I32 - 1)
-    varlen = cu_q is not None or cu_k is not None
+    varlen = cu_q is not None or cu_k is not None or host is not None
     rank = 3 if varlen else 4
     dims = " or ".join(map(str, kind.dims))
     shape_q = f"(T_q, H, {dims})" if varlen else f"(B, S_q, H, {dims})"
@@ -596,14 +736,19 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
     h, d = q.shape[-2], q.shape[-1]
     h_kv = k.shape[-2]
     lead = tuple(q.shape[:-2])
-    b = thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev)
+    segs = no_keys = ()
+    if host is not None:
+        b, max_q, max_k, segs, no_keys = _host_thd(problems, host, q.shape[0], k.shape[0], max_q, max_k)
+    else:
+        b = thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev)
     if varlen:
         s_q, s_k = max_q, max_k
         k_shape = (k.shape[0], h_kv, d)
         score = (lead[0], s_k if isinstance(s_k, int) else 0)
-        if not sm100:
-            problems.append("THD on SM90: upstream reads cu_seqlens back and launches the BSHD kernel per segment; that form is not shipped yet "
-                            "(issue 14): pass BSHD tensors, or run on SM100 (native THD)")
+        if not sm100 and host is None:
+            problems.append(f"THD on SM90 in a plan: as upstream's plan classes, none runs it (the kernel is BSHD-native: each call needs the "
+                            f"segment bounds on the host); call aot.dsa.{kind.name}_into with cu_seqlens_q / cu_seqlens_k as CPU tensors or "
+                            "lists")
     else:
         b, s_q = lead
         s_k = k.shape[1]
@@ -635,7 +780,7 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         # the scale as the kernel reads it: SM100 an argument; SM90 attention f32(scale * log2 e), the host
         # code's literal; SM90 indexer none (a float32 immediate in the cubin: part of the key)
         x = (x32,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x32 * _LOG2_E),) if attention else ()
-    kernel, need = None, 0
+    kernel, need, regions = None, 0, ()
     if not problems:
         if attention:
             ks = policy.dense_attention_kernels(arch, qhpkv, d, ratio, varlen, offs is not None)
@@ -643,8 +788,11 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
             ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, x32)
         require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
         rows = q.numel() // (h * d)
-        kernel = ks["main"] if rows and s_k and s_q and b else None
-        need = 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
+        kernel = ks["main"] if (segs if host is not None else rows and s_k and s_q and b) else None
+        if host is not None:
+            regions, need = policy.thd_workspace(segs, h, kind.aux_bytes)
+        else:
+            regions, need = (), 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
         if need and not (allocating and workspace is None):
             problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:8])), f"aot.dsa.{kind.name}_workspace_bytes")
     if not problems:
@@ -653,7 +801,34 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         raise input_error(problems)
     masks = tuple(3 if i == 7 and not sm100 else (0 if i == 8 and not need else 15) for i in range(len(ts)))
     foot = footprint(ts, writes=(0, 1, 8), masks=masks, sizes={8: need})
-    return _DenseCall(dev, arch, varlen, b or 0, s_q, s_k, need, kernel, foot, x)
+    return _DenseCall(dev, arch, varlen, b or 0, s_q, s_k, need, kernel, foot, x, segs, regions, no_keys)
+
+
+def _host_thd(problems, host, t_q, t_k, max_q, max_k):
+    """(batch, max_seqlen_q, max_seqlen_k, segments, (q_start, S_q) of those with queries and no key) of
+    an SM90 THD call from its host bounds; the maxima default to the longest segments and, where given,
+    must cover them. Problems appended."""
+    cu_q, cu_k = host
+    b = len(cu_q) - 1
+    if len(cu_k) != len(cu_q) or b < 0:
+        problems.append(f"cu_seqlens_q ({len(cu_q)} offsets) and cu_seqlens_k ({len(cu_k)}): the same number, batch + 1")
+        return None, max_q, max_k, (), ()
+    for name, cu, total in (("cu_seqlens_q", cu_q, t_q), ("cu_seqlens_k", cu_k, t_k)):
+        if cu[0] < 0 or any(y < x for x, y in zip(cu, cu[1:])) or cu[-1] > total:
+            problems.append(f"{name} = {list(cu)[:8]}{'...' if len(cu) > 8 else ''}: expected non-decreasing offsets from >= 0 to at most "
+                            f"{total} (the packed {'q' if name[-1] == 'q' else 'k'} rows)")
+    if problems:
+        return b, max_q, max_k, (), ()
+    longest = [max((y - x for x, y in zip(cu, cu[1:])), default=0) for cu in (cu_q, cu_k)]
+    got = []
+    for name, v, n in (("max_seqlen_q", max_q, longest[0]), ("max_seqlen_k", max_k, longest[1])):
+        if v is None:
+            v = n
+        elif isinstance(v, bool) or not isinstance(v, int) or not n <= v < _I32:
+            problems.append(f"{name}={v!r}: expected an integer from {n} (the longest segment) to {_I32 - 1}")
+        got.append(v)
+    no_keys = tuple((cu_q[i], cu_q[i + 1] - cu_q[i]) for i in range(b) if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i])
+    return b, got[0], got[1], policy.thd_segments(cu_q, cu_k), no_keys
 
 
 # --- cudnn.DSA.sparse_attention_score_recompute (deepseek_sparse_attention/training.py) ----------------

@@ -190,3 +190,27 @@ def workspace_bytes(arch, batch, seqlen_q, heads, elem_bytes=2) -> int:
     """Bytes of the caller's workspace: on SM90 the (B, H, S_q) copy of the weights (bf16) or the LSE
     (fp32, ``elem_bytes`` 4), 128-byte rounded; none on SM100."""
     return 0 if is_sm100(arch) else round_up(batch * seqlen_q * heads * elem_bytes, WS_ALIGN)
+
+
+def thd_segments(cu_q, cu_k) -> tuple:
+    """The segments an SM90 THD dense call launches, from host ``cu_seqlens_q`` / ``cu_seqlens_k`` (int
+    sequences): ((b, q_start, S_q, k_start, S_k), ...) for every segment with queries and keys, in batch
+    order (upstream's host loop skips the others)."""
+    return tuple((b, cu_q[b], cu_q[b + 1] - cu_q[b], cu_k[b], cu_k[b + 1] - cu_k[b]) for b in range(len(cu_q) - 1)
+                 if cu_q[b + 1] > cu_q[b] and cu_k[b + 1] > cu_k[b])
+
+
+def thd_workspace(segments, heads, elem_bytes=2) -> tuple:
+    """(per segment (transposed weights / LSE, out, denom) byte offsets, total bytes) of an SM90 THD dense
+    call's workspace: what upstream allocates per segment (the (1, H, S_q) transposed copy, the (1, S_q,
+    S_k) scores and the (1, S_q) denominators the kernel writes, then copied into the packed outputs),
+    each region 128-byte aligned and disjoint, so that one plan runs every segment's copy, launch and copy
+    back in order."""
+    offs, n = [], 0
+    for _, _, sq, _, sk in segments:
+        regions = []
+        for size in (heads * sq * elem_bytes, sq * sk * 4, sq * 4):
+            regions.append(n)
+            n += round_up(size, WS_ALIGN)
+        offs.append(tuple(regions))
+    return tuple(offs), n

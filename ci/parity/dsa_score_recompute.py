@@ -58,6 +58,7 @@ from parity_common import same as _same  # noqa: E402
 FAMILY = "dsa_score_recompute"
 SCRIPT = "ci/parity/dsa_score_recompute.py"
 H, D = 64, 128  # the indexer's
+THD = ([0, 100, 100, 228], [0, 64, 80, 181])  # cu_seqlens_q / _k: 100 queries over 64 keys, none over 16, 128 over 101
 SYNC_EVERY = 16
 
 
@@ -86,6 +87,10 @@ def build_cases(quick=False):
     add("dense-r1-scale-rsqrt128", op="dense", h=64, ratio=1, offsets=False, scale=128**-0.5, b=2, s_q=300, s_k=300, topk=0)
     add("dattn-h64-d512-r4-offsets", op="dattn", h=64, d=512, ratio=4, offsets=True, scale=512**-0.5, b=2, s_q=256, s_k=64, topk=0)
     add("dattn-h128-d576-r1", op="dattn", h=128, d=576, ratio=1, offsets=False, scale=576**-0.5, b=2, s_q=200, s_k=200, topk=0)
+    # SM90 THD: upstream's per-segment loop (cu_seqlens read back); ours from host bounds in _into. Every
+    # segment with queries has keys: upstream leaves the denominators of a no-key segment unwritten
+    add("dense-thd-r4-offsets", op="dense", h=64, ratio=4, offsets=True, scale=1.0, b=3, s_q=0, s_k=0, topk=0, thd=THD)
+    add("dattn-thd-h64-d512-r4", op="dattn", h=64, d=512, ratio=4, offsets=False, scale=512**-0.5, b=3, s_q=0, s_k=0, topk=0, thd=THD)
     if not quick:
         add("b1-sq4096-topk2048-prefill", b=1, s_q=4096, s_k=4096, topk=2048)
         add("attn-b1-sq4096-h64-d512-topk2048-prefill", op="attention", h=64, d=512, scale=512**-0.5, b=1, s_q=4096, s_k=4096, topk=2048)
@@ -93,10 +98,11 @@ def build_cases(quick=False):
 
 
 def label(spec):
+    thd = " THD" if spec.get("thd") else ""
     if spec["op"] == "dattn":
-        return f"dense attention H{spec['h']} D{spec['d']} ratio {spec['ratio']}{' offsets' if spec['offsets'] else ''} scale {spec['scale']:.4g}"
+        return f"dense attention{thd} H{spec['h']} D{spec['d']} ratio {spec['ratio']}{' offsets' if spec['offsets'] else ''} scale {spec['scale']:.4g}"
     if spec["op"] == "dense":
-        return f"dense indexer H{spec['h']} ratio {spec['ratio']}{' offsets' if spec['offsets'] else ''} scale {spec['scale']:.4g}"
+        return f"dense indexer{thd} H{spec['h']} ratio {spec['ratio']}{' offsets' if spec['offsets'] else ''} scale {spec['scale']:.4g}"
     what = f"attention H{spec['h']} D{spec['d']} scale {spec['scale']:.4g}" if spec["op"] == "attention" else "indexer"
     return f"{what} top-k {spec['topk']}{' length' if spec['length'] else ''}{' global' if spec['glob'] else ' local'}"
 
@@ -111,15 +117,26 @@ def make_inputs(spec):
     gen = torch.Generator().manual_seed(int(spec["seed"]))
     if spec["op"] in ("dense", "dattn"):  # full KV: q, k (B, S_k, 1, D), w (the indexer's) or the LSE; q causal offsets
         b, s_q, s_k, h, d = spec["b"], spec["s_q"], spec["s_k"], spec["h"], spec["d"]
+        thd = spec.get("thd")
+        lead, k_lead = ((thd[0][-1],), (thd[1][-1],)) if thd else ((b, s_q), (b, s_k))  # THD: packed rows
         sd = 1.0 if spec["op"] == "dattn" else 0.25
-        q = (torch.randn(b, s_q, h, d, generator=gen) * sd).bfloat16()
-        k = (torch.randn(b, s_k, 1, d, generator=gen) * sd).bfloat16()
-        if spec["op"] == "dattn":  # each head's log-sum-exp over all keys: O(1) probabilities
-            w = torch.logsumexp(spec["scale"] * torch.einsum("bqhd,bkd->bqhk", q.float(), k[:, :, 0].float()), dim=-1).contiguous()
+        q = (torch.randn(*lead, h, d, generator=gen) * sd).bfloat16()
+        k = (torch.randn(*k_lead, 1, d, generator=gen) * sd).bfloat16()
+        if spec["op"] == "dattn":  # each head's log-sum-exp over all keys (THD: of its segment): O(1) probabilities
+            def lse(q, k):
+                return torch.logsumexp(spec["scale"] * torch.einsum("bqhd,bkd->bqhk", q.float(), k[:, :, 0].float()), dim=-1)
+            if thd:
+                w = torch.cat([lse(q[None, q0:q1], k[None, k0:k1])[0] if k1 > k0 else torch.zeros(q1 - q0, h)
+                               for q0, q1, k0, k1 in zip(thd[0], thd[0][1:], thd[1], thd[1][1:])]).contiguous()
+            else:
+                w = lse(q, k).contiguous()
         else:
-            w = (torch.randn(b, s_q, h, generator=gen) * 0.5).bfloat16()
-        offs = torch.tensor([0, 3 * spec["ratio"] + 1][:b], dtype=torch.int32) if spec["offsets"] else None
-        return dict(q=q, k=k, w=w, q_causal_offsets=offs)
+            w = (torch.randn(*lead, h, generator=gen) * 0.5).bfloat16()
+        offs = torch.tensor([0, 3 * spec["ratio"] + 1, 5][:b], dtype=torch.int32) if spec["offsets"] else None
+        x = dict(q=q, k=k, w=w, q_causal_offsets=offs)
+        if thd:  # device offsets for the allocating forms (both read them back); host ones for the _into form
+            x.update(cu_seqlens_q=torch.tensor(thd[0], dtype=torch.int32), cu_seqlens_k=torch.tensor(thd[1], dtype=torch.int32), cu_host=thd)
+        return x
     b, s_q, s_k, topk, h, d = spec["b"], spec["s_q"], spec["s_k"], spec["topk"], spec["h"], spec["d"]
     att = spec["op"] == "attention"
     q = (torch.randn(b, s_q, h, d, generator=gen) * (1.0 if att else d**-0.25)).bfloat16()
@@ -144,8 +161,12 @@ def run_case(name, spec, x, api, args, out_dir):
     import torch
 
     pristine = {k: v.clone() for k, v in x.items() if isinstance(v, torch.Tensor)}
-    shapes = ({"out": tuple(x["q"].shape[:2]) + (x["k"].shape[1],), "denom": tuple(x["q"].shape[:2])} if spec["op"] in ("dense", "dattn")
-              else {"out": tuple(x["topk_indices"].shape)})
+    if spec.get("thd"):  # packed rows over the longest segment's keys
+        cu_k = spec["thd"][1]
+        shapes = {"out": (x["q"].shape[0], max(b - a for a, b in zip(cu_k, cu_k[1:]))), "denom": (x["q"].shape[0],)}
+    else:
+        shapes = ({"out": tuple(x["q"].shape[:2]) + (x["k"].shape[1],), "denom": tuple(x["q"].shape[:2])} if spec["op"] in ("dense", "dattn")
+                  else {"out": tuple(x["topk_indices"].shape)})
 
     def fresh():
         return {n: torch.full(sh, float("nan"), device="cuda") for n, sh in shapes.items()}
@@ -247,13 +268,14 @@ class JitApi(CompileKeys):
 
     def call(self, spec, x, outs):
         out = outs["out"]
+        cu = {n: x[n] for n in ("cu_seqlens_q", "cu_seqlens_k") if n in x}
         if spec["op"] == "dattn":
             self.api.dense_attn_score_recompute_wrapper(x["q"], x["k"], x["w"], spec["scale"], out=out, denom_out=outs["denom"], ratio=spec["ratio"],
-                                                        q_causal_offsets=x["q_causal_offsets"])
+                                                        q_causal_offsets=x["q_causal_offsets"], **cu)
             return
         if spec["op"] == "dense":
             self.api.dense_indexer_score_recompute_wrapper(x["q"], x["k"], x["w"], out=out, denom_out=outs["denom"], sm_scale=spec["scale"],
-                                                           ratio=spec["ratio"], q_causal_offsets=x["q_causal_offsets"])
+                                                           ratio=spec["ratio"], q_causal_offsets=x["q_causal_offsets"], **cu)
             return
         if spec["op"] == "attention":
             self.api.sparse_attn_score_recompute_wrapper(x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], topk_length=x["topk_length"],
@@ -290,13 +312,14 @@ class AotApi(SpiedAot):
 
     def call(self, spec, x, outs):
         out = outs["out"]
+        cu = {n: x[n] for n in ("cu_seqlens_q", "cu_seqlens_k") if n in x}
         if spec["op"] == "dattn":
             self.dsa.dense_attn_score_recompute(x["q"], x["k"], x["w"], spec["scale"], out=out, denom_out=outs["denom"], ratio=spec["ratio"],
-                                                q_causal_offsets=x["q_causal_offsets"])
+                                                q_causal_offsets=x["q_causal_offsets"], **cu)
             return
         if spec["op"] == "dense":
             self.dsa.dense_indexer_score_recompute(x["q"], x["k"], x["w"], out=out, denom_out=outs["denom"], sm_scale=spec["scale"], ratio=spec["ratio"],
-                                                   q_causal_offsets=x["q_causal_offsets"])
+                                                   q_causal_offsets=x["q_causal_offsets"], **cu)
             return
         if spec["op"] == "attention":
             self.dsa.sparse_attn_score_recompute(x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], topk_length=x["topk_length"],
@@ -310,17 +333,22 @@ class AotApi(SpiedAot):
 
         out = outs["out"]
         att = spec["op"] in ("attention", "dattn")  # an fp32 LSE
-        n = (self.dsa.sparse_attn_score_recompute_workspace_bytes if att else self.dsa.sparse_indexer_score_recompute_workspace_bytes)(x["w"].shape)
+        cu = dict(zip(("cu_seqlens_q", "cu_seqlens_k"), x["cu_host"])) if "cu_host" in x else {}  # THD: the host bounds, sync-free
+        if spec["op"] in ("dense", "dattn"):
+            n = (self.dsa.dense_attn_score_recompute_workspace_bytes if att else self.dsa.dense_indexer_score_recompute_workspace_bytes)(x["w"].shape,
+                                                                                                                                      None, **cu)
+        else:
+            n = (self.dsa.sparse_attn_score_recompute_workspace_bytes if att else self.dsa.sparse_indexer_score_recompute_workspace_bytes)(x["w"].shape)
         ws = self._ws.get(n)
         if ws is None:
             ws = self._ws[n] = torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") if n else None
         if spec["op"] == "dattn":
             self.dsa.dense_attn_score_recompute_into(out, outs["denom"], x["q"], x["k"], x["w"], spec["scale"], spec["ratio"],
-                                                     q_causal_offsets=x["q_causal_offsets"], workspace=ws)
+                                                     q_causal_offsets=x["q_causal_offsets"], workspace=ws, **cu)
             return
         if spec["op"] == "dense":
             self.dsa.dense_indexer_score_recompute_into(out, outs["denom"], x["q"], x["k"], x["w"], spec["scale"], spec["ratio"],
-                                                        q_causal_offsets=x["q_causal_offsets"], workspace=ws)
+                                                        q_causal_offsets=x["q_causal_offsets"], workspace=ws, **cu)
             return
         if att:
             self.dsa.sparse_attn_score_recompute_into(out, x["q"], x["k"], x["w"], x["topk_indices"], spec["scale"], x["topk_length"], spec["glob"],

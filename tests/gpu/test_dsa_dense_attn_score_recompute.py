@@ -6,7 +6,7 @@ own ``softmax_scale`` (the SM90 kernel's scale is the launcher's argument, not t
 ``_into``, ``out`` / ``denom`` NaN-poisoned, the workspace 0xFF. Checks: the -inf mask exactly the
 reference's, no NaN, the finite scores and the L1 sums within 1e-5 (fp32 sums of exact bf16 products, a
 fast exp2 per head: the sparse attention's bound), every input's bits kept. Also: capture and replay, and
-the refusals (THD on SM90, block scales, an LSE of the wrong dtype) before any write.
+the refusals (an SM90 THD plan, block scales, an LSE of the wrong dtype) before any write.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ def test_refused_calls_write_nothing(dsa):
         return lambda: dsa.dense_attn_score_recompute_into(**a)
 
     cases = [
-        ("THD on SM90", InputError, "THD on SM90", into(q=q.view(-1, 64, 512), k=k.view(-1, 1, 512), lse=lse.view(-1, 64), out=out.view(-1, 40),
-                                                       denom_out=den.view(-1), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=64, max_seqlen_k=40)),
+        ("SM90 THD plan", InputError, "THD on SM90 in a plan",  # as upstream's plan classes (the functional forms run it)
+         lambda: dsa.DenseAttnScoreRecompute(out.view(-1, 40), den.view(-1), q.view(-1, 64, 512), k.view(-1, 1, 512), lse.view(-1, 64), cu_q, cu_k,
+                                             workspace=ws, softmax_scale=scale, ratio=4, max_seqlen_q=64, max_seqlen_k=40)),
         ("lse bf16", InputError, "lse", into(lse=lse.bfloat16())),
         ("scale 0", InputError, "softmax_scale", into(softmax_scale=0.0)),
         ("mxfp8", InputError, "precision", lambda: dsa.dense_attn_score_recompute(q, k, lse, scale, precision="mxfp8")),

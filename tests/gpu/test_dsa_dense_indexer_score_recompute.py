@@ -10,7 +10,8 @@ value (a training script's ``1/sqrt(128)``), allocating and ``_into``, ``out`` /
 the workspace 0xFF. Checks: the -inf mask exactly the reference's (``out`` is filled with -inf as upstream
 does, and the kernel skips hidden K blocks), no NaN, the finite logits and LSE within 1e-5 (the indexer
 forward's bound: fp32 sums of exact bf16 products), every input's bits kept. Also: a scale the build does
-not ship, THD on SM90 (not shipped: upstream's per-segment host loop), capture and replay.
+not ship, an SM90 THD plan (upstream's classes refuse it too), capture and replay. SM90 THD itself:
+test_dsa_dense_score_thd.py.
 """
 
 from __future__ import annotations
@@ -151,9 +152,9 @@ def test_refused_calls_write_nothing(dsa):
     cases = [
         ("a scale the build does not ship", KernelNotFoundError, r"(?s)dense_indexer_sm90.*scale = 0\.5", into(sm_scale=0.5)),
         ("ratio 2 not shipped", KernelNotFoundError, r"(?s)ratio = 2", into(ratio=2)),
-        ("THD on SM90", InputError, "THD on SM90", into(q=q.view(-1, 64, 128), k=k.view(-1, 1, 128), weights=w.view(-1, 64), out=out.view(-1, 40),
-                                                       denom_out=den.view(-1), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=64,
-                                                       max_seqlen_k=40)),
+        ("SM90 THD plan", InputError, "THD on SM90 in a plan",  # as upstream's plan classes (the functional forms run it)
+         lambda: dsa.DenseIndexerScoreRecompute(out.view(-1, 40), den.view(-1), q.view(-1, 64, 128), k.view(-1, 1, 128), w.view(-1, 64), cu_q, cu_k,
+                                                workspace=ws, ratio=4, max_seqlen_q=64, max_seqlen_k=40)),
         ("weights fp32", InputError, "weights", into(weights=w.float())),
         ("mxfp8", InputError, "precision", lambda: dsa.dense_indexer_score_recompute(q, k, w, precision="mxfp8")),
         ("no workspace", InputError, "workspace", into(workspace=None)),

@@ -320,10 +320,10 @@ def test_dense_indexer_refusals_before_anything_runs(env, torch_steps):
     env.memsets.clear()
     with pytest.raises(KernelNotFoundError, match="scale = 0.5"):  # SM90 bakes the scale in: the bucket to add
         fn(*args, **{**kw, "sm_scale": 0.5})
-    with pytest.raises(InputError, match="THD on SM90"):
+    with pytest.raises(InputError, match="THD on SM90 in a plan"):  # as upstream's plan classes
         cu = stand_in.cuda_tensor(torch.tensor([0, 8, 16], dtype=torch.int32))
-        fn(out.view(16, 40), den.view(16), q.view(16, 64, 128), k.view(80, 1, 128), w.view(16, 64), ratio=4, cu_seqlens_q=cu, cu_seqlens_k=cu,
-           max_seqlen_q=8, max_seqlen_k=40, workspace=kw["workspace"])
+        aot.dsa.DenseIndexerScoreRecompute(out.view(16, 40), den.view(16), q.view(16, 64, 128), k.view(80, 1, 128), w.view(16, 64), cu, cu,
+                                           ratio=4, max_seqlen_q=8, max_seqlen_k=40, workspace=kw["workspace"])
     with pytest.raises(InputError, match="precision='mxfp8'"):
         aot.dsa.dense_indexer_score_recompute(q, k, w, precision="mxfp8")
     with pytest.raises(InputError) as e:
@@ -433,3 +433,121 @@ def test_dense_attention_refusals_and_the_sm100_call_order(env, torch_steps, sm1
         ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (3, 5, 2)):
             assert sm100_calls.check_dense_score(ns, "dense_attention", key, b, s_q, s_k) == [], e["id"]
+
+
+# --- SM90 THD: upstream's per-segment host loop, from host segment bounds -----------------------------
+
+# four segments: 8 queries over 40 keys, none over 5 (skipped), 5 over none (no key: denom written), 7 over 25
+_CU_Q, _CU_K = [0, 8, 8, 13, 20], [0, 40, 45, 45, 70]
+_SEGS = ((0, 8, 0, 40), (13, 7, 45, 25))  # (q_start, S_q, k_start, S_k) of the segments launched
+
+
+def _thd_call(env, attention, cu_q=_CU_Q, cu_k=_CU_K, max_k=40):
+    import aot.dsa
+
+    h, d = 64, 512 if attention else 128
+    q = stand_in.cuda_tensor(torch.randn(20, h, d).to(torch.bfloat16))
+    k = stand_in.cuda_tensor(torch.randn(70, 1, d).to(torch.bfloat16))
+    aux = stand_in.cuda_tensor(torch.randn(20, h).to(torch.float32 if attention else torch.bfloat16))
+    out, den = stand_in.cuda_tensor(torch.full((20, max_k), 7.0)), stand_in.cuda_tensor(torch.full((20,), 7.0))
+    sizer = aot.dsa.dense_attn_score_recompute_workspace_bytes if attention else aot.dsa.dense_indexer_score_recompute_workspace_bytes
+    ws = stand_in.cuda_tensor(torch.randint(0, 255, (sizer(aux.shape, 0, cu_q, cu_k),), dtype=torch.uint8))
+    fn = aot.dsa.dense_attn_score_recompute_into if attention else aot.dsa.dense_indexer_score_recompute_into
+    args = (out, den, q, k, aux) + ((512**-0.5,) if attention else ())
+    return fn, args, dict(ratio=4, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, workspace=ws, stream=env.new_stream(0))
+
+
+@pytest.mark.parametrize("attention", [False, True])
+@pytest.mark.parametrize("form", ["list", "cpu", "device"])
+def test_sm90_thd_launches_once_per_segment_from_host_bounds(env, torch_steps, attention, form):
+    """One BSHD launch (grid (.., 1, 1), 384 threads) per segment with queries and keys, at the segment's q /
+    k rows, reading its weights / LSE transposed in its workspace region and writing its scores and
+    denominators there; ``out`` filled with -inf, each scores region too, the no-key segment's ``denom``
+    rows -inf (indexer) or 0 (attention); the regions copied into the packed outputs after the launches.
+    The bounds as lists, CPU tensors, or device tensors read back: the same launches."""
+    from aot.policy import dsa_score_recompute as pol
+
+    def as_form(cu):
+        t = torch.tensor(cu, dtype=torch.int32)
+        return {"list": cu, "cpu": t, "device": stand_in.cuda_tensor(t)}[form]
+
+    fn, args, kw = _thd_call(env, attention, as_form(_CU_Q), as_form(_CU_K))
+    out, den, q, k, aux = args[:5]
+    ws = kw["workspace"]
+    h, d, eb = 64, q.shape[2], aux.element_size()
+    regions, need = pol.thd_workspace(((0, 0, 8, 0, 40), (3, 13, 7, 45, 25)), h, eb)
+    assert ws.numel() == need
+    env.launches.clear()
+    env.memsets.clear()
+    fn(*args, **kw)
+    assert len(env.launches) == 2
+    base = ws.data_ptr()
+    fills = {(ptr, n): word for ptr, n, _, _, word in env.memsets}
+    assert fills.pop((out.data_ptr(), out.numel() * 4)) == 0xFF800000
+    assert fills.pop((den.data_ptr() + 8 * 4, 5 * 4)) == (0 if attention else 0xFF800000), "the no-key rows' denominators"
+    for launch, (qs, sq, ks, sk), (wo, oo, do) in zip(env.launches, _SEGS, regions):
+        assert fills.pop((base + oo, sq * sk * 4)) == 0xFF800000, "the segment's scores region filled as a BSHD call's out"
+        assert launch.dims[1:6] == (1, 1, 384, 1, 1)
+        for ptr in (q.data_ptr() + qs * h * d * 2, k.data_ptr() + ks * d * 2, base + wo, base + oo, base + do):
+            assert struct.pack("<Q", ptr) in launch.params
+        got = ws[wo:wo + h * sq * eb].view(aux.dtype).view(h, sq)
+        assert torch.equal(got, aux[qs:qs + sq].t()), "the segment's weights / LSE transposed"
+        bits = torch.int32  # (the regions hold random bytes: NaNs compare by their bits)
+        assert torch.equal(out[qs:qs + sq, :sk].view(bits), ws[oo:oo + sq * sk * 4].view(bits).view(sq, sk)), "scores copied back"
+        assert torch.equal(den[qs:qs + sq].view(bits), ws[do:do + sq * 4].view(bits)), "denominators copied back"
+    assert not fills
+    for ptr in (out.data_ptr(), den.data_ptr()):
+        assert all(struct.pack("<Q", ptr) not in launch.params for launch in env.launches), "the kernel writes the regions, not the outputs"
+    if attention:
+        assert all(struct.pack("<f", 512**-0.5 * 1.4426950408889634) in launch.params for launch in env.launches)
+
+
+def test_sm90_thd_offsets_point_at_each_segments_entry(env, torch_steps):
+    fn, args, kw = _thd_call(env, False)
+    offs = stand_in.cuda_tensor(torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+    env.launches.clear()
+    fn(*args, **kw, q_causal_offsets=offs)
+    for launch, b in zip(env.launches, (0, 3)):
+        assert struct.pack("<Q", offs.data_ptr() + 4 * b) in launch.params
+
+
+def test_sm90_thd_allocating_form_takes_the_maxima_from_the_host_bounds(env, torch_steps):
+    """No max_seqlen given and device bounds: read back once (upstream's sync), the maxima from them, the
+    caller's buffers used (allocation is the GPU tests')."""
+    import aot.dsa
+
+    fn, args, kw = _thd_call(env, False)
+    out, den, q, k, w = args
+    env.launches.clear()
+    cu = [stand_in.cuda_tensor(torch.tensor(c, dtype=torch.int32)) for c in (_CU_Q, _CU_K)]
+    r = aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, ratio=4, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1],
+                                              stream=kw["stream"], workspace=kw["workspace"])
+    assert r["out"] is out and r["denom"] is den
+    assert len(env.launches) == 2
+
+
+def test_sm90_thd_refusals(env, torch_steps, monkeypatch):
+    fn, args, kw = _thd_call(env, False)
+    writes = (args[0], args[1], kw["workspace"])
+    before = [stand_in.contents(t) for t in writes]
+    env.launches.clear()
+    env.memsets.clear()
+    cases = [
+        (dict(cu_seqlens_q=[0, 8, 4, 13, 20]), "cu_seqlens_q = \\[0, 8, 4"),
+        (dict(cu_seqlens_k=[0, 40, 45, 45, 71]), "at most 70"),
+        (dict(cu_seqlens_k=[0, 40, 45]), "the same number"),
+        (dict(max_seqlen_k=30), "max_seqlen_k=30: expected an integer from 40"),
+        (dict(cu_seqlens_q=[0.0, 8.0, 8.0, 13.0, 20.0]), "cu_seqlens_q: list"),
+        (dict(workspace=stand_in.cuda_tensor(torch.zeros(64, dtype=torch.uint8))), "workspace: 64 bytes"),
+    ]
+    for over, want in cases:
+        with pytest.raises(InputError, match=want):
+            fn(*args, **{**kw, **over})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    dev_cu = {n: stand_in.cuda_tensor(torch.tensor(kw[n], dtype=torch.int32)) for n in ("cu_seqlens_q", "cu_seqlens_k")}
+    with pytest.raises(InputError, match="under CUDA-graph capture.*CPU tensors or lists"):
+        fn(*args, **{**kw, **dev_cu})
+    assert not env.launches and not env.memsets
+    assert [stand_in.contents(t) for t in writes] == before, "a refused call writes nothing"
+    fn(*args, **kw)  # host bounds: nothing to read back, capture-safe
+    assert len(env.launches) == 2
