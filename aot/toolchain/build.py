@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import AotError, PolicyError, VerifyError
 from . import compile as compile_stage
 from . import fidelity as fidelity_stage
-from . import lift, manifest, pack, verify
+from . import lift, manifest, pack, shards, verify
 from .sources import REPO, stage_digest
 from .specs import SPECS
 
@@ -77,10 +77,11 @@ _STAGE_SHA = stage_digest("aot/toolchain/lift/__init__.py", "aot/toolchain/verif
 
 
 def _lv(args):
+    t = time.perf_counter()
     try:
-        return args[0], lift_and_verify(*args), None
+        return args[0], lift_and_verify(*args), None, time.perf_counter() - t
     except AotError as e:
-        return args[0], None, f"{type(e).__name__}: {e}"
+        return args[0], None, f"{type(e).__name__}: {e}", time.perf_counter() - t
 
 
 def check_policies(m, isolated=True) -> None:
@@ -111,40 +112,56 @@ def _check_policies(families, targets, path) -> list:
 
 
 def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True, fidelity=True,
-          debug_dump=None) -> dict:
+          debug_dump=None, shard=None, balance=None) -> dict:
     """Build every entry of the manifest into ``out_dir`` (what the wheel ships as aot/_generated); return the index.
 
     ``debug_dump``: keep the DSL's PTX and cubin files in that directory; the build is marked not for
-    shipping (index.json ``for_shipping: false``; the runtime refuses it unless AOT_ALLOW_DEBUG_BUILD=1)."""
+    shipping (index.json ``for_shipping: false``; the runtime refuses it unless AOT_ALLOW_DEBUG_BUILD=1).
+
+    ``shard`` (i, n): build only shard i of n (:func:`select_shard`, balanced by the seconds of the earlier
+    build report ``balance``) into ``out_dir`` as a partial build (:func:`aot.toolchain.shards.write_partial`),
+    for :func:`aot.toolchain.shards.merge`; returns the partial build's record."""
     t0 = time.perf_counter()
     m = manifest.load(manifest_path)
     check_policies(m)
-    compiled = compile_stage.compile_entries(m.entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress, debug_dump=debug_dump)
+    entries = m.entries
+    if shard is not None:
+        entries = shards.select_shard(m.entries, *shard, shards.seconds_of(balance) if balance else None)
+    compiled = compile_stage.compile_entries(entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress, debug_dump=debug_dump)
     t1 = time.perf_counter()
     jobs = max(1, jobs or os.cpu_count() or 1)
-    failures = []
+    failures, lv_seconds = [], {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        for i, (d, rep, err) in enumerate(pool.map(_lv, [(str(c.dir), samples, cache_dir) for c in compiled]), 1):
+        for i, (d, rep, err, sec) in enumerate(pool.map(_lv, [(str(c.dir), samples, cache_dir) for c in compiled]), 1):
+            lv_seconds[Path(d).name] = sec
             if err:
                 failures.append(err)
             if progress:
-                print(f"lift+verify {i}/{len(compiled)} {Path(d).name} {'FAILED' if err else 'ok'}", file=sys.stderr, flush=True)
+                print(f"lift+verify {i}/{len(compiled)} {Path(d).name} {'FAILED' if err else 'ok'} {sec:.1f}s", file=sys.stderr, flush=True)
     if failures:
         raise VerifyError(f"{len(failures)} entries failed the lifter checks:\n" + "\n".join(f"  - {f}" for f in failures))
     t2 = time.perf_counter()
     # --- fidelity (aot.toolchain.fidelity): each cubin == what cudnn's own JIT path builds for its key; fails closed ---
     verdicts = None
+    dirs = [c.dir for c in compiled]
     if fidelity:
-        dirs = [c.dir for c in compiled]
         verdicts = fidelity_stage.check(dirs, jobs=jobs, cache_dir=cache_dir, progress=progress)
         fidelity_stage.write_verdicts(verdicts, dirs)
         fidelity_stage.require_identical(verdicts)
     t3 = time.perf_counter()
     # ---
-    index = pack.pack([c.dir for c in compiled], out_dir, manifest_path, fidelity=verdicts)
-    seconds = {c.entry.id: json.loads((c.dir / "meta.json").read_text())["compile_seconds"] for c in compiled}
-    pack.write_build_report(work_dir, index, seconds, verdicts)
+    seconds = shards.entry_seconds(dirs, lv_seconds, verdicts)
+    if shard is not None:
+        rec = shards.write_partial(dirs, out_dir, manifest_path, shard, fidelity=fidelity, samples=samples, seconds=seconds)
+        if progress:
+            print(f"build shard {shard[0]}/{shard[1]}: {len(compiled)} of {len(m.entries)} entries "
+                  f"({sum(c.cached for c in compiled)} from cache); compile {t1 - t0:.1f}s, lift+verify {t2 - t1:.1f}s, fidelity {t3 - t2:.1f}s "
+                  f"-> {out_dir} (combine the shards with python -m aot merge)", file=sys.stderr)
+        return rec
+    index = pack.pack(dirs, out_dir, manifest_path, fidelity=verdicts)
+    stages = {"compile": t1 - t0, "lift+verify": t2 - t1, "fidelity": t3 - t2, "pack": time.perf_counter() - t3}
+    pack.write_build_report(work_dir, index, seconds, verdicts, stages)
     if progress:
-        print(f"build: {len(compiled)} entries ({sum(c.cached for c in compiled)} from cache); compile {t1 - t0:.1f}s, "
-              f"lift+verify {t2 - t1:.1f}s, fidelity {t3 - t2:.1f}s, pack {time.perf_counter() - t3:.1f}s -> {out_dir}", file=sys.stderr)
+        print(f"build: {len(compiled)} entries ({sum(c.cached for c in compiled)} from cache); "
+              + ", ".join(f"{k} {v:.1f}s" for k, v in stages.items()) + f" -> {out_dir}", file=sys.stderr)
     return index

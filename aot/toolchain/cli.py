@@ -1,5 +1,6 @@
 """Command line of the toolchain: ``python -m aot`` (or ``python -m aot.toolchain``) with
-``manifest check FILE``, ``build``, ``lift-verify DIR``, ``fidelity DIR...``."""
+``manifest check FILE``, ``build`` (``--shard i/N``: one part of a sharded build), ``merge DIR...``,
+``lift-verify DIR``, ``fidelity DIR...``."""
 
 import argparse
 import sys
@@ -23,6 +24,15 @@ def main(argv=None) -> int:
     b.add_argument("--debug-dump", metavar="DIR", default=None,
                    help="keep the DSL's PTX and cubin files of every compile in DIR (for reading them); the build is marked not for shipping")
     b.add_argument("--no-fidelity", action="store_true", help="skip the check against cudnn's own JIT path (aot.toolchain.fidelity); the report says 'not checked'")
+    b.add_argument("--shard", metavar="I/N", default=None,
+                   help="build only shard I of N of the manifest's entries into --out as a partial build; combine the N with 'merge'")
+    b.add_argument("--balance", metavar="REPORT", default=None,
+                   help="split shards by the seconds an earlier build measured: its <work>/report.json, or a shard's seconds.json")
+    mg = sub.add_parser("merge", help="combine the partial builds of 'build --shard i/N' into one build (byte-identical to a one-machine build)")
+    mg.add_argument("dirs", nargs="+", help="the N partial build directories")
+    mg.add_argument("--manifest", default="manifests/default.toml")
+    mg.add_argument("--out", default="aot/_generated")
+    mg.add_argument("--work", default="_build", help="where the merged build report goes")
     lv = sub.add_parser("lift-verify", help="re-run lift and verify on one entry directory of a previous build")
     lv.add_argument("entry_dir")
     fc = sub.add_parser("fidelity", help="prove shipped cubins byte-identical to what cudnn's own JIT path builds")
@@ -43,8 +53,22 @@ def main(argv=None) -> int:
 
             if a.samples < 50:
                 p.error("--samples must be at least 50")
-            idx = build(a.manifest, a.out, a.work, a.cache or None, a.jobs, a.samples, fidelity=not a.no_fidelity, debug_dump=a.debug_dump)
-            print(f"built {len(idx['entries'])} entries into {a.out}")
+            from .shards import parse_shard
+
+            try:
+                shard = parse_shard(a.shard) if a.shard else None
+            except ValueError as e:
+                p.error(str(e))
+            if a.balance and not shard:
+                p.error("--balance only with --shard")
+            idx = build(a.manifest, a.out, a.work, a.cache or None, a.jobs, a.samples, fidelity=not a.no_fidelity, debug_dump=a.debug_dump,
+                        shard=shard, balance=a.balance)
+            print(f"built {len(idx['entries'])} entries into {a.out}" + (f" (shard {a.shard}: merge the shards with python -m aot merge)" if shard else ""))
+        elif a.cmd == "merge":
+            from .shards import merge
+
+            idx = merge(a.dirs, a.manifest, a.out, a.work)
+            print(f"merged {len(a.dirs)} partial builds: {len(idx['entries'])} entries into {a.out}")
         elif a.cmd == "lift-verify":
             from .build import lift_and_verify
 

@@ -192,12 +192,16 @@ def _report_rows(entries, seconds=None):
             row = {"id": e["id"], "arch": e["arch"], "kernel": k, "cubin_bytes": e["cubin_bytes"], **r,
                    "lifter_checks": e["verify"]["verdict"], "samples": e["verify"]["samples"], "fidelity": e["fidelity"]["verdict"]}
             if seconds is not None:
-                row["compile_s"] = seconds.get(e["id"])
+                row.update(seconds.get(e["id"], {}))  # compile_s, lift_verify_s, fidelity_s (aot.toolchain.shards.entry_seconds)
             rows.append(row)
     return rows
 
 
-def _report_md(entries, tools, dumped=(), seconds=None, notes=None):
+def _stage_total(seconds, stage) -> float:
+    return sum(s.get(stage, 0.0) for s in seconds.values())
+
+
+def _report_md(entries, tools, dumped=(), seconds=None, notes=None, stages=None):
     timed = seconds is not None
     lines = [
         "# dsa-aot build report",
@@ -205,19 +209,24 @@ def _report_md(entries, tools, dumped=(), seconds=None, notes=None):
         *([f"**NOT FOR SHIPPING**: {len(dumped)} entries were compiled with the DSL's keep/dump files on (--debug-dump).", ""] if dumped else []),
         f"Tools: {', '.join(f'{k}=={v}' for k, v in sorted((tools or {}).items()))}. {len(entries)} entries, "
         f"{len({e['sha256'] for e in entries})} distinct cubins"
-        + (f", {sum(seconds.values()):.1f} s of cute.compile in this build (the JIT cost users no longer pay)." if timed else "."),
+        + (f", {_stage_total(seconds, 'compile_s'):.1f} s of cute.compile in this build (the JIT cost users no longer pay)." if timed else "."),
         "",
+        *([f"Seconds per stage (wall): {', '.join(f'{k} {v:.1f}' for k, v in stages.items())}; summed over entries (one process each): "
+           f"compile {_stage_total(seconds, 'compile_s'):.1f}, lift+verify {_stage_total(seconds, 'lift_verify_s'):.1f}, "
+           f"fidelity {_stage_total(seconds, 'fidelity_s'):.1f}.", ""] if timed and stages else []),
         "Fidelity (aot.toolchain.fidelity: the shipped cubin against the one cudnn's own JIT path builds for the key; 'identical' = "
         "byte-identical, 'ptx identical' = the same PTX and options as cudnn's path, for kernels whose cubin the DSL's PTX compiler "
         "makes differently in each process (docs/fidelity.md)): "
         + ", ".join(f"{sum(e['fidelity']['verdict'] == v for e in entries)} {v}" for v in sorted({e["fidelity"]["verdict"] for e in entries})) + ".",
         "",
-        f"| entry | kernel |{' compile s |' if timed else ''} cubin B | regs | smem B | stack B | spills st/ld | lifter checks | fidelity |",
-        f"|---|---|{'---:|' if timed else ''}---:|---:|---:|---:|---:|---|---|",
+        f"| entry | kernel |{' compile s | lift+verify s | fidelity s |' if timed else ''} cubin B | regs | smem B | stack B | spills st/ld | "
+        "lifter checks | fidelity |",
+        f"|---|---|{'---:|---:|---:|' if timed else ''}---:|---:|---:|---:|---:|---|---|",
     ]
     for e in entries:
         for k, r in e["resources"].items():
-            t = f" {seconds.get(e['id'], 0.0):.2f} |" if timed else ""
+            s = (seconds or {}).get(e["id"], {})
+            t = "".join(f" {s.get(x, 0.0):.2f} |" for x in ("compile_s", "lift_verify_s", "fidelity_s")) if timed else ""
             lines.append(
                 f"| {e['id']} | {k[:40]}… |{t} {e['cubin_bytes']} | {r['registers']} | {r['shared_bytes']} | {r['stack_bytes']} | "
                 f"{r['spill_stores']}/{r['spill_loads']} | {e['verify']['verdict']} ({e['verify']['samples']} samples) | {e['fidelity']['verdict']} |"
@@ -227,11 +236,13 @@ def _report_md(entries, tools, dumped=(), seconds=None, notes=None):
     return "\n".join(lines) + "\n"
 
 
-def write_build_report(work_dir, index, seconds: dict, verdicts: dict | None) -> None:
-    """The build's own report, with what the shipped tree leaves out: compile seconds of this build and
-    the fidelity stage's full notes (``<work>/report.md``, ``<work>/report.json``)."""
+def write_build_report(work_dir, index, seconds: dict, verdicts: dict | None, stages: dict | None = None) -> None:
+    """The build's own report, with what the shipped tree leaves out: the seconds of each stage per entry
+    (``seconds`` {id: {compile_s, lift_verify_s, fidelity_s}}) and per build (``stages``, wall) and the
+    fidelity stage's full notes (``<work>/report.md``, ``<work>/report.json``: what ``build --shard
+    --balance`` reads)."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     notes = {i: v.get("note", "") for i, v in (verdicts or {}).items()}
     (work_dir / "report.json").write_text(json.dumps(_report_rows(index["entries"], seconds), indent=1))
-    (work_dir / "report.md").write_text(_report_md(index["entries"], index["tools"], (), seconds, notes))
+    (work_dir / "report.md").write_text(_report_md(index["entries"], index["tools"], (), seconds, notes, stages))

@@ -56,7 +56,8 @@ def test_the_index_holds_what_the_runtime_reads_and_the_build_records_sit_beside
 def test_the_build_report_keeps_timings_and_notes(tmp_path):
     dirs = _entries(tmp_path)
     index = pack.pack(dirs, tmp_path / "gen")
-    pack.write_build_report(tmp_path / "work", index, {index["entries"][0]["id"]: 1.25}, {index["entries"][0]["id"]: {"note": "why"}})
+    pack.write_build_report(tmp_path / "work", index, {index["entries"][0]["id"]: {"compile_s": 1.25, "lift_verify_s": 0.5, "fidelity_s": 2.0}},
+                            {index["entries"][0]["id"]: {"note": "why"}}, {"compile": 3.0})
     md = (tmp_path / "work" / "report.md").read_text()
     assert "| 1.25 |" in md and "why" in md
     assert json.loads((tmp_path / "work" / "report.json").read_text())[0]["compile_s"] == 1.25

@@ -1,0 +1,135 @@
+"""aot.toolchain.shards: the split every machine computes alike, merge's refusals, and (with the build
+toolchain installed) shards 1/2 + 2/2 merged byte-identical to a one-machine build of the same manifest."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aot.errors import PackError
+from aot.toolchain import manifest, shards
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_split_covers_each_entry_once_is_deterministic_and_balances_by_seconds():
+    m = manifest.load(ROOT / "manifests" / "default.toml")
+    ids = [e.id for e in m.entries]
+    for n in (1, 2, 3, 4):
+        parts = [shards.select_shard(m.entries, i, n) for i in range(1, n + 1)]
+        got = [e.id for p in parts for e in p]
+        assert sorted(got) == sorted(ids) and len(got) == len(ids), "every entry in exactly one shard"
+        assert all([e.id for e in p] == [i for i in ids if i in {x.id for x in p}] for p in parts), "manifest order within a shard"
+        assert parts == [shards.select_shard(list(m.entries), i, n) for i in range(1, n + 1)], "the same split again"
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1, "without a report: equal counts"
+    # with measured seconds: one slow entry alone on a shard, the rest balanced around it
+    seconds = {i: 1.0 for i in ids}
+    seconds[ids[0]] = 0.4 * len(ids)
+    parts = [shards.select_shard(m.entries, i, 2, seconds) for i in (1, 2)]
+    loads = [sum(seconds[e.id] for e in p) for p in parts]
+    assert abs(loads[0] - loads[1]) <= 1.0 and any(len(p) < len(ids) * 0.4 for p in parts)
+    # an entry the report lacks weighs the median
+    del seconds[ids[1]]
+    assert sorted(e.id for i in (1, 2) for e in shards.select_shard(m.entries, i, 2, seconds)) == sorted(ids)
+
+
+def test_seconds_come_from_a_build_report_or_a_shards_seconds(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps([{"id": "a", "kernel": "k1", "compile_s": 2.0, "lift_verify_s": 1.0, "fidelity_s": 3.0},
+                                                      {"id": "a", "kernel": "k2", "compile_s": 2.0, "lift_verify_s": 1.0, "fidelity_s": 3.0}]))
+    (tmp_path / "seconds.json").write_text(json.dumps({"b": {"compile_s": 1.5, "lift_verify_s": 0.5, "fidelity_s": 0.0}}))
+    assert shards.seconds_of(tmp_path / "report.json") == {"a": 6.0}
+    assert shards.seconds_of(tmp_path / "seconds.json") == {"b": 2.0}
+    with pytest.raises(PackError, match="cannot read the build report"):
+        shards.seconds_of(tmp_path / "missing.json")
+    for bad in ("0/2", "3/2", "1", "a/b"):
+        with pytest.raises(ValueError, match="I/N"):
+            shards.parse_shard(bad)
+    assert shards.parse_shard("2/4") == (2, 4)
+
+
+SMALL = """
+[[target]]
+name = "b200"
+arch = "sm_100a"
+sm_count = 148
+[[target]]
+name = "h200"
+arch = "sm_90a"
+sm_count = 132
+[[bucket]]
+family = "dsa_indexer_backward"
+op = "reduce_dk"
+out = "f32"
+planes = 96
+targets = ["b200"]
+[[bucket]]
+family = "dsa_sparse_attention_backward"
+op = "post_sm90"
+dtype = "bf16"
+dim = 576
+targets = ["h200"]
+[[bucket]]
+family = "csa_compressor"
+op = "dape_reduce"
+split = false
+targets = ["b200"]
+"""
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A one-machine build of SMALL and its two shards (sharing one compile cache, as machines restoring a CI cache would)."""
+    pytest.importorskip("cutlass")  # the build toolchain: installed by ci/setup.sh
+    pytest.importorskip("cudnn")
+    from aot.toolchain import build
+
+    root = tmp_path_factory.mktemp("shards")
+    (root / "m.toml").write_text(SMALL)
+    cache = root / "cache"
+    build.build(root / "m.toml", root / "whole", root / "work-whole", cache, jobs=2, progress=False)
+    for i in (1, 2):
+        build.build(root / "m.toml", root / f"part{i}", root / f"work{i}", cache, jobs=2, progress=False, shard=(i, 2),
+                    balance=root / "work-whole" / "report.json")
+    return root
+
+
+def test_two_shards_merged_equal_the_one_machine_build_byte_for_byte(built):
+    recs = [json.loads((built / f"part{i}" / "shard.json").read_text()) for i in (1, 2)]
+    assert sorted(len(r["entries"]) for r in recs) == [1, 2] and all(r["fidelity"] for r in recs)
+    index = shards.merge([built / "part2", built / "part1"], built / "m.toml", built / "merged", built / "work-merged")
+    assert len(index["entries"]) == 3
+    whole, merged = _tree(built / "whole"), _tree(built / "merged")
+    assert whole.keys() == merged.keys() and whole == merged, "merged tree differs from the one-machine build"
+    assert all(e["fidelity"]["verdict"] == "identical" for e in json.loads((built / "merged" / "index.json").read_text())["entries"])
+    rows = json.loads((built / "work-merged" / "report.json").read_text())
+    assert {r["id"] for r in rows} == {e["id"] for e in index["entries"]} and all("lift_verify_s" in r for r in rows)
+
+
+def test_merge_refuses_what_is_not_the_n_shards_of_this_manifest(built, tmp_path):
+    def refused(dirs, match, m=built / "m.toml"):
+        with pytest.raises(PackError, match=match):
+            shards.merge(dirs, m, tmp_path / "out")
+        assert not (tmp_path / "out").exists(), "nothing written"
+
+    refused([built / "part1"], r"expected each of \['1/2', '2/2'\] once")
+    refused([built / "part1", built / "part1"], "more than one shard")
+    other = tmp_path / "other.toml"
+    other.write_text(SMALL.replace("dim = 576", "dim = 512"))
+    refused([built / "part1", built / "part2"], "built from another manifest", other)
+    fake = tmp_path / "fake"
+    shutil.copytree(built / "part2", fake)
+    rec = json.loads((fake / "shard.json").read_text())
+    (fake / "shard.json").write_text(json.dumps(rec | {"samples": 77}))
+    refused([built / "part1", fake], "different samples settings")
+    refused([built / "part1", tmp_path], "not a partial build")
+    gone = tmp_path / "gone"
+    shutil.copytree(built / "part2", gone)
+    victim = next((gone / "entries").iterdir())
+    (victim / "launcher.py").unlink()
+    refused([built / "part1", gone], "lacks launcher.py")
