@@ -1,6 +1,6 @@
 """Command line of the toolchain: ``python -m aot`` (or ``python -m aot.toolchain``) with
 ``manifest check FILE``, ``build`` (``--shard i/N``: one part of a sharded build), ``merge DIR...``,
-``lift-verify DIR``, ``fidelity DIR...``."""
+``check-build DIR``, ``lift-verify DIR``, ``fidelity DIR...``."""
 
 import argparse
 import sys
@@ -33,6 +33,9 @@ def main(argv=None) -> int:
     mg.add_argument("--manifest", default="manifests/default.toml")
     mg.add_argument("--out", default="aot/_generated")
     mg.add_argument("--work", default="_build", help="where the merged build report goes")
+    cb = sub.add_parser("check-build", help="check a finished build (e.g. merged from shards) before it ships: intact, and the manifest's entries")
+    cb.add_argument("dir")
+    cb.add_argument("--manifest", default="manifests/default.toml")
     lv = sub.add_parser("lift-verify", help="re-run lift and verify on one entry directory of a previous build")
     lv.add_argument("entry_dir")
     fc = sub.add_parser("fidelity", help="prove shipped cubins byte-identical to what cudnn's own JIT path builds")
@@ -69,6 +72,11 @@ def main(argv=None) -> int:
 
             idx = merge(a.dirs, a.manifest, a.out, a.work)
             print(f"merged {len(a.dirs)} partial builds: {len(idx['entries'])} entries into {a.out}")
+        elif a.cmd == "check-build":
+            from .pack import check_build
+
+            doc = check_build(a.dir, a.manifest)
+            print(f"{a.dir}: ok, {len(doc['entries'])} entries of {a.manifest}, every file as the index names it")
         elif a.cmd == "lift-verify":
             from .build import lift_and_verify
 

@@ -133,3 +133,23 @@ def test_merge_refuses_what_is_not_the_n_shards_of_this_manifest(built, tmp_path
     victim = next((gone / "entries").iterdir())
     (victim / "launcher.py").unlink()
     refused([built / "part1", gone], "lacks launcher.py")
+
+
+def test_a_merged_build_is_checked_before_it_ships(built, tmp_path):
+    """check-build (what the wheel build runs on AOT_PREBUILT): the merged tree passes; a changed cubin, or
+    another manifest's build, is refused."""
+    from aot.toolchain import pack
+
+    merged = tmp_path / "merged"
+    shards.merge([built / "part1", built / "part2"], built / "m.toml", merged)
+    assert len(pack.check_build(merged, built / "m.toml")["entries"]) == 3
+    other = tmp_path / "other.toml"
+    other.write_text(SMALL.replace('split = false', 'split = true'))
+    with pytest.raises(PackError, match="not the manifest's"):
+        pack.check_build(merged, other)
+    cubin = next((merged / "cubins").iterdir())
+    data = bytearray(cubin.read_bytes())
+    data[-1] ^= 1
+    cubin.write_bytes(bytes(data))
+    with pytest.raises(PackError, match="not the file the index names"):
+        pack.check_build(merged, built / "m.toml")
