@@ -10,6 +10,7 @@ Attribute values are kept as raw text and decoded on demand by the helpers below
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -158,6 +159,7 @@ def parse_type(s: str):
     return t
 
 
+@functools.lru_cache(maxsize=None)
 def alignof(t) -> int:
     if isinstance(t, (Int, Float)):
         return 1 if t.bits <= 8 else min(8, t.bits // 8) if t.bits in (16, 32, 64) else 16
@@ -172,6 +174,7 @@ def alignof(t) -> int:
     raise LiftError(f"no layout for {t}")
 
 
+@functools.lru_cache(maxsize=None)
 def sizeof(t) -> int:
     if isinstance(t, (Int, Float)):
         return max(1, (t.bits + 7) // 8) if t.bits != 1 else 1
@@ -192,7 +195,9 @@ def _padded(t) -> int:
     return (sizeof(t) + a - 1) // a * a
 
 
-def field_offsets(t: Struct) -> list:
+@functools.lru_cache(maxsize=None)
+def field_offsets(t: Struct) -> tuple:
+    """Byte offsets of ``t``'s fields (a tuple: the result is shared by every caller)."""
     out, off = [], 0
     for f in t.fields:
         if not t.packed:
@@ -200,7 +205,7 @@ def field_offsets(t: Struct) -> list:
             off = (off + a - 1) // a * a
         out.append(off)
         off += sizeof(f)
-    return out
+    return tuple(out)
 
 
 # --- ops -----------------------------------------------------------------------------------------
@@ -218,13 +223,15 @@ class Op:
     line: int
     regions: list = field(default_factory=list)
 
-    @property
+    # parsed once per op: the verifier interprets each op once per sample (50+ per entry), and parsing its
+    # signature again each time was a quarter of an entry's lift+verify seconds
+    @functools.cached_property
     def result_type(self):
         return parse_type(_sig_results(self.sig)[0])
 
-    @property
-    def operand_types(self):
-        return [parse_type(t) for t in _sig_operands(self.sig)]
+    @functools.cached_property
+    def operand_types(self) -> tuple:
+        return tuple(parse_type(t) for t in _sig_operands(self.sig))
 
     def prop(self, name):
         if name in self.props:
@@ -509,12 +516,14 @@ def attr_dense(raw: str, n: int) -> list:
     return vals
 
 
-def attr_ints(raw: str) -> list:
-    """``array<i32: 0, 1, -2147483648>`` -> [0, 1, -2147483648]."""
+@functools.lru_cache(maxsize=4096)
+def attr_ints(raw: str) -> tuple:
+    """``array<i32: 0, 1, -2147483648>`` -> (0, 1, -2147483648) (decoded once per text: the verifier reads
+    each op's attributes once per sample)."""
     m = re.fullmatch(r"array<\w+(?::\s*(.*))?>", raw.strip())
     if not m:
         raise LiftError(f"expected an array attribute, got {raw[:80]!r}")
-    return [int(x) for x in m.group(1).split(",")] if m.group(1) else []
+    return tuple(int(x) for x in m.group(1).split(",")) if m.group(1) else ()
 
 
 def attr_str(raw: str) -> str:
@@ -528,6 +537,7 @@ def attr_sym(raw: str) -> str:
     return attr_str(raw[1:]) if raw[1:2] == '"' else raw[1:]
 
 
+@functools.lru_cache(maxsize=256)
 def attr_bytes(raw: str) -> bytes:
     """Decode an MLIR string literal (``"..."`` with ``\\XX`` hex escapes) to bytes."""
     raw = raw.strip()
