@@ -49,18 +49,26 @@ def arch_or_refuse(problems, dev: int):
     return arch, is_sm100(arch)
 
 
-def target_sm_count(arch: str) -> int:
-    """The SM count the build's target for ``arch`` declared (persistent grids are baked with it)."""
-    return _index().target_sm_count(arch)
+def target_sm_count(dev: int) -> int:
+    """The SM count GPU ``dev``'s cubins of the ops that bake it in were built for (persistent grids): the
+    GPU's own; ArchMismatchError naming the [[target]] to add when the build has no such target."""
+    return _index().target_sm_count(arch_of(dev), sm_count_of(dev))
+
+
+def _find(ix, family, op, key, dev, hint=""):
+    """The entry of (family, op, key) for GPU ``dev``: its arch, then the target of its SM count (the
+    nearest, for an op whose family's policy says its cubins do not depend on it)."""
+    from ..policy.families import family_policy
+
+    return ix.find(family, op, key, arch_of(dev), hint, sms=sm_count_of(dev), exact=op in family_policy(family).SM_COUNT_OPS)
 
 
 def require(family: str, kernels: dict, dev: int, hints=None) -> None:
     """Check that the build ships an entry for every (op, key) of ``kernels`` (role -> (op, key)) on GPU
     ``dev``: KernelNotFoundError / ArchMismatchError naming what to add, before anything is allocated."""
     ix = _index()
-    arch = arch_of(dev)
     for role, (op, key) in kernels.items():
-        ix.find(family, op, key, arch, (hints or {}).get(role, ""))
+        _find(ix, family, op, key, dev, (hints or {}).get(role, ""))
 
 
 def launcher(family: str, op: str, key: dict, dev: int, hint: str = ""):
@@ -68,7 +76,7 @@ def launcher(family: str, op: str, key: dict, dev: int, hint: str = ""):
 
     ``.entry`` is its index record (derived key fields included)."""
     ix = _index()
-    return ix.loaded(ix.find(family, op, key, arch_of(dev), hint), dev)
+    return ix.loaded(_find(ix, family, op, key, dev, hint), dev)
 
 
 # --- streams --------------------------------------------------------------------------------------------

@@ -351,7 +351,7 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
     if dev is not None and not problems and b * s_q and topk:
         ks = policy.kernels(arch, b, s_q, h, topk, topk_indices_global=bool(topk_indices_global), backend=backend, deterministic=deterministic,
                             deterministic_dk_planes=planes, d_index_k_f32=dk_dt == f32, d_weights_f32=dw_dt == f32,
-                            target_sm_count=target_sm_count(arch) if sm100 else None)
+                            target_sm_count=target_sm_count(dev) if sm100 else None)
         hints = {}
         if v2:
             rpc = ks["gemm"][1]["rows_per_cta"]

@@ -29,6 +29,10 @@ def _needs_reduce(key):
     return [("dape_reduce", {"split": key["ratio"] == 4})]
 
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "fwd_r128": Op(
         fields={"ratio": Choice(128), "coff": Choice(1, 2), "d": Choice(128, 512), "bucket": Choice("small", "default", "large")},

@@ -44,6 +44,10 @@ def _score_of(op):
     return lambda key: [(op, {k: key[k] for k in _SHAPE})]
 
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "score_grad": Op(fields=dict(_SHAPE), arches=SM100),
     "gemm": Op(fields={"heads": Choice(*HEADS), **_SHAPE}, requires=_score_of("score_grad"), arches=SM100),

@@ -79,6 +79,11 @@ def _companions(key, zero_dk):
     return need
 
 
+# Ops whose cubins bake the target's SM count (persistent grid / v2 num_ctas = the SM count): a GPU runs them
+# only from a target with its own SM count. The others serve any target of the GPU's arch (the build checks
+# their cubins agree across the SM counts of a manifest)
+SM_COUNT_OPS = frozenset({"gemm", "gemm_v2"})
+
 OPS = {
     "score_grad": Op(fields={"topk": _TOPK, "zero_dk": _BOOL}, arches=SM100),
     "gemm": Op(

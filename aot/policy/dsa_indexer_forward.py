@@ -58,6 +58,10 @@ def _sm100_check(key):
     return None
 
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "fwd_sm100": Op(fields={"precision": Choice(*SM100_PRECISIONS), "w_dtype": Choice("bfloat16", "float32"), "heads": Choice(*SM100_HEADS),
                             "ratio": IntRange(1, MAX_RATIO), "varlen": _BOOL, "offsets": _BOOL},

@@ -40,6 +40,10 @@ def _gemm_check(key):
     return None
 
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "gemm": Op(fields={"precision": Choice("bf16", "mxfp8", "mxfp4"), "w_dtype": Choice("bfloat16", "float32"), "heads": Choice(4, 8, 16, 32, 64),
                        "ratio": IntRange(1, 1024), "lse": _BOOL, "cand": Choice("2d", "1d", "1d_cbo"), "varlen": _BOOL, "offsets": _BOOL},

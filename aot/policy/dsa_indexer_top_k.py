@@ -39,6 +39,10 @@ _BOOL = Choice(False, True)
 _SM100_CAPABILITY = (10, 0)
 _BITMAP_MAX_COLS = 262144  # DETERMINISTIC_BITMAP_MAX_NUM_COLS
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "top_k": Op(fields={
         "dtype": Choice(*DTYPES),

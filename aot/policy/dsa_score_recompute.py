@@ -76,6 +76,10 @@ def _sm100_attention_check(key):
 
 _DENSE = {"heads": Choice(16, 32, 64, 128), "ratio": IntRange(1, 1024), "offsets": _BOOL}  # heads: per KV head
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "sparse_indexer": Op(fields=dict(_SPARSE), arches=SM100),
     "sparse_indexer_sm90": Op(fields=dict(_SPARSE), arches=SM90),

@@ -163,6 +163,11 @@ def _d576_check(key):
     return None
 
 
+# Ops whose cubins bake the target's SM count (the D576 split regime and compact slots): a GPU runs them only
+# from a target with its own SM count. The others serve any target of the GPU's arch (the build checks their
+# cubins agree across the SM counts of a manifest)
+SM_COUNT_OPS = frozenset({"bwd_d576"})
+
 OPS = {
     "bwd": Op(
         fields={

@@ -44,6 +44,10 @@ def _check(key):
     return None
 
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "fwd": Op(fields={"heads": Choice(*HEADS), "dim": Choice(*DIMS), "dtype": Choice("bf16", "f16"), "indexer_topk": Choice(0, 512, 1024, 2048),
                       "sink": _BOOL, "topk_length": _BOOL},

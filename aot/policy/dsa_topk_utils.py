@@ -31,6 +31,10 @@ def _l2g_check(key):
     return None
 
 
+# Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
+# any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
+SM_COUNT_OPS = frozenset()
+
 OPS = {
     "local_to_global": Op(fields={"dtype": Choice(*INDEX_DTYPES), "varlen": _BOOL, "preserve_negative": _BOOL}, check=_l2g_check),
     "compactify": Op(fields={"cols": IntRange(1, MAX_COLS)}),

@@ -46,6 +46,15 @@ def _lookup_key(e):
     return k
 
 
+def _sms(e) -> int:
+    return e.get("target", {}).get("sm_count", 0)
+
+
+def _add_target(arch, sms, have, why) -> str:
+    return (f"this GPU has {sms} SMs; this build's {arch} cubins are for {', '.join(map(str, sorted(have)))} SMs and {why}. Add a "
+            f"[[target]] with arch = {arch!r}, sm_count = {sms} to the manifest and rebuild")
+
+
 class Index:
     """index.json of a build directory: entries by (family, op, key, arch).
 
@@ -85,34 +94,52 @@ class Index:
             raise LaunchError(f"{path}: {len(bad)} malformed entries (first: #{bad[0]}). Reinstall or rebuild the wheel")
         self.doc = doc
         self.entries = entries
-        # looked up by the op's own key fields; what the spec derived from them is not part of the lookup
-        self.by_key = {(e["family"], e["op"], k, e["arch"]): e for e, k in zip(entries, keys)}
+        # looked up by the op's own key fields (what the spec derived from them is not part of the lookup),
+        # then by the SM count of the target it was built for (several where the manifest has several)
+        self.by_key: dict = {}
+        for e, k in zip(entries, keys):
+            self.by_key.setdefault((e["family"], e["op"], k, e["arch"]), {})[_sms(e)] = e
         self.arches = sorted({e["arch"] for e in self.entries})
-        self._sms = {e["arch"]: e["target"]["sm_count"] for e in self.entries if "target" in e}
+        self._sms: dict = {}
+        for e in self.entries:
+            self._sms.setdefault(e["arch"], set()).add(_sms(e))
         self._loaded: dict = {}
         self._loading: dict = {}
         self._lock = threading.Lock()
 
-    def target_sm_count(self, arch) -> int:
-        """The SM count the build's target for ``arch`` declared: persistent grids are baked with it."""
-        if arch not in self._sms:
+    def target_sm_count(self, arch, sms: int) -> int:
+        """The SM count of the build's target of ``arch`` for a GPU with ``sms`` SMs, for the ops that bake it
+        in (persistent grids): that GPU's own; ArchMismatchError naming the target to add when the build has
+        none."""
+        have = self._sms.get(arch)
+        if not have:
             raise ArchMismatchError(f"this build has no target for {arch} (it has: {', '.join(self.arches)})")
-        return self._sms[arch]
+        if sms not in have:
+            raise ArchMismatchError(_add_target(arch, sms, have, "its persistent kernels bake the SM count in"))
+        return sms
 
-    def find(self, family, op, key: dict, arch, hint=""):
+    def find(self, family, op, key: dict, arch, hint="", sms=None, exact=False):
+        """The entry of (family, op, key) for a GPU of ``arch`` with ``sms`` SMs: the target with that SM
+        count; where there is none, for an op that does not bake the SM count in (``exact`` false), the
+        target with the nearest (the lower on a tie); otherwise ArchMismatchError naming the target to add."""
         try:
-            e = self.by_key.get((family, op, _key(key), arch))
+            by_sms = self.by_key.get((family, op, _key(key), arch))
         except TypeError:  # an unhashable key value: no entry has it
-            e = None
-        if e is None:
-            if arch not in self.arches:
-                raise ArchMismatchError(f"this build has no cubins for {arch} (it has: {', '.join(self.arches)}). Add a [[target]] with arch = {arch!r} to the manifest and rebuild")
-            fields = "\n  ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in sorted(key.items()))
-            raise KernelNotFoundError(
-                f"no shipped {family}/{op} entry for {key} on {arch}{hint}. Add to the manifest:\n"
-                f"  [[bucket]]\n  family = {family!r}\n  op = {op!r}\n  {fields}\nand rebuild the wheel"
-            )
-        return e
+            by_sms = None
+        if by_sms:
+            e = by_sms.get(sms)
+            if e is not None:
+                return e
+            if exact and sms is not None:
+                raise ArchMismatchError(_add_target(arch, sms, by_sms, f"{family}/{op} bakes the SM count into its cubins"))
+            return by_sms[min(by_sms, key=lambda n: (abs(n - (sms or n)), n))]
+        if arch not in self.arches:
+            raise ArchMismatchError(f"this build has no cubins for {arch} (it has: {', '.join(self.arches)}). Add a [[target]] with arch = {arch!r} to the manifest and rebuild")
+        fields = "\n  ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in sorted(key.items()))
+        raise KernelNotFoundError(
+            f"no shipped {family}/{op} entry for {key} on {arch}{hint}. Add to the manifest:\n"
+            f"  [[bucket]]\n  family = {family!r}\n  op = {op!r}\n  {fields}\nand rebuild the wheel"
+        )
 
     def arch_for(self, dev: int) -> str:
         """The arch of this build's cubins that GPU ``dev`` runs (ArchMismatchError when there is none)."""

@@ -29,6 +29,7 @@ class Target:
     name: str
     arch: str
     sm_count: int
+    qualified: bool = False  # the manifest has other targets of this arch: entry ids carry the SM count
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,10 @@ class Entry:
 
     @property
     def id(self) -> str:
-        """Readable, unique, filesystem-safe name, e.g. csa_compressor.bwd.coff2.d128.deterministic.ratio4.sm_90a."""
-        return ".".join([self.family, self.op, *(_fmt(k, v) for k, v in self.key), self.target.arch])
+        """Readable, unique, filesystem-safe name, e.g. csa_compressor.bwd.coff2.d128.deterministic.ratio4.sm_90a
+        (``...sm_100a.sm160`` where the manifest has several targets of the arch)."""
+        t = self.target
+        return ".".join([self.family, self.op, *(_fmt(k, v) for k, v in self.key), t.arch] + ([f"sm{t.sm_count}"] if t.qualified else []))
 
 
 def _toml(v) -> str:
@@ -204,13 +207,13 @@ def _targets(raw, problems) -> list[Target]:
         if not isinstance(sms, int) or isinstance(sms, bool) or not 1 <= sms <= 1024:
             problems.append(f"{where}: sm_count = {sms!r} (expected an integer in [1, 1024], e.g. 148 for B200, 132 for H200)")
             bad = True
-        if not bad and any(o.arch == arch for o in out):
-            # the runtime picks cubins by arch and entry ids name the arch: a second SM count of one
-            # arch would overwrite the first target's persistent-grid cubins
-            other = next(o for o in out if o.arch == arch)
-            problems.append(f"{where}: a second target for {arch} (already {other.name!r}, {other.sm_count} SMs); one target per arch is supported")
+        if not bad and any(o.arch == arch and o.sm_count == sms for o in out):
+            # two targets of one arch differ by what they bake in: the SM count
+            other = next(o for o in out if o.arch == arch and o.sm_count == sms)
+            problems.append(f"{where}: {arch} with {sms} SMs is target {other.name!r} already (targets of one arch differ in sm_count)")
             bad = True
         if not bad:
             names.add(name)
             out.append(Target(name, arch, sms))
-    return out
+    # several SM counts of one arch: their entries' ids name the SM count, so that both ship
+    return [Target(t.name, t.arch, t.sm_count, sum(o.arch == t.arch for o in out) > 1) for t in out]

@@ -104,6 +104,7 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
         ids = [e["id"] for e in entries]
         if len(set(ids)) != len(ids):
             raise PackError(f"duplicate entry ids: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
+        _same_cubin_for_every_sm_count(entries)
         # a build whose compiles kept PTX/cubin files (python -m aot build --debug-dump) is for reading, not for shipping
         index = {"format": 1, "manifest": _manifest_name(manifest_path), "tools": tools or {}, "for_shipping": not dumped, "entries": entries}
         shipped = dict(index, entries=[{k: v for k, v in e.items() if k not in _BUILD_RECORDS} for e in entries])
@@ -126,6 +127,24 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _same_cubin_for_every_sm_count(entries) -> None:
+    """An op its family's policy declares free of the SM count (not in ``SM_COUNT_OPS``) serves any target of
+    a GPU's arch at run time: its entries for the SM counts of one arch must be one cubin. Refused otherwise
+    (the claim is wrong: add the op to the policy's SM_COUNT_OPS)."""
+    from ..policy.families import family_policy
+
+    seen: dict = {}
+    for e in entries:
+        if e["op"] in family_policy(e["family"]).SM_COUNT_OPS:
+            continue
+        k = (e["family"], e["op"], json.dumps(e["key"], sort_keys=True), e["arch"])
+        first = seen.setdefault(k, e)
+        if first["sha256"] != e["sha256"]:
+            raise PackError(f"{e['id']} and {first['id']}: different cubins for {e['target']['sm_count']} and {first['target']['sm_count']} SMs, "
+                            f"but aot/policy/{e['family']}.py does not list {e['op']!r} in SM_COUNT_OPS (the runtime would serve any SM "
+                            f"count with either): add it there")
 
 
 def check_build(build_dir, manifest_path) -> dict:

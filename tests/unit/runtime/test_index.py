@@ -35,7 +35,9 @@ def test_lookup_ignores_what_the_spec_derived(packed):
     e = ix.find("dsa_indexer_backward", "gemm", {"heads": 64, "topk": 512, "topk_global": False, "persistent": True, "pdl": True,
                                                  "deterministic": False, "planes": 96}, "sm_100a")
     assert e["id"] == name and e["key"]["grid"] == 148 and "grid" in e["derived"]
-    assert ix.target_sm_count("sm_100a") == 148
+    assert ix.target_sm_count("sm_100a", 148) == 148
+    with pytest.raises(ArchMismatchError, match="sm_count = 160"):
+        ix.target_sm_count("sm_100a", 160)
 
 
 def test_derived_fields_need_not_be_hashable(packed):

@@ -160,10 +160,13 @@ planes = 96
     assert "needs dsa_indexer_backward/score_grad" in str(ei.value)
 
 
-def test_one_target_per_arch():
+def test_targets_of_one_arch_differ_in_sm_count():
+    """A second SM count of an arch is another target (ids name the SM count: tests/unit/runtime/test_targets.py);
+    the same arch and SM count twice is refused."""
     text = GOOD_TARGET + '\n[[target]]\nname = "h100"\narch = "sm_90a"\nsm_count = 114\n\n[[bucket]]\nfamily = "csa_compressor"\nop = "dape_reduce"\nsplit = true\n'
-    with pytest.raises(ManifestError, match="a second target for sm_90a"):
-        manifest.loads(text)
+    assert sorted(e.id.rsplit(".", 1)[1] for e in manifest.loads(text).entries) == ["sm114", "sm132"]
+    with pytest.raises(ManifestError, match="sm_90a with 132 SMs is target"):
+        manifest.loads(text.replace("sm_count = 114", "sm_count = 132"))
 
 
 def test_a_float32_key_field_takes_float32_values_only():

@@ -78,3 +78,25 @@ def _sha(d):
     import hashlib
 
     return hashlib.sha256((d / "kernel.cubin").read_bytes()).hexdigest()
+
+
+def test_an_op_free_of_the_sm_count_must_be_one_cubin_for_every_sm_count(tmp_path):
+    """Two targets of one arch: an op whose policy says its cubins do not depend on the SM count (the runtime
+    serves any SM count with either) must have the same cubin for both; pack refuses a difference, naming the
+    policy to fix. An op in SM_COUNT_OPS may differ."""
+    a = _entries(tmp_path / "x")[0]  # dsa_indexer_backward.gemm_sm90 (free: not in SM_COUNT_OPS)
+    meta = json.loads((a / "meta.json").read_text())
+    pairs = []
+    for sms in (132, 114):
+        d = tmp_path / "two" / f"{meta['id']}.sm{sms}"
+        shutil.copytree(a, d)
+        (d / "meta.json").write_text(json.dumps(meta | {"id": f"{meta['id']}.sm{sms}", "target": {"name": f"t{sms}", "sm_count": sms}}))
+        pairs.append(d)
+    index = pack.pack(pairs, tmp_path / "gen-same")
+    assert len(index["entries"]) == 2 and len({e["sha256"] for e in index["entries"]}) == 1
+    cubin = bytearray((pairs[1] / "kernel.cubin").read_bytes())
+    cubin[-1] ^= 1  # another cubin for 114 SMs (the ELF's last byte: still parses)
+    (pairs[1] / "kernel.cubin").write_bytes(bytes(cubin))
+    with pytest.raises(PackError, match="different cubins for 114 and 132 SMs.*SM_COUNT_OPS"):
+        pack.pack(pairs, tmp_path / "gen-differ")
+    assert not (tmp_path / "gen-differ").exists()
