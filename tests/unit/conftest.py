@@ -320,6 +320,7 @@ topk_global = false
 [[bucket]]
 family = "dsa_score_recompute"
 op = "dense_indexer"
+precision = "bf16"
 heads = 64
 ratio = 4
 varlen = [false, true]
