@@ -54,18 +54,33 @@ def build(op, key, target):
     length = T(i32, 2) if key.get("length") else None
     stream = cuda_driver.CUstream(0)
     if op == "dense_indexer":
-        from cudnn.deepseek_sparse_attention.score_recompute.indexer_score_unified_sm100 import IndexerScoreUnifiedSm100
-
         m, n, k = policy.DENSE_TILE
-        kv_stage = policy.dense_kv_stage(m, n, k)
-        obj = IndexerScoreUnifiedSm100(head_dim=DIM, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k, kv_stage=kv_stage,
-                                       ratio=key["ratio"], is_varlen=key["varlen"], compute_lse=True, is_compressed_logits=False)
         r = 3 if key["varlen"] else 4  # q / k rank: THD (T, H, D), BSHD (B, S, H, D)
         cu = (T(i32, 1), T(i32, 1)) if key["varlen"] else (None, None)
         offs = T(i32, 1) if key["offsets"] else None
+        scalars = (cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1))  # sm_scale, max_seqlen_q, max_seqlen_k
+        prec = key["precision"]
+        if prec != "bf16":
+            from cudnn.deepseek_sparse_attention.score_recompute._block_scaled import BLOCK_SCALED_FORMATS
+
+            kv_stage = policy.MX_KV_STAGE
+            obj = BLOCK_SCALED_FORMATS[prec].kernel_cls(head_dim=DIM, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k,
+                                                        kv_stage=kv_stage, ratio=key["ratio"], is_varlen=key["varlen"], sf_vec_size=policy.SF_VEC,
+                                                        compute_lse=True, is_compressed_logits=False)
+            qk = cutlass.Float8E4M3FN if prec == "mxfp8" else cutlass.Uint8  # e2m1 pairs go in as their bytes (upstream's kernel_qk_view)
+            e8 = cutlass.Float8E8M0FNU
+            cus = (T(i32, 1), T(i32, 1)) if key["varlen"] else (None, None)
+            # q, k, w, q_scale, k_scale (packed, rank 3), out, denom (LSE), the scalars, cu_seqlens_q / k, their scale-padded twins,
+            # q_causal_offsets, stream
+            args = (T(qk, r), T(qk, r), T(bf16, r - 1), T(e8, 3), T(e8, 3), T(f32, r - 1), T(f32, r - 2), *scalars, *cu, *cus, offs, stream)
+            return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
+        from cudnn.deepseek_sparse_attention.score_recompute.indexer_score_unified_sm100 import IndexerScoreUnifiedSm100
+
+        kv_stage = policy.dense_kv_stage(m, n, k)
+        obj = IndexerScoreUnifiedSm100(head_dim=DIM, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k, kv_stage=kv_stage,
+                                       ratio=key["ratio"], is_varlen=key["varlen"], compute_lse=True, is_compressed_logits=False)
         # q, k, w, out, denom (LSE), sm_scale, max_seqlen_q, max_seqlen_k, cu_seqlens_q / k, q_causal_offsets, stream
-        args = (T(bf16, r), T(bf16, r), T(bf16, r - 1), T(f32, r - 1), T(f32, r - 2), cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1), *cu,
-                offs, stream)
+        args = (T(bf16, r), T(bf16, r), T(bf16, r - 1), T(f32, r - 1), T(f32, r - 2), *scalars, *cu, offs, stream)
         return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
     if op == "dense_attention":
         from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm100 import DenseScoreRecomputeSm100
@@ -174,10 +189,19 @@ def check_policy(targets):
 
     if "softmax_scale_log2 = self.softmax_scale * LOG2_E" not in inspect.getsource(sp90) or sp90.math.log2(sp90.math.e) != LOG2_E:
         raise ValueError("cudnn's SM90 sparse kernel no longer passes softmax_scale * LOG2_E: re-derive the op's softmax_scale_log2")
-    for heads in (16, 32, 64, 128):
-        m, n, k = i._dispatch_dense_indexer_tile_params(DIM, heads)
-        if (m, n, k) != policy.DENSE_TILE:
-            raise ValueError(f"cudnn's SM100 dense indexer tiles for H{heads} are {(m, n, k)}; the policy says {policy.DENSE_TILE}")
+    for prec in policy.DENSE_PRECISIONS:
+        for heads in (16, 32, 64, 128):
+            m, n, k = i._dispatch_dense_indexer_tile_params(DIM, heads, precision=prec)
+            if (m, n, k) != policy.DENSE_TILE:
+                raise ValueError(f"cudnn's SM100 {prec} dense indexer tiles for H{heads} are {(m, n, k)}; the policy says {policy.DENSE_TILE}")
+    from cudnn.deepseek_sparse_attention.score_recompute import _block_scaled as bs
+
+    if tuple(bs.BLOCK_SCALED_FORMATS) != policy.MX_PRECISIONS or {f.sf_vec_size for f in bs.BLOCK_SCALED_FORMATS.values()} != {policy.SF_VEC}:
+        raise ValueError(f"cudnn's block-scaled formats are {bs.BLOCK_SCALED_FORMATS}; the policy says {policy.MX_PRECISIONS} at sf_vec_size {policy.SF_VEC}")
+    src = inspect.getsource(i._dense_indexer_score_recompute)
+    for line in (f"kv_stage = {policy.MX_KV_STAGE}", f"if qhead_per_kv_head not in {policy.MX_HEADS}:", "compute_lse=True"):
+        if line not in src:
+            raise ValueError(f"cudnn's SM100 dense indexer no longer has `{line}`: re-derive the policy's block-scaled dense indexer constants")
     for d in policy.ATTN_DIMS:
         for heads in (16, 32, 64, 128):
             m, n, k, kv_stage = policy.sm100_dense_attention_tiles(d, heads)
@@ -202,7 +226,8 @@ FIDELITY_ROUTES = {
     "sparse_indexer_sm90": "sparse_indexer_score_recompute_wrapper -> SparseIndexerScoreRecompute.execute -> _interface_sm90",
     "sparse_attention": "sparse_attn_score_recompute_wrapper -> SparseAttnScoreRecompute.execute -> _interface_sm100",
     "sparse_attention_sm90": "sparse_attn_score_recompute_wrapper -> SparseAttnScoreRecompute.execute -> _interface_sm90",
-    "dense_indexer": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute -> _interface_sm100",
+    "dense_indexer": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute (bf16) / dense_indexer_score_recompute "
+                     "(block-scaled) -> _interface_sm100._dense_indexer_score_recompute",
     "dense_indexer_sm90": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute -> _interface_sm90 (BSHD)",
     "dense_attention": "dense_attn_score_recompute_wrapper -> DenseAttnScoreRecompute.execute -> _interface_sm100 (bf16)",
     "dense_attention_sm90": "dense_attn_score_recompute_wrapper -> DenseAttnScoreRecompute.execute -> _interface_sm90 (BSHD)",
@@ -280,13 +305,17 @@ def fidelity(op, key, target, up):
 def _fidelity_dense(op, key, up, api, h, i, T):
     """``dense_indexer_score_recompute_wrapper`` / ``dense_attn_score_recompute_wrapper`` for a dense key:
     B 2, S_q 128, S_k 64, H_kv 1 (THD: the same two segments' worth of rows, max_seqlen given, real
-    cu_seqlens values)."""
+    cu_seqlens values). Block-scaled: Q/K e4m3 or e2m1 pairs (last dim 64), e8m0 scales in upstream's
+    packed shapes (THD: segments padded to 128 scale rows, with their padded offsets)."""
     import torch
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     H, B, s_q, s_k = key["heads"], 2, 128, 64
     sm90, attn = op.endswith("_sm90"), op.startswith("dense_attention")
-    d = key.get("dim", DIM)
+    prec = key.get("precision", "bf16")
+    mx = prec in policy.MX_PRECISIONS
+    qdt = {"mxfp8": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}.get(prec, bf16)
+    d = DIM // 2 if prec == "mxfp4" else key.get("dim", DIM)  # e2m1 pairs: two values a stored element
     # SM90 indexer: upstream at a double that is not the key's float32 value but rounds to it (1.0 itself stays
     # 1.0: it drops the kernel's multiply): the cubin is the float32 immediate's alone
     scale = (key["scale"] if key["scale"] == 1.0 else key["scale"] * (1 + 2**-40)) if sm90 and not attn else FIDELITY_SCALE
@@ -297,18 +326,36 @@ def _fidelity_dense(op, key, up, api, h, i, T):
         cu_q, cu_k = T(i32, B + 1), T(i32, B + 1)
         cu_q.copy_(torch.tensor([0, 100, 2 * s_q], dtype=i32))
         cu_k.copy_(torch.tensor([0, 40, 2 * s_k], dtype=i32))
-        q, k, w = T(bf16, B * s_q, H, d), T(bf16, B * s_k, 1, d), T(aux, B * s_q, H)
+        q, k, w = T(qdt, B * s_q, H, d), T(qdt, B * s_k, 1, d), T(aux, B * s_q, H)
         out, den = T(f32, B * s_q, s_k), T(f32, B * s_q)
         kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=s_q, max_seqlen_k=s_k)
+        if mx:
+            # each segment's scale rows (S * H for q, S for k) padded to 128: the packed scales and their offsets
+            pads = [[-(-n // 128) * 128 for n in seg] for seg in ((100 * H, (2 * s_q - 100) * H), (40, 2 * s_k - 40))]
+            cus = []
+            for p in pads:
+                c = T(i32, B + 1)
+                c.copy_(torch.tensor([0, p[0], p[0] + p[1]], dtype=i32))
+                cus.append(c)
+            kw.update(q_scale=T(torch.float8_e8m0fnu, 1, sum(pads[0]), 4), k_scale=T(torch.float8_e8m0fnu, 1, sum(pads[1]), 4),
+                      cu_seqlens_q_scale_padded=cus[0], cu_seqlens_k_scale_padded=cus[1])
     else:
-        q, k, w = T(bf16, B, s_q, H, d), T(bf16, B, s_k, 1, d), T(aux, B, s_q, H)
+        q, k, w = T(qdt, B, s_q, H, d), T(qdt, B, s_k, 1, d), T(aux, B, s_q, H)
         out, den = T(f32, B, s_q, s_k), T(f32, B, s_q)
+        if mx:
+            kw.update(q_scale=T(torch.float8_e8m0fnu, B, -(-s_q * H // 128) * 128, 4), k_scale=T(torch.float8_e8m0fnu, B, -(-s_k // 128) * 128, 4))
+    if mx:
+        kw["precision"] = prec
     cache = up.cache(h._dense_score_recompute if sm90 else i._dense_attn_score_recompute if attn else i._dense_indexer_score_recompute, "compile_cache")
     if attn:
         api.dense_attn_score_recompute_wrapper(q, k, w, scale, out=out, denom_out=den, ratio=key["ratio"], stream=up.stream, **kw)
     else:
         api.dense_indexer_score_recompute_wrapper(q, k, w, out=out, denom_out=den, sm_scale=scale, ratio=key["ratio"], stream=up.stream, **kw)
-    if sm90:
+    if mx:
+        m, n, kb = policy.DENSE_TILE
+        want = ("dense_indexer", prec, qdt, qdt, bf16, torch.float8_e8m0fnu, torch.float8_e8m0fnu, DIM, H, m, n, kb, DIM // kb, policy.MX_KV_STAGE,
+                key["ratio"], key["varlen"], key["offsets"], policy.SF_VEC)
+    elif sm90:
         import cutlass
 
         tile_m, head_tiles = policy.sm90_tiles(H)

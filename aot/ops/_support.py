@@ -12,7 +12,7 @@ from ..runtime import device as _device, driver as _driver, index as _index_mod 
 __all__ = [
     "arch_of", "arch_or_refuse", "sm_count_of", "target_sm_count", "require", "launcher", "lookup",  # devices and entries
     "stream_handle", "alloc_on", "allocate", "memset0",  # streams and memory
-    "check", "scalar_f32", "integer", "one_of", "flag", "aliasing", "overlapping", "input_error",  # validation
+    "check", "scalar_f32", "integer", "one_of", "flag", "aliasing", "overlapping", "input_error", "block_scales",  # validation
     "signature", "footprint", "recheck", "recheck_ptrs",  # the fast paths
     "writes_only",  # torch.library fakes
     "tensor_args", "flat_args", "row_major", "cute_args",  # host-function arguments
@@ -230,6 +230,39 @@ def check(problems, t, name, shape, dtype, dev, align, layout=True):
         problems.append(f"{name}: strides {tuple(t.stride())} (expected contiguous; call .contiguous())")
     if t.data_ptr() % align:
         problems.append(f"{name}: data pointer 0x{t.data_ptr():x} is not {align}-byte aligned (expected a {align}-byte aligned base; clone() the tensor)")
+
+
+MX_SCALE_COLS = 4  # e8m0 scales of a D 128 row at 32 values each, padded to 4 columns (upstream's packed layout)
+
+
+def block_scales(problems, precision, varlen, b, s_q, s_k, heads, dev, q_scale, k_scale, cu_q_scale, cu_k_scale, layout=True):
+    """Append what is wrong with the e8m0 block scales of a block-scaled (mxfp8 / mxfp4) SM100 indexer call
+    (the forward and the dense score recompute read the same ones) against upstream's packed layout, one KV
+    head and ``heads`` q heads packed per q row: BSHD q_scale (B, ceil128(S_q * heads), 4) and k_scale
+    (B, ceil128(S_k), 4), no scale-padded offsets; THD both (1, a multiple of 128 rows, 4) with
+    ``cu_seqlens_q_scale_padded`` / ``cu_seqlens_k_scale_padded`` (int32, B + 1: each segment's rows padded to
+    128; their values are the kernel's to read). ``b``: None where the batch is unknown (a malformed
+    cu_seqlens, reported by its own check); ``layout=False`` as :func:`check`'s."""
+    import torch
+
+    e8 = torch.float8_e8m0fnu
+    if q_scale is None or k_scale is None:
+        problems.append(f"precision={precision!r} requires q_scale and k_scale")
+    elif varlen:
+        for name, t in (("q_scale", q_scale), ("k_scale", k_scale)):
+            rows = t.shape[1] if isinstance(t, torch.Tensor) and t.ndim == 3 else -1
+            check(problems, t, name, (1, rows if rows >= 0 and rows % 128 == 0 else "a multiple of 128", MX_SCALE_COLS), e8, dev, 16, layout)
+    else:
+        check(problems, q_scale, "q_scale", (b, -(-s_q * heads // 128) * 128, MX_SCALE_COLS), e8, dev, 16, layout)
+        check(problems, k_scale, "k_scale", (b, -(-s_k // 128) * 128, MX_SCALE_COLS), e8, dev, 16, layout)
+    if varlen:
+        for name, t in (("cu_seqlens_q_scale_padded", cu_q_scale), ("cu_seqlens_k_scale_padded", cu_k_scale)):
+            if t is None:
+                problems.append(f"{name}: THD {precision} needs the scales' padded segment offsets (int32, batch + 1)")
+            elif b is not None:
+                check(problems, t, name, (b + 1,), torch.int32, dev, 16, layout)
+    elif cu_q_scale is not None or cu_k_scale is not None:
+        problems.append("cu_seqlens_q_scale_padded / cu_seqlens_k_scale_padded: only with THD mxfp8 / mxfp4 (SM100)")
 
 
 def thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev, layout=True):

@@ -24,8 +24,8 @@ returns the (..., S_k) scores contiguous, as upstream does; ``_into`` takes that
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, footprint, input_error, integer, launcher, require, row_major,
-                       scalar_f32, stream_handle, tensor_args, thd_batch, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, footprint, input_error, integer, launcher, require,
+                       row_major, scalar_f32, stream_handle, tensor_args, thd_batch, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
@@ -38,7 +38,6 @@ _CALLS: dict = {}
 _TENSORS = ("scores", "lse", "q", "k", "w", "q_scale", "k_scale", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "cu_seqlens_q_scale_padded",
             "cu_seqlens_k_scale_padded")
 _TUNING = {"m_block_size": 128, "n_block_size": 128, "q_stage": 2, "kv_stage": 4}  # upstream's defaults: the only tuning shipped
-_MX_SCALE_COLS = 4  # e8m0 scale groups of D 128 at sf_vec_size 32, padded to 4 (upstream's packed layout)
 
 
 def _is_tensor(t) -> bool:
@@ -119,12 +118,11 @@ def _inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlen
         problems.append(f"w: expected a {' or '.join(map(str, w_ok))} {lead + (h,)} CUDA tensor, got {getattr(w, 'dtype', type(w).__name__)}")
         return None
     tensor(w, "w", lead + (h,), w.dtype)
-    if prec in ("fp8", "mxfp8", "mxfp4"):
-        if q_scale is None or k_scale is None:
-            problems.append(f"precision={prec!r} requires q_scale and k_scale")
-    elif q_scale is not None or k_scale is not None:
+    if prec == "fp8" and (q_scale is None or k_scale is None):
+        problems.append(f"precision={prec!r} requires q_scale and k_scale")
+    elif prec not in ("fp8", "mxfp8", "mxfp4") and (q_scale is not None or k_scale is not None):
         problems.append(f"q_scale and k_scale: only with a scaled precision (this call's is {prec!r})")
-    if (cu_q_scale is not None or cu_k_scale is not None) and not (mx and varlen):
+    if (cu_q_scale is not None or cu_k_scale is not None) and not mx:
         problems.append("cu_seqlens_q_scale_padded / cu_seqlens_k_scale_padded: only with THD mxfp8 / mxfp4 (SM100)")
     b = thd_batch(problems, varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dev, layout=not staged)
     if varlen:
@@ -137,24 +135,11 @@ def _inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlen
         if sm100 and type(ratio) is int and ratio >= 1 and s_q > s_k * ratio + ratio - 1:
             problems.append(f"q: S_q {s_q} > S_k * ratio + ratio - 1 = {s_k * ratio + ratio - 1} (the last queries would see keys past S_k; "
                             f"upstream's SM100 path refuses this geometry)")
-    if q_scale is not None and k_scale is not None:
-        if prec == "fp8":
-            tensor(q_scale, "q_scale", lead + (h,), torch.float32)
-            tensor(k_scale, "k_scale", tuple(k.shape[:-2]) + (1,), torch.float32)
-        elif mx:
-            e8 = torch.float8_e8m0fnu
-            if varlen:  # (1, a multiple of 128 rows, 4): the segments' scale rows padded to 128, at cu_seqlens_*_scale_padded
-                for name, t in (("q_scale", q_scale), ("k_scale", k_scale)):
-                    rows = t.shape[1] if _is_tensor(t) and t.ndim == 3 else -1
-                    tensor(t, name, (1, rows if rows >= 0 and rows % 128 == 0 else "a multiple of 128", _MX_SCALE_COLS), e8)
-                for name, t in (("cu_seqlens_q_scale_padded", cu_q_scale), ("cu_seqlens_k_scale_padded", cu_k_scale)):
-                    if t is None:
-                        problems.append(f"{name}: THD {prec} needs the scales' padded segment offsets (int32, batch + 1)")
-                    elif b is not None:
-                        tensor(t, name, (b + 1,), torch.int32)
-            else:
-                tensor(q_scale, "q_scale", (b, -(-s_q * h // 128) * 128, _MX_SCALE_COLS), e8)
-                tensor(k_scale, "k_scale", (b, -(-s_k // 128) * 128, _MX_SCALE_COLS), e8)
+    if prec == "fp8" and q_scale is not None and k_scale is not None:
+        tensor(q_scale, "q_scale", lead + (h,), torch.float32)
+        tensor(k_scale, "k_scale", tuple(k.shape[:-2]) + (1,), torch.float32)
+    elif mx:
+        block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, q_scale, k_scale, cu_q_scale, cu_k_scale, layout=not staged)
     if q_causal_offsets is not None and b is not None:
         tensor(q_causal_offsets, "q_causal_offsets", (b,), torch.int32)
     if lse and sm100:

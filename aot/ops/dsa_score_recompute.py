@@ -6,10 +6,10 @@ The indexer's predicted distribution over each query's top-k slots,
 attention's target distribution,
 ``target[b, s, i] = L1norm_i(sum_h exp(scale q[b, s, h] . k[b, topk[b, s, i]] - lse[b, s, h]))``,
 which the indexer loss compares (:mod:`aot.policy.dsa_score_recompute`), and their dense twins over
-every key (``dense_indexer_score_recompute`` / ``dense_attn_score_recompute``). One launch per call (SM90
-THD: one per segment); on SM90 the weights / LSE are first copied transposed into the caller's
-workspace, on the call's stream, as upstream copies them on every call. Every input is validated
-before anything is written or launched.
+every key (``dense_indexer_score_recompute`` / ``dense_attn_score_recompute``; the indexer's also
+block-scaled on SM100, mxfp8 / mxfp4 with e8m0 scales). One launch per call (SM90 THD: one per segment);
+on SM90 the weights / LSE are first copied transposed into the caller's workspace, on the call's stream,
+as upstream copies them on every call. Every input is validated before anything is written or launched.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flag, flat_args, footprint, input_error, integer, launcher, max_lengths,
-                       require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, flat_args, footprint, input_error, integer, launcher,
+                       max_lengths, require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
@@ -356,17 +356,19 @@ class _DenseKind:
     """What differs between the two dense wrappers."""
 
     name: str
-    tensors: tuple  # argument names in _into order
+    tensors: tuple  # argument names in _into order (the block-scaled ones' scales last)
     aux_dtype: str  # weights bf16 / lse fp32
     aux_bytes: int
     dims: tuple
+    precisions: tuple  # what the build ships for it
 
 
-_DENSE_INDEXER = _DenseKind("dense_indexer_score_recompute", ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k",
-                                                              "q_causal_offsets", "workspace"), "bfloat16", 2, (policy.DIM,))
-_DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", ("out", "denom_out", "q", "k", "lse", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets",
-                                                             "workspace"), "float32", 4, policy.ATTN_DIMS)
-_DENSE_TENSORS = _DENSE_INDEXER.tensors
+_DENSE_TENSORS = ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
+_SCALES = ("q_scale", "k_scale", "cu_seqlens_q_scale_padded", "cu_seqlens_k_scale_padded")  # a block-scaled call's, after _DENSE_TENSORS
+_DENSE_INDEXER = _DenseKind("dense_indexer_score_recompute", _DENSE_TENSORS + _SCALES, "bfloat16", 2, (policy.DIM,), policy.DENSE_PRECISIONS)
+_DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", _DENSE_TENSORS[:4] + ("lse",) + _DENSE_TENSORS[5:], "float32", 4, policy.ATTN_DIMS,
+                              ("bf16",))
+_QK_DTYPES = {"bf16": "bfloat16", "mxfp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn_x2"}  # Q / K as each precision stores them
 
 
 @dataclass(frozen=True)
@@ -445,26 +447,36 @@ def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=Non
     segment bounds on the host, so ``cu_seqlens`` given as CPU tensors or lists make it sync-free and
     capture-safe; device ones are read back as upstream does (a synchronisation, refused under capture).
     Rows of a segment with no key get ``denom`` -inf (upstream leaves them unwritten). Upstream's plan
-    classes do not run SM90 THD, nor do ours. ``q_causal_offsets`` (B,) int32 or None. ``precision`` "bf16" only (the block-scaled SM100 kernels are not shipped yet). On SM90 the
+    classes do not run SM90 THD, nor do ours. ``q_causal_offsets`` (B,) int32 or None. On SM90 the
     kernel bakes ``sm_scale`` in as a float32 immediate: the build ships the scales its manifest lists (a
     call at another is a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin).
     ``out`` / ``denom_out`` are allocated when not given, and on SM90 the ``workspace``
     (``dense_indexer_score_recompute_workspace_bytes``; THD: of the call's ``cu_seqlens``). Every tensor
-    contiguous."""
-    _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
+    contiguous.
+
+    ``precision``: "bf16", or on SM100 the block-scaled "mxfp8" (q / k float8_e4m3fn) and "mxfp4" (q / k
+    float4_e2m1fn_x2, last dim 64: two values a byte), one KV head and 32 or 64 q heads, with e8m0
+    (float8_e8m0fnu) scales, one per 32 values, in upstream's packed layout: BSHD ``q_scale`` (B,
+    ceil128(S_q * H), 4) and ``k_scale`` (B, ceil128(S_k), 4); THD both (1, a multiple of 128 rows, 4),
+    each segment's rows padded to 128 at ``cu_seqlens_q_scale_padded`` / ``cu_seqlens_k_scale_padded``
+    (int32, B + 1). ``sf_vec_size`` 32 only. SM90 refuses them (upstream raises NotImplementedError)."""
+    _sf_vec(sf_vec_size)
     out, denom_out = _dense_call(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head)
+                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                                 (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
     return Outputs(out=out, denom=denom_out)
 
 
 def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                                       max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
-    """``dense_indexer_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
+                                       max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None,
+                                       precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    """``dense_indexer_score_recompute`` into a caller's ``out`` and ``denom_out`` (and, on SM90,
     ``workspace``); SM100 THD needs ``max_seqlen_q`` / ``max_seqlen_k``, SM90 THD host ``cu_seqlens``.
-    Capture-safe from the first call (SM90 THD with host ``cu_seqlens``), allocates nothing. Returns
-    ``(out, denom_out)``."""
+    The block-scaled precisions and their scales as there (SM100). Capture-safe from the first call (SM90
+    THD with host ``cu_seqlens``), allocates nothing. Returns ``(out, denom_out)``."""
     return _dense_into(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       q_causal_offsets, stream, workspace, qhead_per_kv_head)
+                       q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                       (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
 
 
 def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None, out=None, denom_out=None, ratio=1, cu_seqlens_q=None,
@@ -481,7 +493,11 @@ def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None,
     literal is the launcher's argument). THD as the indexer's (SM90: per segment, host ``cu_seqlens``
     sync-free; rows of a segment with no key get ``denom`` 0, the sum of no probability). bf16 only (the
     mxfp8 kernel is not shipped yet)."""
-    _dense_precision(precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, sf_vec_size)
+    _sf_vec(sf_vec_size)
+    problems = []
+    _dense_precision(problems, _DENSE_ATTENTION, precision, (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
+    if problems:
+        raise input_error(problems)
     out, denom_out = _dense_call(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head)
     return Outputs(out=out, denom=denom_out)
@@ -500,21 +516,23 @@ def _dense_calls(kind) -> dict:
     return _DENSE_CALLS if kind is _DENSE_INDEXER else _DATTN_CALLS
 
 
-def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv):
+def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
     """The allocating forms: THD maxima read back where missing, the outputs and workspace allocated on the
-    call's stream where not given, then the ``_into`` form. Returns (out, denom_out)."""
+    call's stream where not given, then the ``_into`` form (``scales``: the indexer's four block-scale
+    tensors, None where not given; none for the attention). Returns (out, denom_out)."""
     import torch
 
+    precision = _lower(precision)
     host = None
     if cu_q is not None or cu_k is not None:
-        host, cu_q, cu_k = _sm90_segments(q, cu_q, cu_k, stream)
-        if host is None and (max_q is None or max_k is None):
+        host, cu_q, cu_k, refused = _sm90_segments(q, cu_q, cu_k, stream, precision)
+        if host is None and not refused and (max_q is None or max_k is None):
             max_q, max_k = max_lengths(cu_q, cu_k, max_q, max_k, stream)
-    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace)
+    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
     if out is None or denom_out is None or workspace is None:
-        extra = (scale, ratio, max_q, max_k, qhpkv, host)
+        extra = (scale, ratio, max_q, max_k, qhpkv, host, precision)
         c = _remembered_call(_dense_calls(kind), ts, extra,
-                             lambda: _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True, host=host))
+                             lambda: _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True, host=host, precision=precision))
         stream_handle(stream, c.dev)
 
         def outputs():
@@ -525,34 +543,39 @@ def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q
                         torch.empty(c.need, dtype=torch.uint8, device=q.device) if workspace is None and c.need else workspace)
 
         out, denom_out, workspace = allocate(outputs)
-    return _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, *(host or (cu_q, cu_k)), max_q, max_k, offs, stream, workspace, qhpkv)
+    return _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, *(host or (cu_q, cu_k)), max_q, max_k, offs, stream, workspace, qhpkv,
+                       precision, scales)
 
 
-def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv):
+def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
+    precision = _lower(precision)
     host = None
     if cu_q is not None or cu_k is not None:
-        host, cu_q, cu_k = _sm90_segments(q, cu_q, cu_k, stream)
-    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace)
-    extra = (scale, ratio, max_q, max_k, qhpkv, host)
-    call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host))
+        host, cu_q, cu_k, _ = _sm90_segments(q, cu_q, cu_k, stream, precision)
+    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
+    extra = (scale, ratio, max_q, max_k, qhpkv, host, precision)
+    call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision))
     call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
     return out, denom_out
 
 
-def _sm90_segments(q, cu_q, cu_k, stream):
-    """(host segment bounds, None, None) for a THD call on an SM90 GPU, whose kernel runs once per segment
+def _sm90_segments(q, cu_q, cu_k, stream, precision="bf16"):
+    """(host segment bounds, None, None, False) for a THD call on an SM90 GPU, whose kernel runs once per segment
     from bounds the host knows: ``cu_seqlens_*`` given on the host as they are, device ones read back
-    (upstream's sync; refused under capture). Otherwise (None, cu_q, cu_k) unchanged (SM100 reads them on the
-    device; a malformed call is for the validation to describe)."""
+    (upstream's sync; refused under capture). Otherwise (None, cu_q, cu_k, refused) unchanged (SM100 reads
+    them on the device; a malformed call is for the validation to describe); ``refused``: a block-scaled call
+    on SM90, which the validation refuses, so nothing is read back for it."""
     if getattr(q, "is_cuda", False):
         arch, sm100 = arch_or_refuse([], q.device.index)
         if arch is not None and not sm100:
+            if precision != "bf16":
+                return None, cu_q, cu_k, True
             problems = []
             host = _host_offsets(problems, cu_q, cu_k, q.device.index, stream)
             if problems:
                 raise input_error(problems)
-            return host, None, None
-    return None, cu_q, cu_k
+            return host, None, None, False
+    return None, cu_q, cu_k, False
 
 
 def _host_offsets(problems, cu_q, cu_k, dev, stream):
@@ -586,22 +609,37 @@ def _host_offsets(problems, cu_q, cu_k, dev, stream):
     return tuple(got) if len(got) == 2 else None
 
 
-def _dense_precision(precision, q_scale, k_scale, cu_q_pad, cu_k_pad, sf_vec_size):
-    problems = []
-    if precision != "bf16" or any(t is not None for t in (q_scale, k_scale, cu_q_pad, cu_k_pad)):
-        problems.append(f"precision={precision!r} with block scales: the build ships the bf16 dense kernels only (upstream's block-scaled "
-                        "kernels are SM100 only and not shipped yet)")
-    if sf_vec_size != 32:
-        problems.append(f"sf_vec_size={sf_vec_size!r}: upstream's 32 only")
-    if problems:
-        raise input_error(problems)
+def _lower(precision):
+    """``precision`` as upstream compares it (lower case); anything else as it is, for the validation to name."""
+    return precision.lower() if isinstance(precision, str) else precision
 
 
-def _plan_dense(out, denom_out, q, k, weights, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, sm_scale=1.0, ratio=1,
-                max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None):
+def _sf_vec(sf_vec_size):
+    if not (type(sf_vec_size) is int and sf_vec_size == policy.SF_VEC):
+        raise input_error([f"sf_vec_size={sf_vec_size!r}: upstream's {policy.SF_VEC} only (values per e8m0 scale)"])
+
+
+def _dense_precision(problems, kind, precision, scales) -> str:
+    """The call's precision as upstream takes it (lower case); problems appended for one the build does not
+    ship for ``kind`` and for block scales given with bf16 (upstream's ValueError)."""
+    p = _lower(precision)
+    if p not in kind.precisions:
+        why = ("the mxfp8 dense attention kernel is not shipped yet" if p == "mxfp8" and kind is _DENSE_ATTENTION else
+               f"expected one of {', '.join(map(repr, kind.precisions))}")
+        problems.append(f"precision={precision!r} ({why})")
+    elif p == "bf16" and any(t is not None for t in scales):
+        names = [n for n, t in zip(_SCALES, scales) if t is not None]
+        problems.append(f"{', '.join(names)}: block scales go with precision='mxfp8' or 'mxfp4' (this call's is 'bf16'; upstream's ValueError)")
+    return p
+
+
+def _plan_dense(out, denom_out, q, k, weights, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
+                cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, sm_scale=1.0, ratio=1, max_seqlen_q=None, max_seqlen_k=None,
+                qhead_per_kv_head=None, precision="bf16"):
     """Validate a dense indexer call and compile what it does."""
-    return _plan_dense_kind(_DENSE_INDEXER, (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace), sm_scale, ratio,
-                            max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace, q_scale, k_scale, cu_seqlens_q_scale_padded,
+          cu_seqlens_k_scale_padded)
+    return _plan_dense_kind(_DENSE_INDEXER, ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, precision=_lower(precision))
 
 
 def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, softmax_scale,
@@ -611,8 +649,8 @@ def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqle
                             ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
 
 
-def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None):
-    c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=host)
+def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None, precision="bf16"):
+    c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=host, precision=precision)
     out, aux = ts[0], ts[4]
     rec = Recorder(len(ts), len(c.x))
     if c.segs:
@@ -635,7 +673,7 @@ def _record_sm90_thd(rec, kind, ts, c):
     into its regions; the regions copied into the packed outputs."""
     import torch
 
-    out, _, q, k, _, _, _, offs, _ = ts
+    out, _, q, k, _, _, _, offs, _ = ts[:9]
     p, op, key = rec.p, *c.kernel
     h, d, h_kv = q.shape[1], q.shape[2], k.shape[1]
     t = getattr(torch, kind.aux_dtype)
@@ -669,12 +707,18 @@ def _record_sm90_thd(rec, kind, ts, c):
 def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:
     """The host-function arguments of dense entry ``op`` in upstream's order (``x``: the scale as the kernel
     reads it, see :class:`_DenseCall`)."""
-    out, denom, q, k, aux, cu_q, cu_k, offs, _ = ts
-    if not op.endswith("_sm90"):  # SM100: q, k, w / lse, out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k], [offsets], stream
+    out, denom, q, k, aux, cu_q, cu_k, offs, _ = ts[:9]
+    if not op.endswith("_sm90"):
+        # SM100: q, k, w / lse, [q_scale, k_scale], out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k,
+        # [their scale-padded twins]], [offsets], stream; block-scaled when the call has scales (the validation ties them to the precision)
+        mx = len(ts) > 9 and ts[9] is not None
         o = tensor_args(offs, p[7]) if offs is not None else ()
         cu = (*tensor_args(cu_q, p[5]), *tensor_args(cu_k, p[6])) if c.varlen else ()
-        return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(aux, p[4]), *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0], c.s_q,
-                c.s_k, *cu, *o, s)
+        sc = (*tensor_args(ts[9], p[9]), *tensor_args(ts[10], p[10])) if mx else ()
+        if mx and c.varlen:
+            cu += (*tensor_args(ts[11], p[11]), *tensor_args(ts[12], p[12]))
+        return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(aux, p[4]), *sc, *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0],
+                c.s_q, c.s_k, *cu, *o, s)
     b, s_q, h = aux.shape
     return _sm90_dense_args(p[2], p[3], p[0], p[8], p[1], None if offs is None else p[7], b, s_q, k.shape[1], h, k.shape[2], q.shape[3], s, x)
 
@@ -690,8 +734,11 @@ def _sm90_dense_args(q, k, out, aux_t, denom, offs, b, s_q, s_k, h, h_kv, d, s, 
 
 class DenseIndexerScoreRecompute(Plan):
     """cudnn's DenseIndexerScoreRecompute shape: ``DenseIndexerScoreRecompute(out, denom_out, q, k, weights,
-    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, sm_scale=1.0, ratio=1,
-    max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
+    cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, sm_scale=1.0, ratio=1, max_seqlen_q=None,
+    max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16")``; ``execute(<the tensors>, stream=None)``.
+    cudnn's class is bf16 only; this one also plans the SM100 block-scaled calls of
+    :func:`dense_indexer_score_recompute_into`."""
 
     _build = staticmethod(_plan_dense)
     _tensors = _DENSE_INDEXER.tensors
@@ -710,15 +757,19 @@ _DENSE_CALLS: dict = {}  # the dense indexer's plans
 _DATTN_CALLS: dict = {}  # the dense attention's
 
 
-def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False, host=None) -> _DenseCall:
+def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False, host=None, precision="bf16") -> _DenseCall:
     """Every problem with a dense call, raised together before anything is touched (``host``: an SM90 THD
-    call's segment bounds, :func:`_sm90_segments`; its ``cu_seqlens`` are then None in ``ts``)."""
+    call's segment bounds, :func:`_sm90_segments`; its ``cu_seqlens`` are then None in ``ts``; ``ts[9:]``:
+    the block scales, the indexer's)."""
     import torch
 
-    out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts
+    out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts[:9]
+    scales = ts[9:]
     names = kind.tensors
     attention = kind is _DENSE_ATTENTION
     problems = []
+    prec = _dense_precision(problems, kind, precision, scales)
+    mx = prec in policy.MX_PRECISIONS
     x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", scale, positive=attention)
     integer(problems, "ratio", ratio, 1, _I32 - 1)
     varlen = cu_q is not None or cu_k is not None or host is not None
@@ -733,6 +784,9 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         raise input_error(problems)
     dev = q.device.index
     arch, sm100 = arch_or_refuse(problems, dev)
+    if mx and arch is not None and not sm100:
+        problems.append(f"precision={prec!r}: the block-scaled dense indexer is SM100 only (upstream raises NotImplementedError on SM90, which "
+                        "takes bf16)")
     h, d = q.shape[-2], q.shape[-1]
     h_kv = k.shape[-2]
     lead = tuple(q.shape[:-2])
@@ -745,7 +799,7 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         s_q, s_k = max_q, max_k
         k_shape = (k.shape[0], h_kv, d)
         score = (lead[0], s_k if isinstance(s_k, int) else 0)
-        if not sm100 and host is None:
+        if not sm100 and host is None and not mx:
             problems.append(f"THD on SM90 in a plan: as upstream's plan classes, none runs it (the kernel is BSHD-native: each call needs the "
                             f"segment bounds on the host); call aot.dsa.{kind.name}_into with cu_seqlens_q / cu_seqlens_k as CPU tensors or "
                             "lists")
@@ -754,9 +808,10 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         s_k = k.shape[1]
         k_shape = (b, s_k, h_kv, d)
         score = (b, s_q, s_k)
-    bf16, f32 = torch.bfloat16, torch.float32
-    check(problems, q, "q", lead + (h, d), bf16, dev, 16)
-    check(problems, k, "k", k_shape, bf16, dev, 16)
+    f32 = torch.float32
+    qk = getattr(torch, _QK_DTYPES.get(prec, "bfloat16"))
+    check(problems, q, "q", lead + (h, d), qk, dev, 16)
+    check(problems, k, "k", k_shape, qk, dev, 16)
     check(problems, aux, names[4], lead + (h,), getattr(torch, kind.aux_dtype), dev, 16)
     if not (allocating and out is None):
         check(problems, out, "out", score, f32, dev, 16)
@@ -764,13 +819,20 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         check(problems, denom, "denom_out", lead, f32, dev, 16)
     if offs is not None and b is not None:
         check(problems, offs, "q_causal_offsets", (b,), torch.int32, dev, 4 if not sm100 else 16)
-    if d not in kind.dims:
+    if prec == "mxfp4" and d != policy.DIM // 2:
+        problems.append(f"q / k last dim {d} (mxfp4 stores D {policy.DIM} as {policy.DIM // 2} float4_e2m1fn_x2 elements, two values each)")
+    elif prec != "mxfp4" and d not in kind.dims:
         problems.append(f"D={d} (expected {dims})")
     qhpkv = h // h_kv if h_kv and h % h_kv == 0 else None
     if qhpkv is None or h <= h_kv:
         problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
     elif qhead_per_kv_head is not None and qhead_per_kv_head != qhpkv:
         problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
+    elif mx and (h_kv != 1 or qhpkv not in policy.MX_HEADS):
+        problems.append(f"H={h} over H_kv={h_kv}: the block-scaled dense indexer takes one KV head and "
+                        f"{' or '.join(map(str, policy.MX_HEADS))} q heads (upstream's ValueError)")
+    if mx:
+        block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, *scales)
     x = ()
     if not problems:
         rows = q.numel() // (h * d)
@@ -785,7 +847,7 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         if attention:
             ks = policy.dense_attention_kernels(arch, qhpkv, d, ratio, varlen, offs is not None)
         else:
-            ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, x32)
+            ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, x32, prec)
         require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
         rows = q.numel() // (h * d)
         kernel = ks["main"] if (segs if host is not None else rows and s_k and s_q and b) else None
@@ -796,7 +858,7 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         if need and not (allocating and workspace is None):
             problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:8])), f"aot.dsa.{kind.name}_workspace_bytes")
     if not problems:
-        problems += aliasing([("out", out), ("denom_out", denom)], list(zip(names[2:8], ts[2:8])))
+        problems += aliasing([("out", out), ("denom_out", denom)], list(zip(names[2:8] + names[9:], ts[2:8] + ts[9:])))
     if problems:
         raise input_error(problems)
     masks = tuple(3 if i == 7 and not sm100 else (0 if i == 8 and not need else 15) for i in range(len(ts)))
@@ -942,13 +1004,17 @@ def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
     return indices.new_empty(indices.shape, dtype=torch.float32), indices.new_empty(indices.shape)
 
 
-def _t_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
+def _t_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
     r = dense_indexer_score_recompute(q, k, weights, sm_scale=sm_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets)
+                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
+                                      q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
+                                      cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
     return r["out"], r["denom"]
 
 
-def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
+def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
     import torch
 
     if cu_seqlens_q is not None:
@@ -961,9 +1027,11 @@ def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens
 
 
 def _t_dense_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                  q_causal_offsets=None, workspace=None):
+                  q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
+                  workspace=None):
     dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                       q_causal_offsets, workspace=workspace)
+                                       q_causal_offsets, workspace=workspace, precision=precision, q_scale=q_scale, k_scale=k_scale,
+                                       cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
 
 
 def _t_dattn(q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
@@ -985,7 +1053,8 @@ def _t_dattn_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_
 _IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_DENSE = ("Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-             "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None")
+             "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, "
+             "Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")
 _IN_DATTN = ("Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
              "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None")
 TORCH_OPS = {

@@ -21,8 +21,11 @@ Ops and what changes their cubins (measured by compiling two values; docs/resear
                           and runs the non-compact kernel: such a key is length = false
   sparse_attention_sm90   SparseScoreRecomputeSm90 (attention): heads, dim, topk, length, topk_global;
                           tile_m 48 x 2 head tiles at H96
-  dense_indexer           IndexerScoreUnifiedSm100 (compute_lse): heads per KV head, ratio, varlen, offsets;
-                          tiles 128 x 128 x 64, kv_stage from the budget
+  dense_indexer           IndexerScoreUnifiedSm100 (compute_lse): precision, heads per KV head, ratio,
+                          varlen, offsets; tiles 128 x 128 x 64, kv_stage from the budget (bf16). The
+                          block-scaled precisions (mxfp8: e4m3 Q/K, mxfp4: e2m1 pairs; e8m0 scales per 32
+                          values) are its ...Mxfp8 / ...Mxfp4 twins, heads 32 or 64, kv_stage 24 (upstream's
+                          constants), SM100 only
   dense_indexer_sm90      DenseScoreRecomputeSm90 (index scores): heads, ratio, offsets and the scale, a
                           float32 immediate in the cubin (an F32 field: the manifest lists the scales)
   dense_attention         DenseScoreRecomputeSm100 "attention" (bf16): heads, dim, ratio, varlen, offsets;
@@ -42,7 +45,7 @@ from ._math import round_up
 from .arch import SM90, SM100, is_sm100
 from .keys import F32, Choice, IntRange, Op
 
-__all__ = ["FAMILY", "OPS", "DIM", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
+__all__ = ["FAMILY", "OPS", "DIM", "DENSE_PRECISIONS", "MX_PRECISIONS", "MX_HEADS", "MX_KV_STAGE", "SF_VEC", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
            "attention_kernels", "workspace_bytes", "DENSE_TILE", "dense_kv_stage", "f32", "dense_indexer_kernels", "sm100_dense_attention_tiles",
            "dense_attention_kernels"]
 
@@ -76,6 +79,19 @@ def _sm100_attention_check(key):
 
 _DENSE = {"heads": Choice(16, 32, 64, 128), "ratio": IntRange(1, 1024), "offsets": _BOOL}  # heads: per KV head
 
+DENSE_PRECISIONS = ("bf16", "mxfp8", "mxfp4")  # the SM100 dense indexer's (upstream's SM100_INDEXER_PRECISIONS)
+MX_PRECISIONS = DENSE_PRECISIONS[1:]  # block-scaled: SM100 only (upstream's SM90 raises NotImplementedError)
+MX_HEADS = (32, 64)  # q heads per KV head the block-scaled dense indexer takes (ValueError upstream otherwise)
+MX_KV_STAGE = 24  # upstream's fixed block-scaled K stages (k_block 64; not the budget rule)
+SF_VEC = 32  # values per e8m0 scale (upstream's sf_vec_size, the only one it takes)
+
+
+def _dense_indexer_check(key):
+    if key["precision"] in MX_PRECISIONS and key["heads"] not in MX_HEADS:
+        return f"the block-scaled dense indexer takes {' or '.join(map(str, MX_HEADS))} heads per KV head (upstream raises ValueError)"
+    return None
+
+
 # Ops whose cubins bake the target's SM count (one entry per SM count; a GPU needs its own): none here, so
 # any target of the GPU's arch serves it (the build checks the cubins agree when a manifest has several)
 SM_COUNT_OPS = frozenset()
@@ -85,7 +101,7 @@ OPS = {
     "sparse_indexer_sm90": Op(fields=dict(_SPARSE), arches=SM90),
     "sparse_attention": Op(fields=dict(_ATTN), check=_sm100_attention_check, arches=SM100),
     "sparse_attention_sm90": Op(fields=dict(_ATTN), arches=SM90),
-    "dense_indexer": Op(fields=dict(_DENSE, varlen=_BOOL), arches=SM100),
+    "dense_indexer": Op(fields=dict(_DENSE, varlen=_BOOL, precision=Choice(*DENSE_PRECISIONS)), check=_dense_indexer_check, arches=SM100),
     "dense_indexer_sm90": Op(fields=dict(_DENSE, scale=F32()), arches=SM90),
     "dense_attention": Op(fields=dict(_DENSE, dim=Choice(*ATTN_DIMS), varlen=_BOOL), arches=SM100),
     "dense_attention_sm90": Op(fields=dict(_DENSE, dim=Choice(*ATTN_DIMS)), arches=SM90),
@@ -126,13 +142,15 @@ def f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def dense_indexer_kernels(arch, heads, ratio, varlen, offsets, scale) -> dict:
+def dense_indexer_kernels(arch, heads, ratio, varlen, offsets, scale, precision="bf16") -> dict:
     """role -> (op, key) of one dense indexer call (``heads`` per KV head). SM100: the native BSHD / THD
-    kernel, the scale a run-time argument; SM90: the BSHD kernel (THD runs it per segment), keyed by the
-    float32 scale it bakes in."""
+    kernel of the precision, the scale a run-time argument; SM90: the bf16 BSHD kernel (THD runs it per
+    segment), keyed by the float32 scale it bakes in (no block-scaled kernel: ValueError)."""
     key = {"heads": int(heads), "ratio": int(ratio), "offsets": bool(offsets)}
     if is_sm100(arch):
-        return {"main": ("dense_indexer", dict(key, varlen=bool(varlen)))}
+        return {"main": ("dense_indexer", dict(key, varlen=bool(varlen), precision=precision))}
+    if precision != "bf16":
+        raise ValueError(f"precision {precision!r}: the block-scaled dense indexer is SM100 only")
     return {"main": ("dense_indexer_sm90", dict(key, scale=f32(scale)))}
 
 

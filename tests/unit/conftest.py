@@ -320,6 +320,7 @@ topk_global = false
 [[bucket]]
 family = "dsa_score_recompute"
 op = "dense_indexer"
+precision = ["bf16", "mxfp8", "mxfp4"]
 heads = 64
 ratio = 4
 varlen = [false, true]
@@ -351,7 +352,8 @@ def sm100_build(tmp_path_factory):
     """The sm_100a entries of SM100_BUILD: the SM100 indexer forward (bf16 H64 ratio 4), the sparse
     attention forward (H64 D512, a sink: indexer_topk 512; 0 with and without topk_length), compactify (128 columns), the fused
     indexer top-k and local_to_global, the sparse indexer and sparse attention score recompute (H64 top-k 512 with and
-    without topk_length; H128 D512, where upstream drops topk_length). No SM100 GPU here: the ops' SM100 paths run on it with a
+    without topk_length; H128 D512, where upstream drops topk_length), the dense indexer score recompute (H64 ratio 4, BSHD and
+    THD, bf16 and the block-scaled mxfp8 / mxfp4). No SM100 GPU here: the ops' SM100 paths run on it with a
     stand-in capability-10.0 driver, their launches through the real lifted host functions."""
     return _real_build(tmp_path_factory, "sm100_build", SM100_BUILD, 20)
 

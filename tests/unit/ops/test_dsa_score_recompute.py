@@ -338,9 +338,9 @@ def test_dense_indexer_refusals_before_anything_runs(env, torch_steps):
 
 
 def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_calls):
-    """ci/check_sm100_calls.check_dense_indexer_score on the SM100 build's dense entries (BSHD and THD): the op's
-    arguments in upstream's order run through the lifted host function; swapped out / denom pointers and a
-    dropped scale are caught."""
+    """ci/check_sm100_calls.check_dense_score on the SM100 build's dense indexer entries (bf16, mxfp8 and mxfp4,
+    BSHD and THD): the op's arguments in upstream's order run through the lifted host function; swapped out /
+    denom pointers, a dropped scale and, block-scaled, swapped q / k scales or scale-padded offsets are caught."""
     import json
 
     import aot.ops.dsa_score_recompute as op
@@ -348,13 +348,16 @@ def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_
 
     index = json.loads((sm100_build / "index.json").read_text())
     entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == "dense_indexer"]
-    assert sorted(e["key"]["varlen"] for e in entries) == [False, True]
+    assert sorted((e["key"]["precision"], e["key"]["varlen"]) for e in entries) == [(p, v) for p in ("bf16", "mxfp4", "mxfp8") for v in (False, True)]
     real = op._dense_launch_args
 
-    def swapped(o, ts, c, p, s, x=()):
-        p = list(p)
-        p[0], p[1] = p[1], p[0]
-        return real(o, ts, c, p, s, x)
+    def swapping(i, j):
+        def swapped(o, ts, c, p, s, x=()):
+            p = list(p)
+            p[i], p[j] = p[j], p[i]
+            return real(o, ts, c, p, s, x)
+
+        return swapped
 
     def unscaled(o, ts, c, p, s, x=()):
         return real(o, ts, c, p, s, (1.0,))
@@ -364,12 +367,131 @@ def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_
         ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
             assert sm100_calls.check_dense_score(ns, "dense_indexer", key, b, s_q, s_k) == [], e["id"]
-        for bad in (swapped, unscaled):
+        bads = [swapping(0, 1), unscaled]
+        if key["precision"] != "bf16":
+            bads += [swapping(9, 10)] + ([swapping(11, 12), swapping(5, 11)] if key["varlen"] else [])
+        for bad in bads:
             op._dense_launch_args = bad
             try:
-                assert sm100_calls.check_dense_score(ns, "dense_indexer", key, 2, 64, 4096) != [], (e["id"], bad.__name__)
+                assert sm100_calls.check_dense_score(ns, "dense_indexer", key, 2, 64, 4096) != [], (e["id"], bad)
             finally:
                 op._dense_launch_args = real
+
+
+@pytest.mark.parametrize("precision", ["mxfp8", "mxfp4"])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_sm100_block_scaled_dense_indexer_launches_once_with_its_scales(sm100_env, torch_steps, precision, varlen):
+    """The block-scaled SM100 call: out filled with -inf, then one launch of upstream's 384-thread kernel on the
+    caller's stream, its grid (ceil(S_q * H / 128), 1, B), every tensor (the scales and, THD, their padded
+    offsets too) and the scale in the parameters; the allocating form and the plan launch the same."""
+    import aot.dsa
+
+    env = sm100_env
+    stream = env.new_stream(0)
+    fn, args, kw, _ = op_calls.dense_indexer_score_recompute_mx(0, stream, precision, s_q=9, s_k=33, varlen=varlen)
+    out, den, q, k, w = args
+    env.launches.clear()
+    env.memsets.clear()
+    fn(*args, **{**kw, "sm_scale": 0.37})
+    (launch,) = env.launches
+    ((ptr, n, on, _, word),) = env.memsets
+    assert ptr == out.data_ptr() and n == out.numel() * 4 and on == stream and word == 0xFF800000, "out filled with fp32 -inf first"
+    assert launch.dims[:4] == (-(-9 * 64 // 128), 1, 2, 384) and launch.dims[7] == stream
+    tensors = (out, den, q, k, w) + tuple(v for v in kw.values() if isinstance(v, torch.Tensor))
+    assert len(tensors) == (11 if varlen else 7)
+    for t in tensors:
+        assert _ptr_in(t, launch.params)
+    assert struct.pack("<f", 0.37) in launch.params
+    want = launch.params
+    # the allocating form (upstream's wrapper surface) into the same outputs: the same launch
+    env.launches.clear()
+    r = aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, sm_scale=0.37, **{n: v for n, v in kw.items() if n != "stream"},
+                                              stream=stream)
+    assert r["out"] is out and r["denom"] is den
+    assert [L.params for L in env.launches] == [want]
+    # the plan (the functional op's tensors, its scales by name)
+    plan = aot.dsa.DenseIndexerScoreRecompute(*args, sm_scale=0.37, **{n: v for n, v in kw.items() if n != "stream"})
+    env.launches.clear()
+    plan.execute(*args, stream=stream, **{n: v for n, v in kw.items() if n in type(plan)._tensors})
+    assert [L.params for L in env.launches] == [want]
+
+
+@pytest.mark.parametrize("precision", ["mxfp8", "mxfp4"])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_sm90_refuses_the_block_scaled_dense_indexer(env, torch_steps, monkeypatch, precision, varlen):
+    """Upstream's block-scaled dense indexer is SM100 only (NotImplementedError on SM90): an InputError saying so,
+    before anything runs; a THD call's device cu_seqlens are not read back for it."""
+    import aot.dsa
+    import aot.ops.dsa_score_recompute as op
+
+    def no_read_back(*a, **k):
+        raise AssertionError("cu_seqlens read back for a call that is refused")
+
+    monkeypatch.setattr(op, "_host_offsets", no_read_back)
+    fn, args, kw, writes = op_calls.dense_indexer_score_recompute_mx(0, env.new_stream(0), precision, varlen=varlen)
+    before = [stand_in.contents(t) for t in writes]
+    env.launches.clear()
+    env.memsets.clear()
+    for call in (lambda: fn(*args, **kw),
+                 lambda: aot.dsa.dense_indexer_score_recompute(*args[2:], **{n: v for n, v in kw.items() if n != "max_seqlen_q"})):
+        with pytest.raises(InputError) as e:
+            call()
+        assert "SM100 only" in str(e.value) and "THD on SM90 in a plan" not in str(e.value), str(e.value)
+    assert not env.launches and not env.memsets
+    assert [stand_in.contents(t) for t in writes] == before
+
+
+def test_sm100_block_scaled_dense_indexer_refusals(sm100_env, torch_steps):
+    """Every malformed block-scaled call names its problems and runs nothing: missing scales, scales of the wrong
+    dtype or packed shape, THD without the scale-padded offsets (and BSHD with them), q heads other than 32 / 64
+    or more than one KV head, Q / K not of the precision's dtype, mxfp4 with a last dim of 128, scales with bf16,
+    an unknown precision, sf_vec_size 16, a heads count the build does not ship."""
+    import aot.dsa
+
+    env = sm100_env
+    stream = env.new_stream(0)
+    fn, args, kw, writes = op_calls.dense_indexer_score_recompute_mx(0, stream, "mxfp8")
+    out, den, q, k, w = args
+    before = [stand_in.contents(t) for t in writes]
+    e8 = torch.float8_e8m0fnu
+
+    def e8m0(*shape):
+        return stand_in.cuda_tensor(torch.zeros(shape, dtype=torch.uint8).view(e8))
+
+    thd = op_calls.dense_indexer_score_recompute_mx(0, stream, "mxfp4", varlen=True)
+    env.launches.clear()
+    env.memsets.clear()
+    cases = [
+        (fn, args, dict(kw, q_scale=None), "requires q_scale and k_scale"),
+        (fn, args, dict(kw, k_scale=stand_in.cuda_tensor(torch.zeros(2, 128, 4))), "k_scale: dtype torch.float32"),
+        (fn, args, dict(kw, q_scale=e8m0(2, 128, 4)), "q_scale: shape (2, 128, 4) (expected (2, 512, 4))"),  # S_q 8 x H 64 rows
+        (fn, args, dict(kw, k_scale=e8m0(2, 128, 8)), "k_scale: shape (2, 128, 8)"),
+        (fn, args, dict(kw, cu_seqlens_q_scale_padded=stand_in.cuda_tensor(torch.zeros(3, dtype=torch.int32))), "only with THD"),
+        (fn, args, dict(kw, precision="mxfp4"), "mxfp4 stores D 128 as 64"),
+        (fn, args, dict(kw, precision="fp8"), "precision='fp8' (expected one of 'bf16', 'mxfp8', 'mxfp4')"),
+        (fn, args, dict(kw, precision="bf16"), "block scales go with precision='mxfp8' or 'mxfp4'"),
+        (fn, (out, den, stand_in.cuda_tensor(torch.zeros(q.shape, dtype=torch.bfloat16)), k, w), kw, "q: dtype torch.bfloat16"),
+        (thd[0], thd[1], dict(thd[2], cu_seqlens_k_scale_padded=None), "cu_seqlens_k_scale_padded: THD mxfp4 needs"),
+        (thd[0], thd[1], dict(thd[2], q_scale=e8m0(1, 100, 4)), "q_scale: shape (1, 100, 4) (expected (1, 'a multiple of 128', 4))"),
+    ]
+    for f, a, k_, want in cases:
+        with pytest.raises(InputError) as e:
+            f(*a, **k_)
+        assert want in str(e.value), (want, str(e.value))
+    h16 = op_calls.dense_indexer_score_recompute_mx(0, stream, "mxfp8", heads=16)
+    with pytest.raises(InputError, match="32 or 64 q heads"):  # upstream's ValueError, before any lookup
+        h16[0](*h16[1], **h16[2])
+    h_kv2 = (out, den, stand_in.cuda_tensor(torch.zeros(2, 8, 128, 128, dtype=torch.uint8).view(torch.float8_e4m3fn)),
+             stand_in.cuda_tensor(torch.zeros(2, 40, 2, 128, dtype=torch.uint8).view(torch.float8_e4m3fn)), stand_in.cuda_tensor(torch.zeros(2, 8, 128, dtype=torch.bfloat16)))
+    with pytest.raises(InputError, match="one KV head"):
+        fn(*h_kv2, **kw)
+    with pytest.raises(InputError, match="sf_vec_size=16"):
+        aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, sf_vec_size=16, **{n: v for n, v in kw.items() if n != "stream"})
+    h32 = op_calls.dense_indexer_score_recompute_mx(0, stream, "mxfp8", heads=32)
+    with pytest.raises(KernelNotFoundError, match="heads = 32"):  # the sm100 build ships H64: the bucket to add
+        h32[0](*h32[1], **h32[2])
+    assert not env.launches and not env.memsets
+    assert [stand_in.contents(t) for t in writes] == before
 
 
 # --- the dense attention score recompute -------------------------------------------------------------
