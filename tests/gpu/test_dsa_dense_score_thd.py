@@ -109,9 +109,7 @@ def test_packed_segments_match_the_reference_and_the_bshd_op_bit_for_bit(dsa, at
     bits = _per_segment_bits(dsa, attention, q, k, aux, offs, scale)
     keep = [t.clone() for t in (q, k, aux)]
     cpu = [torch.tensor(c, dtype=torch.int32) for c in (CU_Q, CU_K)]
-    out = torch.full((q.shape[0], MAX_K), math.nan, device=DEV)
-    den = torch.full((q.shape[0],), math.nan, device=DEV)
-    ws = torch.full((sizer(aux.shape, DEV, *cpu),), 0xFF, dtype=torch.uint8, device=DEV)
+    out, den, ws = _poisoned(q, aux, sizer)
     into(out, den, q, k, aux, **sc(scale), ratio=RATIO, cu_seqlens_q=cpu[0], cu_seqlens_k=cpu[1], q_causal_offsets=offs, workspace=ws)
     dev_cu = [c.to(DEV) for c in cpu]
     r = alloc(q, k, aux, **sc(scale), ratio=RATIO, cu_seqlens_q=dev_cu[0], cu_seqlens_k=dev_cu[1], q_causal_offsets=offs)
@@ -124,22 +122,34 @@ def test_packed_segments_match_the_reference_and_the_bshd_op_bit_for_bit(dsa, at
         assert same_bits(t, b), "an input was modified"
 
 
+def _poisoned(q, aux, sizer):
+    """NaN ``out`` / ``denom`` for the packed rows, and the 0xFF workspace of the host bounds."""
+    return (torch.full((q.shape[0], MAX_K), math.nan, device=DEV), torch.full((q.shape[0],), math.nan, device=DEV),
+            torch.full((sizer(aux.shape, DEV, CU_Q, CU_K),), 0xFF, dtype=torch.uint8, device=DEV))
+
+
+def _captured(call):
+    """A CUDA graph of ``call()``, captured on a side stream (as torch requires)."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            call()
+    torch.cuda.synchronize()
+    return g
+
+
 @pytest.mark.parametrize("attention", [False, True], ids=["indexer", "attention"])
 def test_host_bounds_capture_and_replay_on_new_values(dsa, attention):
     if not _shipped(attention, True):
         pytest.skip("the build ships no H64 ratio-4 entry with offsets for this op")
     _, into, sizer, sc = _ops(dsa, attention)
     q, k, aux, offs, scale, _, _ = _case(attention, True, seed=11)
-    out = torch.full((q.shape[0], MAX_K), math.nan, device=DEV)
-    den = torch.full((q.shape[0],), math.nan, device=DEV)
-    ws = torch.full((sizer(aux.shape, DEV, CU_Q, CU_K),), 0xFF, dtype=torch.uint8, device=DEV)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):  # the first call of this shape, inside the capture
-            into(out, den, q, k, aux, **sc(scale), ratio=RATIO, cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K, q_causal_offsets=offs, workspace=ws)
-    torch.cuda.synchronize()
+    out, den, ws = _poisoned(q, aux, sizer)
+    # the first call of this shape, inside the capture
+    g = _captured(lambda: into(out, den, q, k, aux, **sc(scale), ratio=RATIO, cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K, q_causal_offsets=offs,
+                               workspace=ws))
     assert torch.isnan(out).all() and torch.isnan(den).all(), "captured, not run"
     for seed in (12, 13):
         q2, k2, aux2, _, _, want, want_den = _case(attention, True, seed=seed)
@@ -161,18 +171,11 @@ def test_device_bounds_under_capture_are_refused_before_any_write(dsa):
         pytest.skip("the build ships no H64 ratio-4 indexer entry")
     _, into, sizer, _ = _ops(dsa, False)
     q, k, w, _, _, _, _ = _case(False, False, seed=21)
-    out = torch.full((q.shape[0], MAX_K), math.nan, device=DEV)
-    den = torch.full((q.shape[0],), math.nan, device=DEV)
-    ws = torch.full((sizer(w.shape, DEV, CU_Q, CU_K),), 0xFF, dtype=torch.uint8, device=DEV)
+    out, den, ws = _poisoned(q, w, sizer)
     cu = [torch.tensor(c, dtype=torch.int32, device=DEV) for c in (CU_Q, CU_K)]
     before = [t.clone() for t in (out, den, ws)]
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with pytest.raises(InputError, match="under CUDA-graph capture.*CPU tensors or lists"):
-            with torch.cuda.graph(g, stream=s):
-                into(out, den, q, k, w, ratio=RATIO, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], workspace=ws)
+    with pytest.raises(InputError, match="under CUDA-graph capture.*CPU tensors or lists"):
+        _captured(lambda: into(out, den, q, k, w, ratio=RATIO, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], workspace=ws))
     torch.cuda.synchronize()
     for t, b in zip((out, den, ws), before):
         assert same_bits(t, b), "a refused call wrote"

@@ -9,3 +9,35 @@ def write_index(root, doc):
     text = json.dumps(doc, indent=1, sort_keys=True).encode()
     (root / "index.json").write_bytes(text)
     (root / "index.sha256").write_text(hashlib.sha256(text).hexdigest() + "\n")
+
+
+# A manifest of three cheap entries (~0.3-0.5 s per compile) for the tests that run the real build stages:
+# the deterministic dK reduction, the SM90 sparse-backward postprocess (through flash_attn_bwd_sm90), and
+# the CSA dAPE reduction (through a deterministic run_bwd)
+SMALL_MANIFEST = """
+[[target]]
+name = "b200"
+arch = "sm_100a"
+sm_count = 148
+[[target]]
+name = "h200"
+arch = "sm_90a"
+sm_count = 132
+[[bucket]]
+family = "dsa_indexer_backward"
+op = "reduce_dk"
+out = "f32"
+planes = 96
+targets = ["b200"]
+[[bucket]]
+family = "dsa_sparse_attention_backward"
+op = "post_sm90"
+dtype = "bf16"
+dim = 576
+targets = ["h200"]
+[[bucket]]
+family = "csa_compressor"
+op = "dape_reduce"
+split = false
+targets = ["b200"]
+"""

@@ -12,38 +12,10 @@ pytest.importorskip("cudnn")
 
 from aot.toolchain import compile as compile_stage  # noqa: E402
 from aot.toolchain import fidelity, manifest  # noqa: E402
+from build_files import SMALL_MANIFEST as SMALL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# cheap entries (~0.3-0.5 s per compile): the deterministic dK reduction, the SM90 sparse-backward
-# postprocess (through flash_attn_bwd_sm90), and the CSA dAPE reduction (through a deterministic run_bwd)
-SMALL = """
-[[target]]
-name = "b200"
-arch = "sm_100a"
-sm_count = 148
-[[target]]
-name = "h200"
-arch = "sm_90a"
-sm_count = 132
-[[bucket]]
-family = "dsa_indexer_backward"
-op = "reduce_dk"
-out = "f32"
-planes = 96
-targets = ["b200"]
-[[bucket]]
-family = "dsa_sparse_attention_backward"
-op = "post_sm90"
-dtype = "bf16"
-dim = 576
-targets = ["h200"]
-[[bucket]]
-family = "csa_compressor"
-op = "dape_reduce"
-split = false
-targets = ["b200"]
-"""
 
 
 def _id(d):

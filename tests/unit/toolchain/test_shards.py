@@ -9,6 +9,7 @@ import pytest
 
 from aot.errors import PackError
 from aot.toolchain import manifest, shards
+from build_files import SMALL_MANIFEST as SMALL
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -49,33 +50,6 @@ def test_seconds_come_from_a_build_report_or_a_shards_seconds(tmp_path):
     assert shards.parse_shard("2/4") == (2, 4)
 
 
-SMALL = """
-[[target]]
-name = "b200"
-arch = "sm_100a"
-sm_count = 148
-[[target]]
-name = "h200"
-arch = "sm_90a"
-sm_count = 132
-[[bucket]]
-family = "dsa_indexer_backward"
-op = "reduce_dk"
-out = "f32"
-planes = 96
-targets = ["b200"]
-[[bucket]]
-family = "dsa_sparse_attention_backward"
-op = "post_sm90"
-dtype = "bf16"
-dim = 576
-targets = ["h200"]
-[[bucket]]
-family = "csa_compressor"
-op = "dape_reduce"
-split = false
-targets = ["b200"]
-"""
 
 
 def _tree(root):
