@@ -328,8 +328,10 @@ offsets = false
 [[bucket]]
 family = "dsa_score_recompute"
 op = "dense_attention"
+precision = "bf16"
 heads = 64
 dim = 512
+k_block = 128
 ratio = 4
 varlen = [false, true]
 offsets = false
