@@ -38,7 +38,8 @@ Ops and what changes their cubins (measured by compiling two values; docs/resear
   dense_attention_sm90    DenseScoreRecomputeSm90 (attention): heads, dim, ratio, offsets; the scale the
                           host code's literal, the launcher's argument as for the sparse attention
 
-Not in the keys: batch and sequence lengths (both arches); the indexer's scale (no wrapper passes one:
+Not in the keys: batch and sequence lengths (both arches; only the mxfp8 attention's k_block follows S_k,
+a bucket upstream's host picks); the indexer's scale (no wrapper passes one:
 1.0); the attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
 ``f32(scale * log2 e)`` and bakes it in per compile: the launcher takes it per call, the spec's
 ``LITERALS``). One launch per call; on SM90 the weights / LSE are first copied transposed, (B, S_q,
