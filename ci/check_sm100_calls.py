@@ -339,38 +339,36 @@ def check_sparse_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int)
 def check_dense_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) -> list:
     """Record a dense score recompute's SM100 launch of entry ``op`` ("dense_indexer" or "dense_attention") with
     ``key`` (BSHD B x S_q x S_k, or THD b segments of at most S_q / S_k rows, H_kv 1; the block-scaled indexer
-    with its e8m0 scales in upstream's packed shapes) and run it through ``ns``; return problems."""
+    and attention with their e8m0 scales in upstream's packed shapes) and run it through ``ns``; return problems."""
     import aot.ops.dsa_score_recompute as op_mod
 
     h, vl, d = key["heads"], key["varlen"], key.get("dim", 128)
     prec = key.get("precision", "bf16")
     mx = prec != "bf16"
+    cols = -(-d // 32 // 4) * 4  # e8m0 scales of a row (one per 32 values), padded to 4 columns: 4 at D128, 16 at D512
     d = 64 if prec == "mxfp4" else d  # e2m1 pairs: two values a stored element
     if vl:
         tq, tk = b * s_q, b * s_k
         shapes = [(tq, s_k), (tq,), (tq, h, d), (tk, 1, d), (tq, h), (b + 1,), (b + 1,), (b,) if key["offsets"] else None, None]
-        scales = [(1, 128 * b * -(-s_q * h // 128), 4), (1, 128 * b * -(-s_k // 128), 4), (b + 1,), (b + 1,)]
+        scales = [(1, 128 * b * -(-s_q * h // 128), cols), (1, 128 * b * -(-s_k // 128), cols), (b + 1,), (b + 1,)]
     else:
         shapes = [(b, s_q, s_k), (b, s_q), (b, s_q, h, d), (b, s_k, 1, d), (b, s_q, h), None, None, (b,) if key["offsets"] else None, None]
-        scales = [(b, -(-s_q * h // 128) * 128, 4), (b, -(-s_k // 128) * 128, 4), None, None]
+        scales = [(b, -(-s_q * h // 128) * 128, cols), (b, -(-s_k // 128) * 128, cols), None, None]
     kind = op_mod._DENSE_INDEXER if op == "dense_indexer" else op_mod._DENSE_ATTENTION
-    shapes += (scales if mx else [None] * 4)[: len(kind.tensors) - len(shapes)]
+    shapes += scales if mx else [None] * 4
     ts, ptr, values, rec, t = _fakes(shapes, kind.tensors)
     c = op_mod._DenseCall(0, "sm_100a", vl, b, s_q, s_k, 0, None, [], (0.5,))
-
-    def tt(i):  # tensor i, or nothing where the op has no such tensor (the attention's scales)
-        return t(i) if i < len(ts) else []
-
-    # upstream's order (_interface_sm100._dense_indexer_ / _dense_attn_score_recompute's cute.compile calls), written down here:
-    # q, k, w / lse, [q_scale, k_scale], out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k, [their
-    # scale-padded twins]], [offsets], stream
-    want = t(2) + t(3) + t(4) + tt(9) + tt(10) + t(0) + t(1) + [0.5, s_q, s_k] + (t(5) + t(6) + tt(11) + tt(12) if vl else []) + t(7) + [STREAM]
+    # upstream's order (_interface_sm100._dense_indexer_ / _dense_attn_score_recompute's cute.compile calls, bf16 and block-scaled),
+    # written down here: q, k, w / lse, [q_scale, k_scale], out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q,
+    # cu_seqlens_k, [their scale-padded twins]], [offsets], stream
+    want = t(2) + t(3) + t(4) + t(9) + t(10) + t(0) + t(1) + [0.5, s_q, s_k] + (t(5) + t(6) + t(11) + t(12) if vl else []) + t(7) + [STREAM]
     try:
         rec.launch(None, *op_mod._dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
         dims, blob = _replay(ns, rec, values, want)
     except Exception as ex:  # noqa: BLE001 - every failure is reported with its entry
         return [f"{type(ex).__name__}: {ex}"]
-    threads = 384 if mx else 256
+    # bf16 attention 8 warps; the block-scaled 12; the mxfp8 attention's D128 H64 kernel 20 (four epilogue warp groups)
+    threads = 256 if not mx else 640 if op == "dense_attention" and key["dim"] == 128 and h == 64 else 384
     if dims[3] != threads or dims[7] != STREAM:
         return [f"block {dims[3]} on stream {dims[7]} (upstream: {threads} threads on the caller's stream)"]
     grid = (-(-s_q * h // 128), 1, b)  # the indexer's M tile: 128 packed (query, head) rows; THD: max_seqlen_q and the segments

@@ -53,6 +53,10 @@ def build(op, key, target):
     h, topk = key["heads"], key.get("topk")
     length = T(i32, 2) if key.get("length") else None
     stream = cuda_driver.CUstream(0)
+
+    def cu_twins(key):  # a block-scaled THD call's scale-padded cu_seqlens (leading_dim 0, as its cu_seqlens)
+        return (T(i32, 1), T(i32, 1)) if key["varlen"] else (None, None)
+
     if op == "dense_indexer":
         m, n, k = policy.DENSE_TILE
         r = 3 if key["varlen"] else 4  # q / k rank: THD (T, H, D), BSHD (B, S, H, D)
@@ -69,10 +73,9 @@ def build(op, key, target):
                                                         compute_lse=True, is_compressed_logits=False)
             qk = cutlass.Float8E4M3FN if prec == "mxfp8" else cutlass.Uint8  # e2m1 pairs go in as their bytes (upstream's kernel_qk_view)
             e8 = cutlass.Float8E8M0FNU
-            cus = (T(i32, 1), T(i32, 1)) if key["varlen"] else (None, None)
             # q, k, w, q_scale, k_scale (packed, rank 3), out, denom (LSE), the scalars, cu_seqlens_q / k, their scale-padded twins,
             # q_causal_offsets, stream
-            args = (T(qk, r), T(qk, r), T(bf16, r - 1), T(e8, 3), T(e8, 3), T(f32, r - 1), T(f32, r - 2), *scalars, *cu, *cus, offs, stream)
+            args = (T(qk, r), T(qk, r), T(bf16, r - 1), T(e8, 3), T(e8, 3), T(f32, r - 1), T(f32, r - 2), *scalars, *cu, *cu_twins(key), offs, stream)
             return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
         from cudnn.deepseek_sparse_attention.score_recompute.indexer_score_unified_sm100 import IndexerScoreUnifiedSm100
 
@@ -83,19 +86,30 @@ def build(op, key, target):
         args = (T(bf16, r), T(bf16, r), T(bf16, r - 1), T(f32, r - 1), T(f32, r - 2), *scalars, *cu, offs, stream)
         return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
     if op == "dense_attention":
-        from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm100 import DenseScoreRecomputeSm100
-
         d = key["dim"]
-        m, n, k, kv_stage = policy.sm100_dense_attention_tiles(d, h)
-        obj = DenseScoreRecomputeSm100(head_dim=d, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k, kv_stage=kv_stage,
-                                       score_type="attention", ratio=key["ratio"], is_varlen=key["varlen"])
         r = 3 if key["varlen"] else 4
         cu = (T(i32, 1), T(i32, 1)) if key["varlen"] else (None, None)
         offs = T(i32, 1) if key["offsets"] else None
+        scalars = (cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1))  # softmax_scale, max_seqlen_q, max_seqlen_k
+        if key["precision"] == "mxfp8":
+            from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm100_mxfp8 import BwdDenseAttnScoreSm100Mxfp8
+
+            m, n, k, kv_stage = policy.mx_attention_tiles(d, h, key["k_block"])
+            obj = BwdDenseAttnScoreSm100Mxfp8(head_dim=d, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k, kv_stage=kv_stage,
+                                              ratio=key["ratio"], is_varlen=key["varlen"], sf_vec_size=policy.SF_VEC)
+            e4, e8 = cutlass.Float8E4M3FN, cutlass.Float8E8M0FNU
+            # q, k, lse, q_scale, k_scale (packed, rank 3), out, denom (L1 sums), the scalars, cu_seqlens_q / k, their scale-padded
+            # twins, q_causal_offsets, stream (_dense_attn_score_recompute's mxfp8 compile)
+            args = (T(e4, r), T(e4, r), T(f32, r - 1), T(e8, 3), T(e8, 3), T(f32, r - 1), T(f32, r - 2), *scalars, *cu, *cu_twins(key), offs, stream)
+            return obj, args, None, {"m": m, "n": n, "kv_stage": kv_stage}
+        from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm100 import DenseScoreRecomputeSm100
+
+        m, n, k, kv_stage = policy.sm100_dense_attention_tiles(d, h)
+        obj = DenseScoreRecomputeSm100(head_dim=d, qhead_per_kvhead=h, m_block_size=m, n_block_size=n, k_block_size=k, kv_stage=kv_stage,
+                                       score_type="attention", ratio=key["ratio"], is_varlen=key["varlen"])
         # q, k, lse, out, denom (L1 sums), softmax_scale, max_seqlen_q, max_seqlen_k, cu_seqlens_q / k, q_causal_offsets, stream
-        args = (T(bf16, r), T(bf16, r), T(f32, r - 1), T(f32, r - 1), T(f32, r - 2), cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1), *cu,
-                offs, stream)
-        return obj, args, None, {"m": m, "n": n, "k_block": k, "kv_stage": kv_stage}
+        args = (T(bf16, r), T(bf16, r), T(f32, r - 1), T(f32, r - 1), T(f32, r - 2), *scalars, *cu, offs, stream)
+        return obj, args, None, {"m": m, "n": n, "kv_stage": kv_stage}
     if op in ("dense_indexer_sm90", "dense_attention_sm90"):
         import os
 
@@ -209,6 +223,7 @@ def check_policy(targets):
             up_stage = i._compute_dense_kv_stage(-(-d // 16) * 16, up[0], up[1], up[2], per_head_elem_bytes=4)
             if (m, n, k, kv_stage) != (*up, up_stage):
                 raise ValueError(f"cudnn's SM100 dense attention tiles for D{d} H{heads} are {(*up, up_stage)}; the policy says {(m, n, k, kv_stage)}")
+    _check_mx_attention(i)
     m, n, k = policy.DENSE_TILE
     if i._compute_dense_kv_stage(DIM, m, n, k, per_head_elem_bytes=2) != policy.dense_kv_stage(m, n, k):
         raise ValueError("cudnn's SM100 dense indexer kv_stage differs from policy.dense_kv_stage")
@@ -217,6 +232,39 @@ def check_policy(targets):
                  "smem_fixed = sPerHead_bytes + 2048"):
         if line not in src:
             raise ValueError(f"cudnn's SM100 sparse indexer no longer sizes its stages with `{line}`: re-derive policy.sm100_stages")
+
+
+def _check_mx_attention(i):
+    """The mxfp8 dense attention's policy against upstream: the tiles and the S_k bucket of its dispatch, the
+    heads its kernel takes, and the stage and zeroing rules written in _dense_attn_score_recompute."""
+    import inspect
+
+    from cudnn.deepseek_sparse_attention.score_recompute.dense_score_recompute_sm100 import DenseScoreRecomputeSm100
+
+    for d in policy.MX_ATTN_DIMS:
+        for heads in policy.mx_heads(True):
+            for hint in (1, policy.MX_LONG_K - 1, policy.MX_LONG_K, 1 << 20):
+                up = tuple(i._dispatch_dense_attn_tile_params(d, heads, precision="mxfp8", seqlen_k_hint=hint))
+                ours = policy.mx_attention_tiles(d, heads, policy.dense_attention_k_block("mxfp8", d, heads, hint))[:3]
+                if up != ours:
+                    raise ValueError(f"cudnn's SM100 mxfp8 dense attention tiles for D{d} H{heads} at S_k {hint} are {up}; the policy says {ours}")
+    fits = tuple(h for h in (16, 32, 64, 128) if policy.MX_M_BLOCK // h <= DenseScoreRecomputeSm100.max_q_tokens_per_tile)
+    if fits != policy.mx_heads(True):
+        raise ValueError(f"cudnn's dense attention takes {fits} heads at m 128; the policy's mxfp8 attention says {policy.mx_heads(True)}")
+    src = " ".join(inspect.getsource(i._dense_attn_score_recompute).split())
+    t = policy.mx_attention_tiles
+    for line in (f'if precision == "mxfp8": if head_dim == 512: if k_block_size == 64: kv_stage = {t(512, 64, 64)[3]} elif k_block_size == 256: '
+                 f'kv_stage = {t(512, 64, 256)[3]} elif qhead_per_kv_head >= 128: kv_stage = {t(512, 128, 128)[3]} else: kv_stage = '
+                 f'{t(512, 64, 128)[3]} else: kv_stage = {t(128, 64, 64)[3]}',
+                 'if precision == "mxfp8" and ((head_dim == 512 and qhead_per_kv_head >= 128) or (head_dim == 128 and qhead_per_kv_head == 64)): '
+                 'with _torch_stream_context(current_stream): out.zero_() denom_out.zero_()',
+                 'if precision == "mxfp8": out.zero_() else: out.fill_(float("-inf"))',
+                 "sf_vec_size=sf_vec_size,"):
+        if line not in src:
+            raise ValueError(f"cudnn's _dense_attn_score_recompute no longer has `{line}`: re-derive the policy's mxfp8 dense attention rules")
+    for d, heads in ((512, 64), (512, 128), (128, 64), (128, 128)):
+        if policy.mx_zeroes_denom(d, heads) != ((d == 512 and heads >= 128) or (d == 128 and heads == 64)):
+            raise ValueError(f"policy.mx_zeroes_denom({d}, {heads}) disagrees with upstream's rule")
 
 
 # --- fidelity: cudnn's own wrapper for each key (aot/toolchain/fidelity.py runs it) ------------------
@@ -229,7 +277,8 @@ FIDELITY_ROUTES = {
     "dense_indexer": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute (bf16) / dense_indexer_score_recompute "
                      "(block-scaled) -> _interface_sm100._dense_indexer_score_recompute",
     "dense_indexer_sm90": "dense_indexer_score_recompute_wrapper -> DenseIndexerScoreRecompute.execute -> _interface_sm90 (BSHD)",
-    "dense_attention": "dense_attn_score_recompute_wrapper -> DenseAttnScoreRecompute.execute -> _interface_sm100 (bf16)",
+    "dense_attention": "dense_attn_score_recompute_wrapper -> DenseAttnScoreRecompute.execute (bf16) / dense_attn_score_recompute (mxfp8) "
+                       "-> _interface_sm100._dense_attn_score_recompute",
     "dense_attention_sm90": "dense_attn_score_recompute_wrapper -> DenseAttnScoreRecompute.execute -> _interface_sm90 (BSHD)",
 }
 FIDELITY_SCALE = 576**-0.5  # not SM90_SCALE: the same cubin at another scale is part of what fidelity proves
@@ -310,12 +359,14 @@ def _fidelity_dense(op, key, up, api, h, i, T):
     import torch
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
-    H, B, s_q, s_k = key["heads"], 2, 128, 64
     sm90, attn = op.endswith("_sm90"), op.startswith("dense_attention")
+    # the mxfp8 attention's 256-wide K blocks: upstream picks them from S_k (BSHD) / max_seqlen_k (THD) >= 4096
+    H, B, s_q, s_k = key["heads"], 2, 128, policy.MX_LONG_K if key.get("k_block") == 256 and key.get("precision") == "mxfp8" else 64
     prec = key.get("precision", "bf16")
     mx = prec in policy.MX_PRECISIONS
     qdt = {"mxfp8": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}.get(prec, bf16)
     d = DIM // 2 if prec == "mxfp4" else key.get("dim", DIM)  # e2m1 pairs: two values a stored element
+    cols = -(-(key.get("dim", DIM) // policy.SF_VEC) // 4) * 4  # e8m0 scale groups of a row, padded to 4 (upstream's packed layout)
     # SM90 indexer: upstream at a double that is not the key's float32 value but rounds to it (1.0 itself stays
     # 1.0: it drops the kernel's multiply): the cubin is the float32 immediate's alone
     scale = (key["scale"] if key["scale"] == 1.0 else key["scale"] * (1 + 2**-40)) if sm90 and not attn else FIDELITY_SCALE
@@ -337,13 +388,14 @@ def _fidelity_dense(op, key, up, api, h, i, T):
                 c = T(i32, B + 1)
                 c.copy_(torch.tensor([0, p[0], p[0] + p[1]], dtype=i32))
                 cus.append(c)
-            kw.update(q_scale=T(torch.float8_e8m0fnu, 1, sum(pads[0]), 4), k_scale=T(torch.float8_e8m0fnu, 1, sum(pads[1]), 4),
+            kw.update(q_scale=T(torch.float8_e8m0fnu, 1, sum(pads[0]), cols), k_scale=T(torch.float8_e8m0fnu, 1, sum(pads[1]), cols),
                       cu_seqlens_q_scale_padded=cus[0], cu_seqlens_k_scale_padded=cus[1])
     else:
         q, k, w = T(qdt, B, s_q, H, d), T(qdt, B, s_k, 1, d), T(aux, B, s_q, H)
         out, den = T(f32, B, s_q, s_k), T(f32, B, s_q)
         if mx:
-            kw.update(q_scale=T(torch.float8_e8m0fnu, B, -(-s_q * H // 128) * 128, 4), k_scale=T(torch.float8_e8m0fnu, B, -(-s_k // 128) * 128, 4))
+            kw.update(q_scale=T(torch.float8_e8m0fnu, B, -(-s_q * H // 128) * 128, cols), k_scale=T(torch.float8_e8m0fnu, B, -(-s_k // 128) * 128,
+                                                                                                          cols))
     if mx:
         kw["precision"] = prec
     cache = up.cache(h._dense_score_recompute if sm90 else i._dense_attn_score_recompute if attn else i._dense_indexer_score_recompute, "compile_cache")
@@ -351,7 +403,11 @@ def _fidelity_dense(op, key, up, api, h, i, T):
         api.dense_attn_score_recompute_wrapper(q, k, w, scale, out=out, denom_out=den, ratio=key["ratio"], stream=up.stream, **kw)
     else:
         api.dense_indexer_score_recompute_wrapper(q, k, w, out=out, denom_out=den, sm_scale=scale, ratio=key["ratio"], stream=up.stream, **kw)
-    if mx:
+    if mx and attn:
+        m, n, kb, kv_stage = policy.mx_attention_tiles(d, H, key["k_block"])
+        want = ("dense_attention", prec, qdt, qdt, f32, torch.float8_e8m0fnu, torch.float8_e8m0fnu, d, H, m, n, kb, d // kb, kv_stage, key["ratio"],
+                key["varlen"], key["offsets"], policy.SF_VEC)
+    elif mx:
         m, n, kb = policy.DENSE_TILE
         want = ("dense_indexer", prec, qdt, qdt, bf16, torch.float8_e8m0fnu, torch.float8_e8m0fnu, DIM, H, m, n, kb, DIM // kb, policy.MX_KV_STAGE,
                 key["ratio"], key["varlen"], key["offsets"], policy.SF_VEC)

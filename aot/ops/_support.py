@@ -232,29 +232,30 @@ def check(problems, t, name, shape, dtype, dev, align, layout=True):
         problems.append(f"{name}: data pointer 0x{t.data_ptr():x} is not {align}-byte aligned (expected a {align}-byte aligned base; clone() the tensor)")
 
 
-MX_SCALE_COLS = 4  # e8m0 scales of a D 128 row at 32 values each, padded to 4 columns (upstream's packed layout)
-
-
-def block_scales(problems, precision, varlen, b, s_q, s_k, heads, dev, q_scale, k_scale, cu_q_scale, cu_k_scale, layout=True):
-    """Append what is wrong with the e8m0 block scales of a block-scaled (mxfp8 / mxfp4) SM100 indexer call
-    (the forward and the dense score recompute read the same ones) against upstream's packed layout, one KV
-    head and ``heads`` q heads packed per q row: BSHD q_scale (B, ceil128(S_q * heads), 4) and k_scale
-    (B, ceil128(S_k), 4), no scale-padded offsets; THD both (1, a multiple of 128 rows, 4) with
-    ``cu_seqlens_q_scale_padded`` / ``cu_seqlens_k_scale_padded`` (int32, B + 1: each segment's rows padded to
-    128; their values are the kernel's to read). ``b``: None where the batch is unknown (a malformed
-    cu_seqlens, reported by its own check); ``layout=False`` as :func:`check`'s."""
+def block_scales(problems, precision, varlen, b, s_q, s_k, heads, dev, q_scale, k_scale, cu_q_scale, cu_k_scale, layout=True, dim=128):
+    """Append what is wrong with the e8m0 block scales of a block-scaled (mxfp8 / mxfp4) SM100 call (the
+    indexer forward, the dense indexer and attention score recomputes read the same layout) against
+    upstream's packed layout, one KV head and ``heads`` q heads packed per q row, ``dim`` the logical head
+    dim (its scales, one per 32 values, padded to a multiple of 4 columns: 4 at D128, 16 at D512): BSHD
+    q_scale (B, ceil128(S_q * heads), cols) and k_scale (B, ceil128(S_k), cols), no scale-padded offsets;
+    THD both (1, a multiple of 128 rows, cols) with ``cu_seqlens_q_scale_padded`` /
+    ``cu_seqlens_k_scale_padded`` (int32, B + 1: each segment's rows padded to 128; their values are the
+    kernel's to read). ``b``: None where the batch is unknown (a malformed cu_seqlens, reported by its own
+    check); ``layout=False`` as :func:`check`'s."""
     import torch
 
     e8 = torch.float8_e8m0fnu
+    groups = -(-dim // 32)
+    cols = -(-groups // 4) * 4  # upstream's sf_groups_padded at sf_vec_size 32
     if q_scale is None or k_scale is None:
         problems.append(f"precision={precision!r} requires q_scale and k_scale")
     elif varlen:
         for name, t in (("q_scale", q_scale), ("k_scale", k_scale)):
             rows = t.shape[1] if isinstance(t, torch.Tensor) and t.ndim == 3 else -1
-            check(problems, t, name, (1, rows if rows >= 0 and rows % 128 == 0 else "a multiple of 128", MX_SCALE_COLS), e8, dev, 16, layout)
+            check(problems, t, name, (1, rows if rows >= 0 and rows % 128 == 0 else "a multiple of 128", cols), e8, dev, 16, layout)
     else:
-        check(problems, q_scale, "q_scale", (b, -(-s_q * heads // 128) * 128, MX_SCALE_COLS), e8, dev, 16, layout)
-        check(problems, k_scale, "k_scale", (b, -(-s_k // 128) * 128, MX_SCALE_COLS), e8, dev, 16, layout)
+        check(problems, q_scale, "q_scale", (b, -(-s_q * heads // 128) * 128, cols), e8, dev, 16, layout)
+        check(problems, k_scale, "k_scale", (b, -(-s_k // 128) * 128, cols), e8, dev, 16, layout)
     if varlen:
         for name, t in (("cu_seqlens_q_scale_padded", cu_q_scale), ("cu_seqlens_k_scale_padded", cu_k_scale)):
             if t is None:

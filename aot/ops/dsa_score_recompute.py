@@ -6,8 +6,8 @@ The indexer's predicted distribution over each query's top-k slots,
 attention's target distribution,
 ``target[b, s, i] = L1norm_i(sum_h exp(scale q[b, s, h] . k[b, topk[b, s, i]] - lse[b, s, h]))``,
 which the indexer loss compares (:mod:`aot.policy.dsa_score_recompute`), and their dense twins over
-every key (``dense_indexer_score_recompute`` / ``dense_attn_score_recompute``; the indexer's also
-block-scaled on SM100, mxfp8 / mxfp4 with e8m0 scales). One launch per call (SM90 THD: one per segment);
+every key (``dense_indexer_score_recompute`` / ``dense_attn_score_recompute``; on SM100 also
+block-scaled with e8m0 scales, the indexer's mxfp8 / mxfp4, the attention's mxfp8). One launch per call (SM90 THD: one per segment);
 on SM90 the weights / LSE are first copied transposed into the caller's workspace, on the call's stream,
 as upstream copies them on every call. Every input is validated before anything is written or launched.
 """
@@ -359,15 +359,15 @@ class _DenseKind:
     tensors: tuple  # argument names in _into order (the block-scaled ones' scales last)
     aux_dtype: str  # weights bf16 / lse fp32
     aux_bytes: int
-    dims: tuple
+    dims: tuple  # bf16's head dims (the block-scaled ones: policy.DIM / policy.MX_ATTN_DIMS)
     precisions: tuple  # what the build ships for it
 
 
 _DENSE_TENSORS = ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
 _SCALES = ("q_scale", "k_scale", "cu_seqlens_q_scale_padded", "cu_seqlens_k_scale_padded")  # a block-scaled call's, after _DENSE_TENSORS
 _DENSE_INDEXER = _DenseKind("dense_indexer_score_recompute", _DENSE_TENSORS + _SCALES, "bfloat16", 2, (policy.DIM,), policy.DENSE_PRECISIONS)
-_DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", _DENSE_TENSORS[:4] + ("lse",) + _DENSE_TENSORS[5:], "float32", 4, policy.ATTN_DIMS,
-                              ("bf16",))
+_DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", _DENSE_TENSORS[:4] + ("lse",) + _DENSE_TENSORS[5:] + _SCALES, "float32", 4,
+                              policy.ATTN_DIMS, policy.ATTN_PRECISIONS)
 _QK_DTYPES = {"bf16": "bfloat16", "mxfp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn_x2"}  # Q / K as each precision stores them
 
 
@@ -491,25 +491,30 @@ def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None,
     Layouts as :func:`dense_indexer_score_recompute` with ``lse`` (B, S_q, H) / (T_q, H) fp32 in place of the
     weights and D 512 or 576. ``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code
     literal is the launcher's argument). THD as the indexer's (SM90: per segment, host ``cu_seqlens``
-    sync-free; rows of a segment with no key get ``denom`` 0, the sum of no probability). bf16 only (the
-    mxfp8 kernel is not shipped yet)."""
+    sync-free; rows of a segment with no key get ``denom`` 0, the sum of no probability).
+
+    ``precision``: "bf16", or on SM100 "mxfp8": q / k float8_e4m3fn, D512 or D128, one KV head and 64 or 128
+    q heads, e8m0 scales in the indexer's packed layout with ceil4(D / 32) columns (16 at D512, 4 at D128).
+    Its K block is upstream's choice from S_k (BSHD) or ``max_seqlen_k`` (THD): at D512 256-wide from 4096
+    keys, 128 below (two entries). ``out`` is zeroed before the launch, not -inf filled (the kernel
+    accumulates into it), and ``denom`` too at D512 H128 and D128 H64, as upstream does. SM90 refuses it
+    (upstream raises NotImplementedError)."""
     _sf_vec(sf_vec_size)
-    problems = []
-    _dense_precision(problems, _DENSE_ATTENTION, precision, (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
-    if problems:
-        raise input_error(problems)
     out, denom_out = _dense_call(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head)
+                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                                 (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
     return Outputs(out=out, denom=denom_out)
 
 
 def dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                                    max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None):
-    """``dense_attn_score_recompute`` (bf16) into a caller's ``out`` and ``denom_out`` (and, on SM90,
-    ``workspace``); THD as :func:`dense_indexer_score_recompute_into`. Capture-safe from the first call,
-    allocates nothing. Returns ``(out, denom_out)``."""
+                                    max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None,
+                                    precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    """``dense_attn_score_recompute`` into a caller's ``out`` and ``denom_out`` (and, on SM90,
+    ``workspace``); THD as :func:`dense_indexer_score_recompute_into`; mxfp8 and its scales as there
+    (SM100). Capture-safe from the first call, allocates nothing. Returns ``(out, denom_out)``."""
     return _dense_into(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       q_causal_offsets, stream, workspace, qhead_per_kv_head)
+                       q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                       (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
 
 
 def _dense_calls(kind) -> dict:
@@ -518,8 +523,8 @@ def _dense_calls(kind) -> dict:
 
 def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
     """The allocating forms: THD maxima read back where missing, the outputs and workspace allocated on the
-    call's stream where not given, then the ``_into`` form (``scales``: the indexer's four block-scale
-    tensors, None where not given; none for the attention). Returns (out, denom_out)."""
+    call's stream where not given, then the ``_into`` form (``scales``: the four block-scale tensors, None
+    where not given). Returns (out, denom_out)."""
     import torch
 
     precision = _lower(precision)
@@ -620,16 +625,15 @@ def _sf_vec(sf_vec_size):
 
 
 def _dense_precision(problems, kind, precision, scales) -> str:
-    """The call's precision as upstream takes it (lower case); problems appended for one the build does not
-    ship for ``kind`` and for block scales given with bf16 (upstream's ValueError)."""
+    """The call's precision as upstream takes it (lower case); problems appended for one ``kind`` does not
+    take and for block scales given with bf16 (upstream's ValueError)."""
     p = _lower(precision)
     if p not in kind.precisions:
-        why = ("the mxfp8 dense attention kernel is not shipped yet" if p == "mxfp8" and kind is _DENSE_ATTENTION else
-               f"expected one of {', '.join(map(repr, kind.precisions))}")
-        problems.append(f"precision={precision!r} ({why})")
+        problems.append(f"precision={precision!r} (expected one of {', '.join(map(repr, kind.precisions))})")
     elif p == "bf16" and any(t is not None for t in scales):
         names = [n for n, t in zip(_SCALES, scales) if t is not None]
-        problems.append(f"{', '.join(names)}: block scales go with precision='mxfp8' or 'mxfp4' (this call's is 'bf16'; upstream's ValueError)")
+        problems.append(f"{', '.join(names)}: block scales go with precision={' or '.join(map(repr, kind.precisions[1:]))} (this call's is 'bf16'; "
+                        "upstream's ValueError)")
     return p
 
 
@@ -642,11 +646,13 @@ def _plan_dense(out, denom_out, q, k, weights, cu_seqlens_q=None, cu_seqlens_k=N
     return _plan_dense_kind(_DENSE_INDEXER, ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, precision=_lower(precision))
 
 
-def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, softmax_scale,
-                          ratio=1, max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None):
+def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None,
+                          k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, softmax_scale, ratio=1, max_seqlen_q=None,
+                          max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16"):
     """Validate a dense attention call and compile what it does."""
-    return _plan_dense_kind(_DENSE_ATTENTION, (out, denom_out, q, k, lse, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace), softmax_scale,
-                            ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head)
+    ts = (out, denom_out, q, k, lse, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace, q_scale, k_scale, cu_seqlens_q_scale_padded,
+          cu_seqlens_k_scale_padded)
+    return _plan_dense_kind(_DENSE_ATTENTION, ts, softmax_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, precision=_lower(precision))
 
 
 def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None, precision="bf16"):
@@ -659,8 +665,15 @@ def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None, pre
         op, key = c.kernel
         if op.endswith("_sm90"):
             rec.first(_transposed_into_workspace(aux.shape, 4, 8, kind.aux_dtype, c.dev))
-        # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
-        rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
+        if key.get("precision") == "mxfp8" and op == "dense_attention":
+            # upstream zeroes out (the kernel accumulates into it and writes -inf where the causal rule hides a key) and, for
+            # the kernels that accumulate into denom too, denom (it zeroes out twice there: once is the same)
+            rec.memset(rec.p[0], out.numel() * 4)
+            if policy.mx_zeroes_denom(key["dim"], key["heads"]):
+                rec.memset(rec.p[1], ts[1].numel() * 4)
+        else:
+            # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
+            rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
         rec.launch(launcher(FAMILY, op, key, c.dev), *_dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
     return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
 
@@ -746,8 +759,11 @@ class DenseIndexerScoreRecompute(Plan):
 
 class DenseAttnScoreRecompute(Plan):
     """cudnn's DenseAttnScoreRecompute shape: ``DenseAttnScoreRecompute(out, denom_out, q, k, lse,
-    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, *, softmax_scale, ratio=1,
-    max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
+    cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, softmax_scale, ratio=1, max_seqlen_q=None,
+    max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16")``; ``execute(<the tensors>, stream=None)``.
+    cudnn's class is bf16 only; this one also plans the SM100 mxfp8 calls of
+    :func:`dense_attn_score_recompute_into`."""
 
     _build = staticmethod(_plan_dense_attention)
     _tensors = _DENSE_ATTENTION.tensors
@@ -760,7 +776,7 @@ _DATTN_CALLS: dict = {}  # the dense attention's
 def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False, host=None, precision="bf16") -> _DenseCall:
     """Every problem with a dense call, raised together before anything is touched (``host``: an SM90 THD
     call's segment bounds, :func:`_sm90_segments`; its ``cu_seqlens`` are then None in ``ts``; ``ts[9:]``:
-    the block scales, the indexer's)."""
+    the block scales)."""
     import torch
 
     out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts[:9]
@@ -770,11 +786,13 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
     problems = []
     prec = _dense_precision(problems, kind, precision, scales)
     mx = prec in policy.MX_PRECISIONS
+    what = f"the block-scaled dense {'attention' if attention else 'indexer'}"
+    dims_ok = policy.MX_ATTN_DIMS if attention and mx else kind.dims
     x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", scale, positive=attention)
     integer(problems, "ratio", ratio, 1, _I32 - 1)
     varlen = cu_q is not None or cu_k is not None or host is not None
     rank = 3 if varlen else 4
-    dims = " or ".join(map(str, kind.dims))
+    dims = " or ".join(map(str, dims_ok))
     shape_q = f"(T_q, H, {dims})" if varlen else f"(B, S_q, H, {dims})"
     if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != rank or q.device.type != "cuda":
         problems.append(f"q: expected a {shape_q} CUDA tensor{' (THD: cu_seqlens given)' if varlen else ''}, got {getattr(q, 'shape', type(q).__name__)}")
@@ -785,8 +803,7 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
     dev = q.device.index
     arch, sm100 = arch_or_refuse(problems, dev)
     if mx and arch is not None and not sm100:
-        problems.append(f"precision={prec!r}: the block-scaled dense indexer is SM100 only (upstream raises NotImplementedError on SM90, which "
-                        "takes bf16)")
+        problems.append(f"precision={prec!r}: {what} is SM100 only (upstream raises NotImplementedError on SM90, which takes bf16)")
     h, d = q.shape[-2], q.shape[-1]
     h_kv = k.shape[-2]
     lead = tuple(q.shape[:-2])
@@ -821,18 +838,18 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
         check(problems, offs, "q_causal_offsets", (b,), torch.int32, dev, 4 if not sm100 else 16)
     if prec == "mxfp4" and d != policy.DIM // 2:
         problems.append(f"q / k last dim {d} (mxfp4 stores D {policy.DIM} as {policy.DIM // 2} float4_e2m1fn_x2 elements, two values each)")
-    elif prec != "mxfp4" and d not in kind.dims:
+    elif prec != "mxfp4" and d not in dims_ok:
         problems.append(f"D={d} (expected {dims})")
     qhpkv = h // h_kv if h_kv and h % h_kv == 0 else None
     if qhpkv is None or h <= h_kv:
         problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
     elif qhead_per_kv_head is not None and qhead_per_kv_head != qhpkv:
         problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
-    elif mx and (h_kv != 1 or qhpkv not in policy.MX_HEADS):
-        problems.append(f"H={h} over H_kv={h_kv}: the block-scaled dense indexer takes one KV head and "
-                        f"{' or '.join(map(str, policy.MX_HEADS))} q heads (upstream's ValueError)")
-    if mx:
-        block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, *scales)
+    elif mx and (h_kv != 1 or qhpkv not in policy.mx_heads(attention)):
+        problems.append(f"H={h} over H_kv={h_kv}: {what} takes one KV head and {' or '.join(map(str, policy.mx_heads(attention)))} q heads "
+                        "(upstream's ValueError; the attention's H32 does not compile)")
+    if mx:  # the scales' columns follow the logical head dim (mxfp4 stores two values an element)
+        block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, *scales, dim=2 * d if prec == "mxfp4" else d)
     x = ()
     if not problems:
         rows = q.numel() // (h * d)
@@ -845,7 +862,8 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
     kernel, need, regions = None, 0, ()
     if not problems:
         if attention:
-            ks = policy.dense_attention_kernels(arch, qhpkv, d, ratio, varlen, offs is not None)
+            # the K block is upstream's pick from the S_k hint: max_seqlen_k (THD), S_k (BSHD; max_seqlen_k is refused there)
+            ks = policy.dense_attention_kernels(arch, qhpkv, d, ratio, varlen, offs is not None, prec, s_k)
         else:
             ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, x32, prec)
         require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
@@ -1034,9 +1052,12 @@ def _t_dense_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqle
                                        cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
 
 
-def _t_dattn(q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
+def _t_dattn(q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
     r = dense_attn_score_recompute(q, k, lse, softmax_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets)
+                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
+                                   q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
+                                   cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
     return r["out"], r["denom"]
 
 
@@ -1045,18 +1066,19 @@ def _f_dattn(q, k, lse, softmax_scale, *args, **kwargs):
 
 
 def _t_dattn_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                  q_causal_offsets=None, workspace=None):
+                  q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
+                  workspace=None):
     dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    q_causal_offsets, workspace=workspace)
+                                    q_causal_offsets, workspace=workspace, precision=precision, q_scale=q_scale, k_scale=k_scale,
+                                    cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
 
 
 _IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
-_IN_DENSE = ("Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-             "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, "
-             "Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")
-_IN_DATTN = ("Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-             "int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None")
+_IN_SCALED = ("int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, "
+              "Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")  # both dense ops' tail
+_IN_DENSE = f"Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
+_IN_DATTN = f"Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
 TORCH_OPS = {
     "dsa_dense_attn_score_recompute": (f"({_IN_DATTN}) -> (Tensor, Tensor)", _t_dattn, _f_dattn),
     "dsa_dense_attn_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DATTN}, Tensor(c!)? workspace=None) -> ()", _t_dattn_into,

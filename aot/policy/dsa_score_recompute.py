@@ -28,12 +28,18 @@ Ops and what changes their cubins (measured by compiling two values; docs/resear
                           constants), SM100 only
   dense_indexer_sm90      DenseScoreRecomputeSm90 (index scores): heads, ratio, offsets and the scale, a
                           float32 immediate in the cubin (an F32 field: the manifest lists the scales)
-  dense_attention         DenseScoreRecomputeSm100 "attention" (bf16): heads, dim, ratio, varlen, offsets;
-                          derived m (two query tokens per tile where they fit), k_block, kv_stage
+  dense_attention         DenseScoreRecomputeSm100 "attention": precision, heads, dim, k_block, ratio,
+                          varlen, offsets. bf16: derived m (two query tokens per tile where they fit),
+                          k_block fixed by (dim, heads), kv_stage. mxfp8 (e4m3 Q/K, e8m0 scales per 32
+                          values; SM100 only): BwdDenseAttnScoreSm100Mxfp8, tiles 128 x 128, D512 at 64 /
+                          128 heads or D128 at 64 / 128; k_block at D512 is upstream's host rule on a run-time
+                          shape (256 when the S_k hint is >= 4096, else 128), so it is a key field and the
+                          call picks the entry (dense_attention_kernels); kv_stage upstream's constants
   dense_attention_sm90    DenseScoreRecomputeSm90 (attention): heads, dim, ratio, offsets; the scale the
                           host code's literal, the launcher's argument as for the sparse attention
 
-Not in the keys: batch and sequence lengths (both arches); the indexer's scale (no wrapper passes one:
+Not in the keys: batch and sequence lengths (both arches; only the mxfp8 attention's k_block follows S_k,
+a bucket upstream's host picks); the indexer's scale (no wrapper passes one:
 1.0); the attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
 ``f32(scale * log2 e)`` and bakes it in per compile: the launcher takes it per call, the spec's
 ``LITERALS``). One launch per call; on SM90 the weights / LSE are first copied transposed, (B, S_q,
@@ -45,7 +51,8 @@ from ._math import round_up
 from .arch import SM90, SM100, is_sm100
 from .keys import F32, Choice, IntRange, Op
 
-__all__ = ["FAMILY", "OPS", "DIM", "DENSE_PRECISIONS", "MX_PRECISIONS", "MX_HEADS", "MX_KV_STAGE", "SF_VEC", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
+__all__ = ["FAMILY", "OPS", "DIM", "DENSE_PRECISIONS", "MX_PRECISIONS", "MX_HEADS", "MX_KV_STAGE", "SF_VEC", "ATTN_PRECISIONS", "MX_ATTN_DIMS", "MX_LONG_K", "mx_heads", "mx_attention_tiles", "mx_zeroes_denom",
+           "dense_attention_k_block", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
            "attention_kernels", "workspace_bytes", "DENSE_TILE", "dense_kv_stage", "f32", "dense_indexer_kernels", "sm100_dense_attention_tiles",
            "dense_attention_kernels"]
 
@@ -86,9 +93,64 @@ MX_KV_STAGE = 24  # upstream's fixed block-scaled K stages (k_block 64; not the 
 SF_VEC = 32  # values per e8m0 scale (upstream's sf_vec_size, the only one it takes)
 
 
+ATTN_PRECISIONS = ("bf16", "mxfp8")  # the SM100 dense attention's (upstream's _normalize_dense_precision)
+MX_ATTN_DIMS = (128, 512)  # the mxfp8 dense attention's head dims (upstream's contract: D128, or D512 at 64 / 128 heads)
+MX_M_BLOCK = 128  # its m = n = 128 tiles: heads >= 64 (the base class asserts at most 2 query tokens a tile)
+MX_LONG_K = 4096  # S_k hint from which the D512 mxfp8 attention takes 256-wide K blocks (upstream's dispatch)
+
+
+def mx_heads(attention: bool) -> tuple:
+    """The q heads per KV head (one KV head) a block-scaled dense score takes: the indexer 32 / 64 (upstream's
+    ValueError otherwise); the mxfp8 attention 64 / 128 (D512: the kernel's ValueError; D128: its base class
+    asserts ``128 // heads <= 2`` query tokens a tile, so H32 does not compile, research trap 11)."""
+    return (64, 128) if attention else MX_HEADS
+
+
+def mx_attention_tiles(dim: int, heads: int, k_block: int) -> tuple:
+    """(m, n, k_block, kv_stage) of the mxfp8 dense attention kernel: upstream's fixed stages by k_block
+    (_dense_attn_score_recompute; check_policy reads them there)."""
+    if dim == 512:
+        kv_stage = 7 if k_block == 64 else 3 if k_block == 256 else 9 if heads >= 128 else 7
+    else:
+        kv_stage = 4
+    return MX_M_BLOCK, 128, k_block, kv_stage
+
+
+def mx_zeroes_denom(dim: int, heads: int) -> bool:
+    """Whether upstream zeroes ``denom`` (and ``out``) before the mxfp8 attention's launch: the kernels that
+    accumulate into it (research trap 10); ``out`` is zeroed before every mxfp8 launch."""
+    return (dim == 512 and heads >= 128) or (dim == 128 and heads == 64)
+
+
+def dense_attention_k_block(precision: str, dim: int, heads: int, seqlen_k_hint: int) -> int:
+    """The SM100 dense attention's K block, upstream's _dispatch_dense_attn_tile_params: bf16 by (dim, heads);
+    mxfp8 D512 256 when the S_k hint (THD max_seqlen_k, BSHD S_k) is >= 4096, else 128; mxfp8 D128 64."""
+    if precision == "bf16":
+        return sm100_dense_attention_tiles(dim, heads)[2]
+    if dim == 512:
+        return 256 if seqlen_k_hint >= MX_LONG_K else 128
+    return 64
+
+
 def _dense_indexer_check(key):
     if key["precision"] in MX_PRECISIONS and key["heads"] not in MX_HEADS:
         return f"the block-scaled dense indexer takes {' or '.join(map(str, MX_HEADS))} heads per KV head (upstream raises ValueError)"
+    return None
+
+
+def _dense_attention_check(key):
+    prec, h, d, kb = key["precision"], key["heads"], key["dim"], key["k_block"]
+    if prec == "bf16":
+        if d not in ATTN_DIMS:
+            return f"the bf16 dense attention ships D {' / '.join(map(str, ATTN_DIMS))} (its tiles are upstream's table there)"
+        want = sm100_dense_attention_tiles(d, h)[2]
+        return None if kb == want else f"the bf16 dense attention at D{d} H{h} has k_block {want} (upstream's dispatch)"
+    if d not in MX_ATTN_DIMS or h not in mx_heads(True):
+        return (f"the mxfp8 dense attention takes D128 or D512 at {' or '.join(map(str, mx_heads(True)))} heads per KV head (upstream raises "
+                "ValueError, or D128 H32 fails to compile)")
+    ks = (128, 256) if d == 512 else (64,)
+    if kb not in ks:
+        return f"the mxfp8 dense attention at D{d} has k_block {' or '.join(map(str, ks))} (upstream's dispatch; 256 when S_k >= {MX_LONG_K})"
     return None
 
 
@@ -103,7 +165,8 @@ OPS = {
     "sparse_attention_sm90": Op(fields=dict(_ATTN), arches=SM90),
     "dense_indexer": Op(fields=dict(_DENSE, varlen=_BOOL, precision=Choice(*DENSE_PRECISIONS)), check=_dense_indexer_check, arches=SM100),
     "dense_indexer_sm90": Op(fields=dict(_DENSE, scale=F32()), arches=SM90),
-    "dense_attention": Op(fields=dict(_DENSE, dim=Choice(*ATTN_DIMS), varlen=_BOOL), arches=SM100),
+    "dense_attention": Op(fields=dict(_DENSE, dim=Choice(128, *ATTN_DIMS), varlen=_BOOL, precision=Choice(*ATTN_PRECISIONS),
+                                      k_block=Choice(64, 128, 256)), check=_dense_attention_check, arches=SM100),
     "dense_attention_sm90": Op(fields=dict(_DENSE, dim=Choice(*ATTN_DIMS)), arches=SM90),
 }
 
@@ -126,12 +189,17 @@ def sm100_dense_attention_tiles(dim: int, heads: int) -> tuple:
     return m, 128, k, dense_kv_stage(m, 128, k, dim, per_head=4)
 
 
-def dense_attention_kernels(arch, heads, dim, ratio, varlen, offsets) -> dict:
-    """role -> (op, key) of one dense attention call (``heads`` per KV head): SM100 native BSHD / THD, SM90
-    BSHD; the scale a run-time argument on both (SM90: the launcher's literal argument)."""
+def dense_attention_kernels(arch, heads, dim, ratio, varlen, offsets, precision="bf16", seqlen_k_hint=0) -> dict:
+    """role -> (op, key) of one dense attention call (``heads`` per KV head): SM100 native BSHD / THD of the
+    precision, its K block from ``seqlen_k_hint`` as upstream picks it (THD max_seqlen_k, BSHD S_k:
+    :func:`dense_attention_k_block`), SM90 bf16 BSHD (no mxfp8 kernel: ValueError); the scale a run-time
+    argument on both (SM90: the launcher's literal argument)."""
     key = {"heads": int(heads), "dim": int(dim), "ratio": int(ratio), "offsets": bool(offsets)}
     if is_sm100(arch):
-        return {"main": ("dense_attention", dict(key, varlen=bool(varlen)))}
+        kb = dense_attention_k_block(precision, int(dim), int(heads), int(seqlen_k_hint))
+        return {"main": ("dense_attention", dict(key, varlen=bool(varlen), precision=precision, k_block=kb))}
+    if precision != "bf16":
+        raise ValueError(f"precision {precision!r}: the mxfp8 dense attention is SM100 only")
     return {"main": ("dense_attention_sm90", key)}
 
 

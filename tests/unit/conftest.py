@@ -328,10 +328,32 @@ offsets = false
 [[bucket]]
 family = "dsa_score_recompute"
 op = "dense_attention"
+precision = "bf16"
 heads = 64
 dim = 512
+k_block = 128
 ratio = 4
 varlen = [false, true]
+offsets = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "dense_attention"
+precision = "mxfp8"
+heads = 64
+dim = 512
+k_block = [128, 256]
+ratio = 4
+varlen = [false, true]
+offsets = false
+[[bucket]]
+family = "dsa_score_recompute"
+op = "dense_attention"
+precision = "mxfp8"
+heads = 64
+dim = 128
+k_block = 64
+ratio = 4
+varlen = false
 offsets = false
 """
 
@@ -353,7 +375,8 @@ def sm100_build(tmp_path_factory):
     attention forward (H64 D512, a sink: indexer_topk 512; 0 with and without topk_length), compactify (128 columns), the fused
     indexer top-k and local_to_global, the sparse indexer and sparse attention score recompute (H64 top-k 512 with and
     without topk_length; H128 D512, where upstream drops topk_length), the dense indexer score recompute (H64 ratio 4, BSHD and
-    THD, bf16 and the block-scaled mxfp8 / mxfp4). No SM100 GPU here: the ops' SM100 paths run on it with a
+    THD, bf16 and the block-scaled mxfp8 / mxfp4), the dense attention's (H64 ratio 4: bf16 D512, BSHD and THD; mxfp8 D512 in both
+    S_k buckets, BSHD and THD, and D128 BSHD). No SM100 GPU here: the ops' SM100 paths run on it with a
     stand-in capability-10.0 driver, their launches through the real lifted host functions."""
     return _real_build(tmp_path_factory, "sm100_build", SM100_BUILD, 20)
 

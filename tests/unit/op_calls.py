@@ -219,32 +219,45 @@ def dense_indexer_score_recompute(dev, stream, s_q=8, s_k=40, varlen=False):
 
 
 def dense_indexer_score_recompute_mx(dev, stream, precision="mxfp8", s_q=8, s_k=40, varlen=False, heads=64):
-    """A block-scaled dense indexer ``_into`` call (SM100 only), ratio 4, B 2, one KV head: q / k e4m3 (mxfp8) or
-    e2m1 pairs (mxfp4, last dim 64), bf16 weights, e8m0 scales in upstream's packed shapes (THD: segments of S_q
-    and S_k rows, each padded to 128 scale rows, with their padded offsets and the maxima)."""
+    """A block-scaled dense indexer ``_into`` call (SM100 only): :func:`_dense_score_mx` with bf16 weights, D128."""
+    return _dense_score_mx(dev, stream, False, precision, s_q, s_k, varlen, heads, 128)
+
+
+def dense_attn_score_recompute_mx(dev, stream, s_q=8, s_k=40, varlen=False, heads=64, dim=512):
+    """An mxfp8 dense attention ``_into`` call (SM100 only): :func:`_dense_score_mx` with an fp32 LSE and
+    softmax_scale 512**-0.5."""
+    return _dense_score_mx(dev, stream, True, "mxfp8", s_q, s_k, varlen, heads, dim)
+
+
+def _dense_score_mx(dev, stream, attention, precision, s_q, s_k, varlen, heads, dim):
+    """A block-scaled dense score ``_into`` call, ratio 4, B 2, one KV head: q / k e4m3 (mxfp8) or e2m1 pairs
+    (mxfp4, last dim dim / 2), e8m0 scales in upstream's packed shapes (ceil4(dim / 32) columns; THD: segments of
+    S_q and S_k rows, each padded to 128 scale rows, with their padded offsets and the maxima)."""
     import aot.dsa
 
     b, h = 2, heads
-    d = 64 if precision == "mxfp4" else 128
+    d = dim // 2 if precision == "mxfp4" else dim
+    cols = -(-(dim // 32) // 4) * 4
 
     def raw(shape, dtype):  # random bytes viewed as an 8-bit (or packed 4-bit) float type
         return cuda_tensor(torch.randint(0, 127, shape, dtype=torch.uint8).view(dtype), dev)
 
     qk = torch.float4_e2m1fn_x2 if precision == "mxfp4" else torch.float8_e4m3fn
     lead, k_lead = ((b * s_q,), (b * s_k,)) if varlen else ((b, s_q), (b, s_k))
-    q, k, w = raw(lead + (h, d), qk), raw(k_lead + (1, d), qk), _t(lead + (h,), torch.bfloat16, dev)
+    q, k, aux = raw(lead + (h, d), qk), raw(k_lead + (1, d), qk), _t(lead + (h,), torch.float32 if attention else torch.bfloat16, dev)
     out, den = _t(lead[:1] + (s_k,) if varlen else lead + (s_k,), torch.float32, dev), _t(lead, torch.float32, dev)
     rows_q, rows_k = -(-s_q * h // 128) * 128, -(-s_k // 128) * 128
     kw = dict(ratio=4, stream=stream, precision=precision)
     if varlen:
         kw.update(cu_seqlens_q=cuda_tensor(torch.tensor([0, s_q, 2 * s_q], dtype=torch.int32), dev),
                   cu_seqlens_k=cuda_tensor(torch.tensor([0, s_k, 2 * s_k], dtype=torch.int32), dev), max_seqlen_q=s_q, max_seqlen_k=s_k,
-                  q_scale=raw((1, b * rows_q, 4), torch.float8_e8m0fnu), k_scale=raw((1, b * rows_k, 4), torch.float8_e8m0fnu),
+                  q_scale=raw((1, b * rows_q, cols), torch.float8_e8m0fnu), k_scale=raw((1, b * rows_k, cols), torch.float8_e8m0fnu),
                   cu_seqlens_q_scale_padded=cuda_tensor(torch.tensor([0, rows_q, 2 * rows_q], dtype=torch.int32), dev),
                   cu_seqlens_k_scale_padded=cuda_tensor(torch.tensor([0, rows_k, 2 * rows_k], dtype=torch.int32), dev))
     else:
-        kw.update(q_scale=raw((b, rows_q, 4), torch.float8_e8m0fnu), k_scale=raw((b, rows_k, 4), torch.float8_e8m0fnu))
-    return aot.dsa.dense_indexer_score_recompute_into, (out, den, q, k, w), kw, (out, den)
+        kw.update(q_scale=raw((b, rows_q, cols), torch.float8_e8m0fnu), k_scale=raw((b, rows_k, cols), torch.float8_e8m0fnu))
+    fn = aot.dsa.dense_attn_score_recompute_into if attention else aot.dsa.dense_indexer_score_recompute_into
+    return fn, (out, den, q, k, aux) + ((512**-0.5,) if attention else ()), kw, (out, den)
 
 
 def dense_attn_score_recompute(dev, stream, s_q=8, s_k=40, varlen=False):

@@ -337,18 +337,26 @@ def test_dense_indexer_refusals_before_anything_runs(env, torch_steps):
     assert len(env.launches) == 1
 
 
-def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_calls):
-    """ci/check_sm100_calls.check_dense_score on the SM100 build's dense indexer entries (bf16, mxfp8 and mxfp4,
-    BSHD and THD): the op's arguments in upstream's order run through the lifted host function; swapped out /
-    denom pointers, a dropped scale and, block-scaled, swapped q / k scales or scale-padded offsets are caught."""
+@pytest.mark.parametrize("op_name", ["dense_indexer", "dense_attention"])
+def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_calls, op_name):
+    """ci/check_sm100_calls.check_dense_score on the SM100 build's dense entries (the indexer's bf16, mxfp8 and
+    mxfp4, the attention's bf16 and mxfp8 in both D512 S_k buckets and D128; BSHD and THD): the op's arguments in
+    upstream's order run through the lifted host function; swapped out / denom pointers, a dropped scale and,
+    block-scaled, swapped q / k scales or scale-padded offsets are caught."""
     import json
 
     import aot.ops.dsa_score_recompute as op
     from aot.toolchain import verify
 
     index = json.loads((sm100_build / "index.json").read_text())
-    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == "dense_indexer"]
-    assert sorted((e["key"]["precision"], e["key"]["varlen"]) for e in entries) == [(p, v) for p in ("bf16", "mxfp4", "mxfp8") for v in (False, True)]
+    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == op_name]
+    if op_name == "dense_indexer":
+        want = [(p, 128, 64, v) for p in ("bf16", "mxfp4", "mxfp8") for v in (False, True)]
+    else:
+        want = [("bf16", 512, 128, False), ("bf16", 512, 128, True), ("mxfp8", 128, 64, False)] + [("mxfp8", 512, kb, v) for kb in (128, 256)
+                                                                                                for v in (False, True)]
+    got = sorted((e["key"]["precision"], e["key"].get("dim", 128), e["key"]["k_block"], e["key"]["varlen"]) for e in entries)
+    assert got == sorted(want)
     real = op._dense_launch_args
 
     def swapping(i, j):
@@ -366,14 +374,14 @@ def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
-            assert sm100_calls.check_dense_score(ns, "dense_indexer", key, b, s_q, s_k) == [], e["id"]
+            assert sm100_calls.check_dense_score(ns, op_name, key, b, s_q, s_k) == [], e["id"]
         bads = [swapping(0, 1), unscaled]
         if key["precision"] != "bf16":
             bads += [swapping(9, 10)] + ([swapping(11, 12), swapping(5, 11)] if key["varlen"] else [])
         for bad in bads:
             op._dense_launch_args = bad
             try:
-                assert sm100_calls.check_dense_score(ns, "dense_indexer", key, 2, 64, 4096) != [], (e["id"], bad)
+                assert sm100_calls.check_dense_score(ns, op_name, key, 2, 64, 4096) != [], (e["id"], bad)
             finally:
                 op._dense_launch_args = real
 
@@ -527,11 +535,7 @@ def test_sm100_dense_attention_reads_the_scale(sm100_env, varlen):
     assert struct.pack("<f", args[5]) in launch.params
 
 
-def test_dense_attention_refusals_and_the_sm100_call_order(env, torch_steps, sm100_build, sm100_calls):
-    import json
-
-    from aot.toolchain import verify
-
+def test_dense_attention_refusals(env, torch_steps):
     fn, args, kw, writes = op_calls.dense_attn_score_recompute(0, env.new_stream(0))
     out, den, q, k, lse, scale = args
     before = [stand_in.contents(t) for t in writes]
@@ -547,14 +551,129 @@ def test_dense_attention_refusals_and_the_sm100_call_order(env, torch_steps, sm1
         fn(*args, **{**kw, "ratio": 2})
     assert not env.launches
     assert [stand_in.contents(t) for t in writes] == before
-    index = json.loads((sm100_build / "index.json").read_text())
-    entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == "dense_attention"]
-    assert sorted(e["key"]["varlen"] for e in entries) == [False, True]
-    for e in entries:
-        key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
-        for b, s_q, s_k in ((2, 64, 4096), (3, 5, 2)):
-            assert sm100_calls.check_dense_score(ns, "dense_attention", key, b, s_q, s_k) == [], e["id"]
+
+
+@pytest.mark.parametrize("dim, varlen", [(512, False), (512, True), (128, False)])  # the SM100 test build's mxfp8 kernels
+def test_sm100_mxfp8_dense_attention_zeroes_then_launches_once_with_its_scales(sm100_env, torch_steps, dim, varlen):
+    """The mxfp8 SM100 call: out zeroed (not -inf filled: the kernel accumulates into it), denom zeroed too where
+    upstream zeroes it (D128 H64; not D512 H64), then one launch on the caller's stream of upstream's kernel (384
+    threads; D128 H64: 640), every tensor (the scales and, THD, their padded offsets too) and the scale in the
+    parameters; the allocating form and the plan launch the same."""
+    import aot.dsa
+
+    env = sm100_env
+    stream = env.new_stream(0)
+    fn, args, kw, _ = op_calls.dense_attn_score_recompute_mx(0, stream, s_q=9, s_k=33, varlen=varlen, dim=dim)
+    out, den, q, k, lse, scale = args
+    env.launches.clear()
+    env.memsets.clear()
+    fn(*args, **kw)
+    (launch,) = env.launches
+    zeroed = [(ptr, n, on, word) for ptr, n, on, _, word in env.memsets]
+    want = [(out.data_ptr(), out.numel() * 4, stream, 0)] + ([(den.data_ptr(), den.numel() * 4, stream, 0)] if dim == 128 else [])
+    assert zeroed == want
+    assert launch.dims[3] == (640 if dim == 128 else 384) and launch.dims[7] == stream
+    tensors = (out, den, q, k, lse) + tuple(v for v in kw.values() if isinstance(v, torch.Tensor))
+    assert len(tensors) == (11 if varlen else 7)
+    for t in tensors:
+        assert _ptr_in(t, launch.params)
+    assert struct.pack("<f", scale) in launch.params
+    want = launch.params
+    extra = {n: v for n, v in kw.items() if n != "stream"}
+    env.launches.clear()
+    r = aot.dsa.dense_attn_score_recompute(q, k, lse, scale, out=out, denom_out=den, stream=stream, **extra)
+    assert r["out"] is out and r["denom"] is den
+    assert [L.params for L in env.launches] == [want]
+    plan = aot.dsa.DenseAttnScoreRecompute(out, den, q, k, lse, softmax_scale=scale, **extra)
+    env.launches.clear()
+    plan.execute(out, den, q, k, lse, stream=stream, **{n: v for n, v in kw.items() if n in type(plan)._tensors})
+    assert [L.params for L in env.launches] == [want]
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_sm100_mxfp8_dense_attention_takes_upstreams_k_block_bucket(sm100_env, torch_steps, monkeypatch, varlen):
+    """At D512 the call runs the 128-wide K block entry below 4096 keys (S_k in BSHD, max_seqlen_k in THD) and the
+    256-wide one from 4096, as upstream's dispatch picks: S_k 4095 vs 4096 are two entries, two launches."""
+    import aot.ops.dsa_score_recompute as op
+
+    real, keys = op.launcher, []
+
+    def recording(family, name, key, dev):
+        keys.append((name, key["precision"], key["k_block"]))
+        return real(family, name, key, dev)
+
+    monkeypatch.setattr(op, "launcher", recording)
+    stream = sm100_env.new_stream(0)
+    for s_k, kb in ((4095, 128), (4096, 256), (40, 128), (5000, 256)):
+        fn, args, kw, _ = op_calls.dense_attn_score_recompute_mx(0, stream, s_q=2, s_k=s_k, varlen=varlen)
+        keys.clear()
+        sm100_env.launches.clear()
+        fn(*args, **kw)
+        assert keys == [("dense_attention", "mxfp8", kb)] and len(sm100_env.launches) == 1, (s_k, keys)
+
+
+def test_sm100_mxfp8_dense_attention_refusals(sm100_env, torch_steps):
+    """Every malformed mxfp8 call names its problems and runs nothing: missing scales, D512 scales with the D128
+    columns, THD without the scale-padded offsets, 32 q heads (upstream's D128 H32 does not compile), more than
+    one KV head, D576, bf16 Q / K, mxfp4 (the indexer's only), scales with bf16, a heads count the build does
+    not ship (the bucket to add)."""
+    stream = sm100_env.new_stream(0)
+    fn, args, kw, writes = op_calls.dense_attn_score_recompute_mx(0, stream)
+    out, den, q, k, lse, scale = args
+    before = [stand_in.contents(t) for t in writes]
+    e4 = torch.float8_e4m3fn
+
+    def raw(*shape, dtype=torch.float8_e8m0fnu):
+        return stand_in.cuda_tensor(torch.zeros(shape, dtype=torch.uint8).view(dtype))
+
+    thd = op_calls.dense_attn_score_recompute_mx(0, stream, varlen=True)
+    h32 = op_calls.dense_attn_score_recompute_mx(0, stream, heads=32, dim=128)
+    sm100_env.launches.clear()
+    sm100_env.memsets.clear()
+    cases = [
+        (fn, args, dict(kw, k_scale=None), "requires q_scale and k_scale"),
+        (fn, args, dict(kw, q_scale=raw(2, 512, 4)), "q_scale: shape (2, 512, 4) (expected (2, 512, 16))"),  # D512: 16 columns
+        (thd[0], thd[1], dict(thd[2], cu_seqlens_q_scale_padded=None), "cu_seqlens_q_scale_padded: THD mxfp8 needs"),
+        (h32[0], h32[1], h32[2], "one KV head and 64 or 128 q heads"),
+        (fn, (out, den, q, raw(2, 40, 2, 512, dtype=e4), lse, scale), kw, "one KV head"),
+        (fn, (out, den, raw(2, 8, 64, 576, dtype=e4), raw(2, 40, 1, 576, dtype=e4), lse, scale), kw, "D=576 (expected 128 or 512)"),
+        (fn, (out, den, stand_in.cuda_tensor(torch.zeros(q.shape, dtype=torch.bfloat16)), k, lse, scale), kw, "q: dtype torch.bfloat16"),
+        (fn, args, dict(kw, precision="mxfp4"), "precision='mxfp4' (expected one of 'bf16', 'mxfp8')"),
+        (fn, args, dict(kw, precision="bf16"), "block scales go with precision='mxfp8'"),
+    ]
+    for f, a, k_, want in cases:
+        with pytest.raises(InputError) as e:
+            f(*a, **k_)
+        assert want in str(e.value), (want, str(e.value))
+    h128 = op_calls.dense_attn_score_recompute_mx(0, stream, heads=128)
+    with pytest.raises(KernelNotFoundError, match="heads = 128"):  # the sm100 build ships H64: the bucket to add
+        h128[0](*h128[1], **h128[2])
+    assert not sm100_env.launches and not sm100_env.memsets
+    assert [stand_in.contents(t) for t in writes] == before
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_sm90_refuses_the_mxfp8_dense_attention(env, torch_steps, monkeypatch, varlen):
+    """Upstream's mxfp8 dense attention is SM100 only (NotImplementedError on SM90): an InputError saying so,
+    before anything runs; a THD call's device cu_seqlens are not read back for it."""
+    import aot.dsa
+    import aot.ops.dsa_score_recompute as op
+
+    def no_read_back(*a, **k):
+        raise AssertionError("cu_seqlens read back for a call that is refused")
+
+    monkeypatch.setattr(op, "_host_offsets", no_read_back)
+    fn, args, kw, writes = op_calls.dense_attn_score_recompute_mx(0, env.new_stream(0), varlen=varlen)
+    before = [stand_in.contents(t) for t in writes]
+    env.launches.clear()
+    env.memsets.clear()
+    for call in (lambda: fn(*args, **kw),
+                 lambda: aot.dsa.dense_attn_score_recompute(*args[2:], **{n: v for n, v in kw.items() if n != "max_seqlen_q"})):
+        with pytest.raises(InputError) as e:
+            call()
+        assert "SM100 only" in str(e.value) and "THD on SM90 in a plan" not in str(e.value), str(e.value)
+    assert not env.launches and not env.memsets
+    assert [stand_in.contents(t) for t in writes] == before
 
 
 # --- SM90 THD: upstream's per-segment host loop, from host segment bounds -----------------------------

@@ -35,3 +35,31 @@ def test_sm90_tiles_are_upstreams():
     h = pytest.importorskip("cudnn.deepseek_sparse_attention.score_recompute._interface_sm90")
     for heads in (2, 16, 32, 64, 128, 256):
         assert h._compute_tile_m(heads) == policy.sm90_tiles(heads), heads
+
+
+def test_dense_attention_calls_land_on_shipped_entries_in_upstreams_k_block_bucket():
+    """Every SM100 dense attention call the manifest covers lands on a shipped entry, the mxfp8 D512 ones in
+    upstream's S_k bucket (k_block 128 below S_k 4096, 256 from it) and the bf16 / D128 ones on one K block
+    whatever S_k; the dispatch and stage rules equal upstream's own, and the keys upstream refuses (or fails
+    to compile) are refused."""
+    m = manifest.load(ROOT / "manifests" / "default.toml")
+    have = {(e.op, e.key) for e in m.entries if e.family == policy.FAMILY and e.target.arch == "sm_100a"}
+    cases = [("bf16", d, h) for d in (512, 576) for h in (64, 128)] + [("mxfp8", 512, h) for h in (64, 128)] + [("mxfp8", 128, 64)]
+    for prec, d, h in cases:
+        for s_k, long in ((1, False), (4095, False), (4096, True), (1 << 20, True)):
+            op, key = policy.dense_attention_kernels("sm_100a", h, d, 4, True, False, prec, s_k)["main"]
+            assert (op, tuple(sorted(key.items()))) in have, key
+            assert key["k_block"] == (256 if long else 128) if (prec, d) == ("mxfp8", 512) else key["k_block"] in (64, 128), key
+    with pytest.raises(ValueError, match="SM100 only"):
+        policy.dense_attention_kernels("sm_90a", 64, 512, 4, False, False, "mxfp8", 64)
+    check = policy.OPS["dense_attention"].invalid
+    base = dict(precision="mxfp8", heads=64, dim=512, k_block=128, ratio=1, varlen=False, offsets=False)
+    assert check(base) is None and check(dict(base, k_block=256)) is None
+    for bad in (dict(heads=32, dim=128, k_block=64), dict(heads=32), dict(dim=576, k_block=64), dict(k_block=64), dict(dim=128, k_block=128),
+                dict(precision="bf16", k_block=256), dict(precision="bf16", dim=128, k_block=64)):
+        assert check(dict(base, **bad)), bad
+    i = pytest.importorskip("cudnn.deepseek_sparse_attention.score_recompute._interface_sm100")
+    for d, h in ((512, 64), (512, 128), (128, 64)):
+        for s_k in (4095, 4096):
+            kb = policy.dense_attention_k_block("mxfp8", d, h, s_k)
+            assert tuple(i._dispatch_dense_attn_tile_params(d, h, precision="mxfp8", seqlen_k_hint=s_k)) == policy.mx_attention_tiles(d, h, kb)[:3]
