@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
+from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, flat_args, footprint, input_error, integer, launcher,
                        max_lengths, require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
 from .outputs import Outputs
@@ -659,7 +660,7 @@ def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None, pre
     c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=host, precision=precision)
     out, aux = ts[0], ts[4]
     rec = Recorder(len(ts), len(c.x))
-    if c.segs:
+    if c.varlen and not is_sm100(c.arch):
         _record_sm90_thd(rec, kind, ts, c)
     elif c.kernel is not None:
         op, key = c.kernel
@@ -675,6 +676,10 @@ def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None, pre
             # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
             rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
         rec.launch(launcher(FAMILY, op, key, c.dev), *_dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
+    elif ts[1].numel():
+        # queries and no key (S_k 0): nothing to launch, and each row gets what the kernel writes for a row
+        # that sees no key, the LSE of none (-inf) or the sum of none (0), not the caller's old bytes
+        rec.memset(rec.p[1], ts[1].numel() * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
     return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
 
 
@@ -687,7 +692,7 @@ def _record_sm90_thd(rec, kind, ts, c):
     import torch
 
     out, _, q, k, _, _, _, offs, _ = ts[:9]
-    p, op, key = rec.p, *c.kernel
+    p = rec.p
     h, d, h_kv = q.shape[1], q.shape[2], k.shape[1]
     t = getattr(torch, kind.aux_dtype)
     segs, regions, dev = c.segs, c.regions, c.dev
@@ -704,17 +709,19 @@ def _record_sm90_thd(rec, kind, ts, c):
                 ts[0][qs:qs + sq, :sk].copy_(ws[oo:oo + sq * sk * 4].view(torch.float32).view(sq, sk))
                 ts[1][qs:qs + sq].copy_(ws[do:do + sq * 4].view(torch.float32))
 
-    rec.first(transpose)
+    if segs:
+        rec.first(transpose)
     rec.memset(p[0], out.numel() * 4, _NEG_INF)
     for qs, sq in c.no_keys:  # the LSE of no key is -inf, the attention's sum of none 0
         rec.memset(p[1] + qs * 4, sq * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
     for (_, _, sq, _, sk), (_, oo, _) in zip(segs, regions):
         rec.memset(p[8] + oo, sq * sk * 4, _NEG_INF)
-    entry = launcher(FAMILY, op, key, c.dev)
+    entry = launcher(FAMILY, *c.kernel, c.dev) if segs else None
     for (b, qs, sq, ks, sk), (wo, oo, do) in zip(segs, regions):
         rec.launch(entry, *_sm90_dense_args(p[2] + qs * h * d * 2, p[3] + ks * h_kv * d * 2, p[8] + oo, p[8] + wo, p[8] + do,
                                             None if offs is None else p[7] + 4 * b, 1, sq, sk, h, h_kv, d, rec.s, rec.x))
-    rec.then(copy_back)
+    if segs:
+        rec.then(copy_back)
 
 
 def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:

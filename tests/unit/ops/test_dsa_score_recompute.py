@@ -792,3 +792,26 @@ def test_sm90_thd_refusals(env, torch_steps, monkeypatch):
     assert [stand_in.contents(t) for t in writes] == before, "a refused call writes nothing"
     fn(*args, **kw)  # host bounds: nothing to read back, capture-safe
     assert len(env.launches) == 2
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_queries_over_no_key_get_the_denominator_of_no_key(env, torch_steps, attention):
+    """S_k 0 launches nothing; each row's ``denom`` is what the kernel writes for a row that sees no key (the LSE
+    of none, -inf; the sum of none, 0), not the caller's old bytes. SM90 THD whose segments have no key: the
+    same for their rows only (the rows past the last segment are no segment's, as upstream leaves them)."""
+    word = 0 if attention else 0xFF800000
+    stream = env.new_stream(0)
+    fn, args, kw, _ = (op_calls.dense_attn_score_recompute if attention else op_calls.dense_indexer_score_recompute)(0, stream, s_q=8, s_k=0)
+    env.launches.clear()
+    env.memsets.clear()
+    fn(*args, **kw)
+    den = args[1]
+    assert not env.launches and [(m[0], m[1], m[4]) for m in env.memsets] == [(den.data_ptr(), den.numel() * 4, word)]
+    fn, args, kw = _thd_call(env, attention, [0, 8, 13, 15], [0, 0, 0, 0], max_k=0)
+    env.launches.clear()
+    env.memsets.clear()
+    fn(*args, **kw)
+    den = args[1]
+    assert not env.launches
+    got = sorted((m[0], m[1], m[4]) for m in env.memsets if m[0] != args[0].data_ptr())
+    assert got == [(den.data_ptr(), 8 * 4, word), (den.data_ptr() + 32, 5 * 4, word), (den.data_ptr() + 52, 2 * 4, word)]
