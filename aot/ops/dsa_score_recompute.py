@@ -343,7 +343,7 @@ def _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, a
         problems += aliasing([("out", out)], list(zip(names[1:6], ts[1:6])))
     if problems:
         raise input_error(problems)
-    foot = footprint(ts, writes=(0, 6), masks=(15,) * 6 + ((15,) if need else (0,),), sizes={6: need})
+    foot = footprint(ts, writes=(0, 6), masks=(15,) * 6 + (15 if need else 0,), sizes={6: need})
     return _Call(dev, arch, need, kernel, foot, x)
 
 

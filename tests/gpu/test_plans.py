@@ -11,7 +11,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from op_calls import plan_class  # noqa: E402 - tests/unit is on sys.path (tests/conftest.py)
-from test_runtime_safety import OPS, in_threads, needs_two, same  # noqa: E402
+from test_runtime_safety import _OVERWRITTEN, OPS, in_threads, needs_two, same  # noqa: E402
 
 
 def _plan(fn, args, kw):
@@ -27,10 +27,12 @@ def _poison(outs):
 
 
 def _fresh(fn, args):
-    """The indexer overwrites attn_score: each run gets its own copy of it."""
-    if fn.__name__ == "indexer_backward_into":
+    """The indexer backwards overwrite their scores input: each run gets its own copy of it (the same table
+    test_runtime_safety's calls use)."""
+    i = _OVERWRITTEN.get(fn.__name__)
+    if i is not None:
         args = list(args)
-        args[6] = args[6].clone()
+        args[i] = args[i].clone()
     return args
 
 

@@ -166,7 +166,8 @@ def sparse_attn_score_recompute(dev, seed, s_q=64, s_k=1000):
     ids = torch.rand(b * s_q, s_k, generator=g).topk(topk, dim=-1).indices.int().view(b, s_q, topk).to(f"cuda:{dev}")
     out = torch.full((b, s_q, topk), float("nan"), device=f"cuda:{dev}")
     ws = torch.empty(aot.dsa.sparse_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
-    return aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, ids, d**-0.5), dict(workspace=ws), (out,), (True,)
+    # the scale by keyword: the positional arguments are the call's tensors (what a plan takes)
+    return aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, ids), dict(softmax_scale=d**-0.5, workspace=ws), (out,), (True,)
 
 
 def dense_indexer_score_recompute(dev, seed, s_q=128, s_k=96):
@@ -190,7 +191,7 @@ def dense_attn_score_recompute(dev, seed, s_q=128, s_k=96):
     out = torch.full((2, s_q, s_k), float("nan"), device=f"cuda:{dev}")
     den = torch.full((2, s_q), float("nan"), device=f"cuda:{dev}")
     ws = torch.empty(aot.dsa.dense_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
-    return aot.dsa.dense_attn_score_recompute_into, (out, den, q, k, lse, scale), dict(ratio=4, workspace=ws), (out, den), (True, True)
+    return aot.dsa.dense_attn_score_recompute_into, (out, den, q, k, lse), dict(softmax_scale=scale, ratio=4, workspace=ws), (out, den), (True, True)
 
 
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,

@@ -295,7 +295,24 @@ def plan_class(fn):
             aot.dsa.dense_attn_score_recompute_into: aot.dsa.DenseAttnScoreRecompute}[fn]
 
 
+def _scalars_by_name(make):
+    """``make`` with its call's arguments from the first positional scalar on (an attention's softmax_scale)
+    passed by keyword: the positional arguments are then the call's leading tensors, what a plan takes."""
+    import inspect
+
+    def made(dev, stream, **kw):
+        fn, args, kws, writes = make(dev, stream, **kw)
+        names = list(inspect.signature(fn).parameters)
+        n = next(i for i, a in enumerate(args) if not (a is None or isinstance(a, torch.Tensor)))
+        return fn, args[:n], dict(kws, **dict(zip(names[n:], args[n:]))), writes
+
+    return made
+
+
 FAMILIES = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
             "local_to_global": local_to_global, "compactify": compactify, "indexer_top_k": indexer_top_k,
-            "indexer_forward": indexer_forward, "dense_indexer_backward": dense_indexer_backward, "dense_indexer_backward_thd": dense_indexer_backward_thd}
+            "indexer_forward": indexer_forward, "dense_indexer_backward": dense_indexer_backward, "dense_indexer_backward_thd": dense_indexer_backward_thd,
+            "sparse_indexer_score_recompute": sparse_indexer_score_recompute,
+            "sparse_attn_score_recompute": _scalars_by_name(sparse_attn_score_recompute),
+            "dense_indexer_score_recompute": dense_indexer_score_recompute, "dense_attn_score_recompute": _scalars_by_name(dense_attn_score_recompute)}
 

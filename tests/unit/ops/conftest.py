@@ -1,6 +1,9 @@
 """The ops' CPU tests run on the small build with the stand-in driver in place of the GPU."""
 
+import contextlib
+
 import pytest
+import torch
 
 import stand_in
 from aot.runtime.index import Index
@@ -41,3 +44,15 @@ def sm100_env(sm100_build, monkeypatch) -> stand_in.Driver:
     for name in ("_ATTN_CALLS", "_DENSE_CALLS", "_DATTN_CALLS"):
         monkeypatch.setattr(srec, name, {})
     return stand_in.install(monkeypatch, Index(sm100_build), capability=(10, 0), sm_count=148)
+
+
+@pytest.fixture
+def torch_steps(monkeypatch):
+    """The ops' torch steps (the score recomputes' transposed weights / LSE copy) on the stand-in's CPU
+    tensors: no CUDA stream to enter on a CPU-only torch."""
+    import aot.ops._support as support
+    import aot.ops.dsa_score_recompute as op
+
+    for mod in (op, support):  # (_support.max_lengths reads THD maxima)
+        monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

@@ -3,7 +3,6 @@ the weights / LSE copied transposed into the workspace before the one launch, th
 where each arch's kernel reads it, the arguments in upstream's order through the lifted host functions
 of both arches, the grids, the refusals, and a plan that refuses other shapes."""
 
-import contextlib
 import struct
 
 import pytest
@@ -12,18 +11,6 @@ import torch
 import op_calls
 import stand_in
 from aot.errors import InputError, KernelNotFoundError
-
-
-@pytest.fixture
-def torch_steps(monkeypatch):
-    """The op's torch step (the transposed weights copy) on the stand-in's CPU tensors: no CUDA stream
-    to enter on a CPU-only torch."""
-    import aot.ops._support as support
-    import aot.ops.dsa_score_recompute as op
-
-    for mod in (op, support):  # (_support.max_lengths reads THD maxima)
-        monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
 
 def _ptr_in(t, blob) -> bool:

@@ -30,7 +30,7 @@ def _record(env, f):
 
 
 @pytest.mark.parametrize("family", sorted(op_calls.FAMILIES))
-def test_a_plan_launches_what_the_functional_op_launches(env, family):
+def test_a_plan_launches_what_the_functional_op_launches(env, torch_steps, family):
     make = op_calls.FAMILIES[family]
     fn, args, kw, _ = make(0, env.new_stream(0))
     want = _record(env, lambda: fn(*args, **kw))
@@ -48,14 +48,15 @@ def test_a_plan_launches_what_the_functional_op_launches(env, family):
 
 
 @pytest.mark.parametrize("family", sorted(op_calls.FAMILIES))
-def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family):
+def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, torch_steps, family):
     make = op_calls.FAMILIES[family]
     fn, args, kw, writes = make(0, env.new_stream(0))
     plan = _build(fn, args, kw)
     xkw = _execute_kw(plan, kw)
     shape_arg = {"csa_forward": {"nb": 9}, "csa_backward": {"nb": 9}, "indexer_backward": {"s_q": 3}, "sparse_backward": {"s_q": 5}, "local_to_global": {"s_q": 3},
                  "compactify": {"rows": 5}, "indexer_top_k": {"rows": 5}, "indexer_forward": {"s_q": 3},
-                 "dense_indexer_backward": {"s_q": 5}, "dense_indexer_backward_thd": {"s_q": 5}}[family]
+                 "dense_indexer_backward": {"s_q": 5}, "dense_indexer_backward_thd": {"s_q": 5}, "sparse_indexer_score_recompute": {"s_q": 5},
+                 "sparse_attn_score_recompute": {"s_q": 5}, "dense_indexer_score_recompute": {"s_q": 5}, "dense_attn_score_recompute": {"s_q": 5}}[family]
     other = make(0, env.new_stream(0), **shape_arg)[1]
     before = [stand_in.contents(t) for t in writes]
 
@@ -69,7 +70,8 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
         return str(e.value)
 
     assert "build another plan" in refused(other[0], *args[1:], **xkw)  # an output of another shape
-    i = {"csa_forward": 1, "local_to_global": 1, "compactify": 2, "indexer_top_k": 2, "indexer_forward": 2}.get(family, 3)  # an input whose shape follows the one changed
+    i = {"csa_forward": 1, "local_to_global": 1, "compactify": 2, "indexer_top_k": 2, "indexer_forward": 2, "dense_indexer_score_recompute": 2,
+         "dense_attn_score_recompute": 2}.get(family, 3)  # an input whose shape follows the one changed
     assert "build another plan" in refused(*args[:i], other[i], *args[i + 1 :], **xkw)  # an input of another shape
     assert "build another plan" in refused(args[0].to(torch.float16) if args[0].dtype != torch.float16 else args[0].float(), *args[1:], **xkw)
     assert "build another plan" in refused(*args[:i], stand_in.cuda_tensor(args[i].clone(), 1), *args[i + 1 :], **xkw)  # on another device
@@ -82,7 +84,7 @@ def test_a_plan_refuses_tensors_unlike_its_samples_before_any_launch(env, family
     shifted = stand_in.cuda_tensor(torch.empty(t.numel() + 8, dtype=t.dtype)[1 : t.numel() + 1].view(t.shape))
     assert "aligned" in refused(*args[:i], shifted, *args[i + 1 :], **xkw)
     # an output over an input: the recheck of the pointers refuses it
-    j = max(range(i, len(args)), key=lambda j: args[j].numel() * args[j].element_size())  # the largest input
+    j = max(range(i, len(args)), key=lambda j: -1 if args[j] is None else args[j].numel() * args[j].element_size())  # the largest input
     over = stand_in.cuda_tensor(args[j].view(torch.uint8).view(-1)[: args[0].numel() * args[0].element_size()].view(args[0].dtype).view(args[0].shape))
     assert "overlap" in refused(over, *args[1:], **xkw)
     assert "unexpected argument" in refused(*args, **xkw, bogus=1)
