@@ -36,7 +36,8 @@ def entries() -> list:
 
 
 def preload(device=None) -> dict:
-    """Load (cuLibraryLoadData + per-device set-up) every entry built for this device's arch.
+    """Load (cuLibraryLoadData + per-device set-up) every entry this device would run: its arch's, of the
+    target its SM count picks where the build has several.
 
     After this, no op call on ``device`` reads a file or queries the driver before launching; call it
     before CUDA-graph capture or latency-sensitive serving. Returns {entry id: load ms}.
@@ -44,6 +45,7 @@ def preload(device=None) -> dict:
     Entries load one after another: with 8 threads the 93 ``sm_90a`` entries took longer on the H200
     (107-122 ms against 85-87 ms, bench/preload.py), the driver's module loads do not overlap.
     """
+    from .device import device as device_info
     from .device import device_index, primary_context
     from .index import index
 
@@ -51,7 +53,10 @@ def preload(device=None) -> dict:
     ix = index()
     arch = ix.arch_for(dev)
     primary_context(dev)
-    return {e["id"]: ix.loaded(e, dev).load_ms for e in ix.entries if e["arch"] == arch}
+    sms = device_info(dev).sm_count
+    # per key, the target this GPU's SM count picks (its own, else the nearest): not the other targets' copies
+    chosen = [by_sms.get(sms) or by_sms[min(by_sms, key=lambda n: (abs(n - sms), n))] for (_, _, _, a), by_sms in ix.by_key.items() if a == arch]
+    return {e["id"]: ix.loaded(e, dev).load_ms for e in chosen}
 
 
 def load_stats() -> dict:

@@ -125,3 +125,17 @@ def test_the_arch_chosen_for_every_capability_and_build_content(cap):
                 arch_of(Device(0, "gpu", cap, 100), content)
         else:
             assert arch_of(Device(0, "gpu", cap, 100), content) == want
+
+
+@pytest.mark.parametrize("sms, want", [(148, 148), (160, 160), (150, 148)])
+def test_preload_loads_the_targets_this_gpu_would_run(two_targets, monkeypatch, sms, want):
+    """aot.runtime.preload: per key, the entry of the GPU's own SM count (else the nearest), not every target's."""
+    import aot.runtime
+    import aot.runtime.index as index_mod
+
+    stand_in.install(monkeypatch, two_targets, capability=(10, 0), sm_count=sms)
+    monkeypatch.setattr(index_mod, "_INDEX", two_targets)
+    loaded = []
+    monkeypatch.setattr(two_targets, "loaded", lambda e, dev: loaded.append(e) or type("L", (), {"load_ms": 0.0})())
+    aot.runtime.preload(0)
+    assert sorted((e["op"], e["target"]["sm_count"]) for e in loaded) == [("gemm", want), ("reduce_dk", want)]
