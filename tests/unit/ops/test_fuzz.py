@@ -141,7 +141,7 @@ def _cases(env):
     return out
 
 
-def test_ten_thousand_malformed_calls_raise_aot_errors_and_change_nothing(env, capsys):
+def test_ten_thousand_malformed_calls_raise_aot_errors_and_change_nothing(env, torch_steps, capsys):
     rng = random.Random(20261130)
     counts, by_op = collections.Counter(), collections.Counter()
     cases = _cases(env)

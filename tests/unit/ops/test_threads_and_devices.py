@@ -25,11 +25,12 @@ def _shape(family, i):
     return {"csa_forward": {"nb": 8 + i}, "csa_backward": {"nb": 8 + i}, "indexer_backward": {"s_q": 1 + i},
             "sparse_backward": {"s_q": 1 + i}, "local_to_global": {"s_q": 1 + i}, "compactify": {"rows": 1 + i},
             "indexer_top_k": {"rows": 1 + i}, "indexer_forward": {"s_q": 1 + i},
-            "dense_indexer_backward": {"s_q": 1 + i}, "dense_indexer_backward_thd": {"s_q": 4 + i}}[family]
+            "dense_indexer_backward": {"s_q": 1 + i}, "dense_indexer_backward_thd": {"s_q": 4 + i}, "sparse_indexer_score_recompute": {"s_q": 1 + i},
+            "sparse_attn_score_recompute": {"s_q": 1 + i}, "dense_indexer_score_recompute": {"s_q": 1 + i}, "dense_attn_score_recompute": {"s_q": 1 + i}}[family]
 
 
 @pytest.mark.parametrize("family", sorted(op_calls.FAMILIES))
-def test_concurrent_calls_launch_with_their_own_bytes_dims_and_stream(env, family):
+def test_concurrent_calls_launch_with_their_own_bytes_dims_and_stream(env, torch_steps, family):
     make = op_calls.FAMILIES[family]
     calls = [make(0, env.new_stream(0), **_shape(family, i)) for i in range(THREADS)]
     # what each call launches on its own
@@ -66,7 +67,7 @@ def test_concurrent_calls_launch_with_their_own_bytes_dims_and_stream(env, famil
 
 @pytest.mark.parametrize("family", sorted(op_calls.FAMILIES))
 @pytest.mark.parametrize("current", [0, None])
-def test_tensors_on_another_device_run_there(env, family, current):
+def test_tensors_on_another_device_run_there(env, torch_steps, family, current):
     fn, args, kw, _ = op_calls.FAMILIES[family](1, env.new_stream(1))
     env.set_current(current)
     fn(*args, **kw)
@@ -76,7 +77,7 @@ def test_tensors_on_another_device_run_there(env, family, current):
 
 
 @pytest.mark.parametrize("family", sorted(op_calls.FAMILIES))
-def test_a_stream_of_another_device_is_refused_before_anything_runs(env, family):
+def test_a_stream_of_another_device_is_refused_before_anything_runs(env, torch_steps, family):
     fn, args, kw, outs = op_calls.FAMILIES[family](0, env.new_stream(1))
     before = [stand_in.contents(o) for o in outs]
     with pytest.raises(InputError, match="not a stream of cuda:0"):
