@@ -549,8 +549,8 @@ def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q
                         torch.empty(c.need, dtype=torch.uint8, device=q.device) if workspace is None and c.need else workspace)
 
         out, denom_out, workspace = allocate(outputs)
-    return _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, *(host or (cu_q, cu_k)), max_q, max_k, offs, stream, workspace, qhpkv,
-                       precision, scales)
+        ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
+    return _dense_run(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision, stream)
 
 
 def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
@@ -558,11 +558,17 @@ def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q
     host = None
     if cu_q is not None or cu_k is not None:
         host, cu_q, cu_k, _ = _sm90_segments(q, cu_q, cu_k, stream, precision)
-    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
+    return _dense_run(kind, (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales), scale, ratio, max_q, max_k, qhpkv, host, precision,
+                      stream)
+
+
+def _dense_run(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision, stream):
+    """Both forms' last step, from the call's tensors ``ts`` and SM90 THD bounds ``host`` already resolved (the
+    allocating form resolved them once, reading device bounds back at most once). Returns (out, denom_out)."""
     extra = (scale, ratio, max_q, max_k, qhpkv, host, precision)
     call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision))
     call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
-    return out, denom_out
+    return ts[0], ts[1]
 
 
 def _sm90_segments(q, cu_q, cu_k, stream, precision="bf16"):
