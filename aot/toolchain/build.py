@@ -4,7 +4,8 @@ Each stage is its own module; this file sequences them and can re-run lift/verif
 artifacts. The policy check (each family's ``check_policy`` against cudnn) runs on every build, cache
 or not: it is cheap, and the run-time ops depend on it.
 
-Public functions: :func:`build`, :func:`lift_and_verify`, :func:`check_policies`.
+Public functions: :func:`build`, :func:`lift_and_verify` (one entry; :func:`lift_and_verify_all`), :func:`check_fidelity`,
+:func:`check_policies`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from . import lift, manifest, pack, shards, verify
 from .sources import REPO, stage_digest
 from .specs import SPECS
 
-__all__ = ["build", "lift_and_verify", "check_policies"]
+__all__ = ["build", "lift_and_verify", "lift_and_verify_all", "check_fidelity", "check_policies"]
 
 
 def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
@@ -84,6 +85,36 @@ def _lv(args):
         return args[0], None, f"{type(e).__name__}: {e}", time.perf_counter() - t
 
 
+def lift_and_verify_all(dirs, samples=50, cache_dir=None, jobs=None, progress=True, lv_seconds=None) -> dict:
+    """:func:`lift_and_verify` every entry directory in ``dirs`` (spawned workers); return (or add to
+    ``lv_seconds``) {entry dir name: seconds}. Raises VerifyError listing every entry that fails."""
+    failures, lv_seconds = [], {} if lv_seconds is None else lv_seconds
+    with ProcessPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
+        for i, (d, rep, err, sec) in enumerate(pool.map(_lv, [(str(d), samples, cache_dir) for d in dirs]), 1):
+            lv_seconds[Path(d).name] = lv_seconds.get(Path(d).name, 0.0) + sec
+            if err:
+                failures.append(err)
+            if progress:
+                print(f"lift+verify {i}/{len(dirs)} {Path(d).name} {'FAILED' if err else 'ok'} {sec:.1f}s", file=sys.stderr, flush=True)
+    if failures:
+        raise VerifyError(f"{len(failures)} entries failed the lifter checks:\n" + "\n".join(f"  - {f}" for f in failures))
+    return lv_seconds
+
+
+def check_fidelity(dirs, jobs=None, cache_dir=None, progress=True, samples=50, lv_seconds=None) -> dict:
+    """The fidelity stage over lifted and verified entry directories: :func:`aot.toolchain.fidelity.check`,
+    lift+verify again on each entry that now ships cudnn's cubin (``adopted``), the verdicts written next to
+    the entries; fails closed (FidelityError) on ``differs`` / ``error``. Returns the verdicts."""
+    verdicts = fidelity_stage.check(dirs, jobs=jobs, cache_dir=cache_dir, progress=progress)
+    fidelity_stage.write_verdicts(verdicts, dirs)
+    fidelity_stage.require_identical(verdicts)
+    ids = {json.loads((Path(d) / "meta.json").read_text())["id"]: d for d in dirs}
+    adopted = [ids[i] for i, v in verdicts.items() if v.get("adopted")]
+    if adopted:
+        lift_and_verify_all(adopted, samples, cache_dir, jobs, progress, lv_seconds)
+    return verdicts
+
+
 def check_policies(m, isolated=True) -> None:
     """Run every family's ``check_policy(targets)`` of manifest ``m`` (in a fresh process unless
     ``isolated`` is false: it imports cudnn); raise PolicyError listing every disagreement."""
@@ -130,24 +161,13 @@ def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", job
     compiled = compile_stage.compile_entries(entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress, debug_dump=debug_dump)
     t1 = time.perf_counter()
     jobs = max(1, jobs or os.cpu_count() or 1)
-    failures, lv_seconds = [], {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        for i, (d, rep, err, sec) in enumerate(pool.map(_lv, [(str(c.dir), samples, cache_dir) for c in compiled]), 1):
-            lv_seconds[Path(d).name] = sec
-            if err:
-                failures.append(err)
-            if progress:
-                print(f"lift+verify {i}/{len(compiled)} {Path(d).name} {'FAILED' if err else 'ok'} {sec:.1f}s", file=sys.stderr, flush=True)
-    if failures:
-        raise VerifyError(f"{len(failures)} entries failed the lifter checks:\n" + "\n".join(f"  - {f}" for f in failures))
+    dirs = [c.dir for c in compiled]
+    lv_seconds = lift_and_verify_all(dirs, samples, cache_dir, jobs, progress)
     t2 = time.perf_counter()
     # --- fidelity (aot.toolchain.fidelity): each cubin == what cudnn's own JIT path builds for its key; fails closed ---
     verdicts = None
-    dirs = [c.dir for c in compiled]
     if fidelity:
-        verdicts = fidelity_stage.check(dirs, jobs=jobs, cache_dir=cache_dir, progress=progress)
-        fidelity_stage.write_verdicts(verdicts, dirs)
-        fidelity_stage.require_identical(verdicts)
+        verdicts = check_fidelity(dirs, jobs, cache_dir, progress, samples, lv_seconds)
     t3 = time.perf_counter()
     # ---
     seconds = shards.entry_seconds(dirs, lv_seconds, verdicts)

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     fc = sub.add_parser("fidelity", help="prove shipped cubins byte-identical to what cudnn's own JIT path builds")
     fc.add_argument("dirs", nargs="+", help="entry directories, or work directories holding entries/")
     fc.add_argument("-j", "--jobs", type=int, default=None)
-    fc.add_argument("--no-write", action="store_true", help="do not write <entry>/fidelity.json")
+    fc.add_argument("--no-write", action="store_true", help="change nothing: no <entry>/fidelity.json, and an entry whose cubin cudnn's route makes differently from the same PTX "
+                    "is reported 'ptx identical' instead of shipping cudnn's cubin")
     a = p.parse_args(argv)
     try:
         if a.cmd == "manifest":
@@ -89,9 +90,12 @@ def main(argv=None) -> int:
             dirs = []
             for d in map(Path, a.dirs):
                 dirs += [d] if (d / "meta.json").is_file() else sorted(e for e in (d / "entries").iterdir() if (e / "meta.json").is_file())
-            res = fidelity.check(dirs, jobs=a.jobs, progress=True)
-            if not a.no_write:
-                fidelity.write_verdicts(res, dirs)
+            from .build import check_fidelity
+
+            if a.no_write:
+                res = fidelity.check(dirs, jobs=a.jobs, progress=True, adopt=False)
+            else:
+                res = check_fidelity(dirs, jobs=a.jobs, progress=True)
             for i, r in res.items():
                 print(f"{r['verdict']:15} {r['seconds']:6.2f}s  {i}" + (f"  ({r['note']})" if r.get("note") else ""))
             fidelity.require_identical(res)

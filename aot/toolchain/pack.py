@@ -77,7 +77,7 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
             elif tools != meta["tools"]:
                 raise PackError(f"{d.name}: built with {meta['tools']}, other entries with {tools}; rebuild all entries with one toolchain")
             fid = _fidelity(meta["id"], d, fidelity, sha)
-            if fid["verdict"] in ("differs", "error"):
+            if fid["verdict"] in ("differs", "error", "ptx identical"):  # ptx identical: checked without adopting cudnn's cubin
                 raise PackError(f"{d.name}: fidelity verdict is {fid['verdict']!r} ({fid.get('note')}); refusing to ship it")
             entries.append({
                 "id": meta["id"],
@@ -207,7 +207,8 @@ def _manifest_name(path) -> str:
 
 # the fidelity facts that belong in the shipped index: the verdict and what it rests on, without the
 # notes (they name cubins other processes made, which vary: docs/fidelity.md)
-_FIDELITY_KEPT = ("verdict", "route", "options", "upstream_sha256", "ptx_sha256")
+# (an entry that ships cudnn's cubin adds ``adopted``, the PTX hash and the spec's other cubin of that PTX)
+_FIDELITY_KEPT = ("verdict", "route", "options", "upstream_sha256", "adopted", "ptx_sha256", "spec_sha256")
 
 
 def _fidelity(ident, d: Path, given, sha) -> dict:
@@ -220,12 +221,9 @@ def _fidelity(ident, d: Path, given, sha) -> dict:
             fid = None  # stale: written for an earlier compile of this entry
     if fid is None:
         return {"verdict": "not checked"}
-    if fid.get("verdict") in ("differs", "error"):
+    if fid.get("verdict") in ("differs", "error", "ptx identical"):
         return {k: fid[k] for k in ("verdict", "note") if k in fid}
-    kept = {k: fid[k] for k in _FIDELITY_KEPT if fid.get(k) not in (None, "")}
-    if kept.get("verdict") == "ptx identical":
-        kept.pop("upstream_sha256", None)  # one of several cubins upstream makes of the PTX; the PTX hash is the fact
-    return kept
+    return {k: fid[k] for k in _FIDELITY_KEPT if fid.get(k) not in (None, "")}
 
 
 def _resources(k) -> dict:
@@ -269,9 +267,10 @@ def _report_md(entries, tools, dumped=(), seconds=None, notes=None, stages=None)
            f"compile {_stage_total(seconds, 'compile_s'):.1f}, lift+verify {_stage_total(seconds, 'lift_verify_s'):.1f}, "
            f"fidelity {_stage_total(seconds, 'fidelity_s'):.1f}.", ""] if timed and stages else []),
         "Fidelity (aot.toolchain.fidelity: the shipped cubin against the one cudnn's own JIT path builds for the key; 'identical' = "
-        "byte-identical, 'ptx identical' = the same PTX and options as cudnn's path, for kernels whose cubin the DSL's PTX compiler "
-        "makes differently in each process (docs/fidelity.md)): "
-        + ", ".join(f"{sum(e['fidelity']['verdict'] == v for e in entries)} {v}" for v in sorted({e["fidelity"]["verdict"] for e in entries})) + ".",
+        "byte-identical; 'adopted': the spec's compile made another cubin of cudnn's PTX (the DSL's PTX compiler makes some kernels' "
+        "cubins differently in each process: docs/fidelity.md) and the entry ships cudnn's): "
+        + ", ".join(f"{sum(e['fidelity']['verdict'] == v for e in entries)} {v}" for v in sorted({e["fidelity"]["verdict"] for e in entries}))
+        + (f" ({n} of them adopted)" if (n := sum(bool(e["fidelity"].get("adopted")) for e in entries)) else "") + ".",
         "",
         f"| entry | kernel |{' compile s | lift+verify s | fidelity s |' if timed else ''} cubin B | regs | smem B | stack B | spills st/ld | "
         "lifter checks | fidelity |",

@@ -114,6 +114,16 @@ def _code_and_data_offsets(cubin):
     return code.offset + code.size // 2, data.offset + data.size // 2
 
 
+class _Done:
+    def __init__(self, art=None, exc=None):
+        self.art, self.exc = art, exc
+
+    def result(self):
+        if self.exc:
+            raise self.exc
+        return self.art
+
+
 def test_second_look_without_compiling(entries, tmp_path):
     """The verdict of the second look on synthetic results: equal PTX and options, the shipped cubin made
     again byte for byte, and the same program (code bytes aside) is "ptx identical"; a difference outside
@@ -121,13 +131,6 @@ def test_second_look_without_compiling(entries, tmp_path):
     _, _, _, sab, _ = entries
     shipped = (sab / "kernel.cubin").read_bytes()
     in_code, in_data = _code_and_data_offsets(shipped)
-
-    class Done:
-        def __init__(self, art):
-            self.art = art
-
-        def result(self):
-            return self.art
 
     def verdict(upstream_cubin, spec_ptx="// PTX\n.version 9.4\n.target sm_100a\n", again=shipped, spec_options=None):
         d = tmp_path / "e"
@@ -139,7 +142,7 @@ def test_second_look_without_compiling(entries, tmp_path):
                "options": "--enable-tvm-ffi --gpu-arch sm_100a", "spec_options": spec_options}
         first = {"verdict": "differs", "note": "first look", "second_look": True, "shipped_sha256": hashlib.sha256(shipped).hexdigest(),
                  "upstream_sha256": hashlib.sha256(upstream_cubin).hexdigest()}
-        return fidelity._ptx_verdict(Done(art), d, first, {"cubin": again}), d
+        return fidelity._ptx_verdict(_Done(art), d, first, {"cubin": again}), d
 
     def flip(at):
         c = bytearray(shipped)
@@ -158,6 +161,57 @@ def test_second_look_without_compiling(entries, tmp_path):
     r, _ = verdict(flip(in_code), spec_options="--opt-level 3")
     assert r["verdict"] == "differs" and "'--opt-level 3'" in r["note"], r
     fidelity.require_identical({"a": {"verdict": "ptx identical", "note": ""}})
+
+
+def test_an_entry_ships_cudnns_cubin_only_when_cudnns_route_makes_it_again(entries, tmp_path):
+    """The third look: after a passing second look ("ptx identical"), an entry ships upstream's cubin (kernel.cubin
+    and the host module's fatbin; lift+verify passes on it again) only when cudnn's route, run once more, makes
+    the same bytes; a route that makes other bytes or fails is "differs" and changes nothing. The adopted verdict
+    is remembered with its cubin and a cache hit ships it again."""
+    from aot.toolchain.build import lift_and_verify
+    from aot.toolchain.compile import _embedded_cubin
+
+    _, _, _, sab, _ = entries
+    spec = (sab / "kernel.cubin").read_bytes()
+    up = bytearray(spec)
+    up[_code_and_data_offsets(spec)[0]] ^= 0x02  # another register assignment
+    up = bytes(up)
+    ssha, usha = hashlib.sha256(spec).hexdigest(), hashlib.sha256(up).hexdigest()
+    second = {"verdict": "ptx identical", "note": "second look", "shipped_sha256": ssha, "upstream_sha256": usha, "ptx_sha256": "p" * 64}
+
+    def entry(name):
+        d = tmp_path / name
+        shutil.copytree(sab, d)
+        (d / fidelity.UPSTREAM_CUBIN).write_bytes(up)
+        (d / "verify.json").write_text('{"verdict": "ok"}')  # the spec cubin's lifter checks (the fixture compiled only)
+        return d
+
+    for name, fut, why in (("other", _Done({"cubin": spec}), "made two cubins"), ("fails", _Done(exc=RuntimeError("boom")), "boom")):
+        d = entry(name)
+        r = fidelity._adopt(fut, d, second)
+        assert r["verdict"] == "differs" and why in r["note"] and not r.get("adopted"), r
+        assert (d / "kernel.cubin").read_bytes() == spec and (d / "host.mlir").read_text() == (sab / "host.mlir").read_text()
+        assert (d / "verify.json").is_file() and not (d / fidelity.SPEC_CUBIN).exists()
+    d = entry("adopted")
+    r = fidelity._adopt(_Done({"cubin": up}), d, second)
+    assert r["verdict"] == "identical" and r["adopted"] and r["shipped_sha256"] == usha and r["spec_sha256"] == ssha, r
+    assert (d / "kernel.cubin").read_bytes() == up and _embedded_cubin((d / "host.mlir").read_text()) == up
+    assert (d / fidelity.SPEC_CUBIN).read_bytes() == spec and not (d / fidelity.UPSTREAM_CUBIN).exists()
+    assert not (d / "verify.json").exists()  # nothing packs it before lift+verify has run on the new cubin
+    assert lift_and_verify(d)["verdict"] == "ok"
+    # remembered with its cubin; a hit on a fresh copy of the spec's entry ships it again
+    hit = tmp_path / "cache" / "k.json"
+    fidelity._finish({}, (d, {"id": "x"}, ssha, hit), r)
+    again = tmp_path / "again"
+    shutil.copytree(sab, again)
+    assert fidelity._from_cache(hit, again) == r | {"cached": True}
+    assert (again / "kernel.cubin").read_bytes() == up and _embedded_cubin((again / "host.mlir").read_text()) == up
+    hit.with_suffix(".cubin").write_bytes(spec)  # not the cubin the verdict names: checked again, not shipped
+    fresh = tmp_path / "fresh"
+    shutil.copytree(sab, fresh)
+    assert fidelity._from_cache(hit, fresh) is None and (fresh / "kernel.cubin").read_bytes() == spec
+    with pytest.raises(fidelity.FidelityError, match="same size"):
+        fidelity._splice_cubin((sab / "host.mlir").read_text(), spec, up + b"\0")
 
 
 def test_every_sm100_sparse_entry_has_a_shape_that_makes_upstream_select_it():
