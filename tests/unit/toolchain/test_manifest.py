@@ -20,7 +20,7 @@ def bucket(body):
 def test_default_manifest_expands_every_csa_entry_for_both_arches():
     m = manifest.load("manifests/default.toml")
     arches = {e.target.arch for e in m.entries}
-    assert arches == {"sm_90a", "sm_100a"}
+    assert arches == {"sm_90a", "sm_100a", "sm_103a"}
     per_arch = [e for e in m.entries if e.target.arch == "sm_90a" and e.family == "csa_compressor"]
     ops = {}
     for e in per_arch:
@@ -28,6 +28,24 @@ def test_default_manifest_expands_every_csa_entry_for_both_arches():
     # fwd_r128: coff 2 x d 2 x 3 buckets; bwd_r128: x 2 buckets x 2 det; fwd: ratio 2 x coff 2 x d 2; bwd x det 2; reduce 2
     assert ops == {"fwd_r128": 12, "bwd_r128": 16, "fwd": 8, "bwd": 16, "dape_reduce": 2}
     assert len({e.id for e in m.entries}) == len(m.entries)
+
+
+def test_default_manifest_has_an_sm103a_entry_for_every_sm100a_entry():
+    """Blackwell Ultra (issue 15): every SM100 key again for sm_103a (160 SMs); only the keys upstream derives
+    from the SM count differ: the non-deterministic v2 GEMM's rows_per_cta, ceil(B*S_q / SMs), which the
+    op's own policy then finds for S_q 4096 and 8192 on each target."""
+    from aot.policy.dsa_indexer_backward import kernels
+
+    m = manifest.load("manifests/default.toml")
+    by = {a: {(e.family, e.op, e.key) for e in m.entries if e.target.arch == a} for a in ("sm_100a", "sm_103a")}
+    assert len(by["sm_100a"]) == len(by["sm_103a"]) > 1000
+    assert {(f, op) for f, op, k in by["sm_100a"] ^ by["sm_103a"]} == {("dsa_indexer_backward", "gemm_v2")}
+    assert all(not dict(k)["deterministic"] for f, op, k in by["sm_100a"] ^ by["sm_103a"])
+    for arch, sms in (("sm_100a", 148), ("sm_103a", 160)):
+        for s_q in (4096, 8192):
+            for topk in (512, 1024, 1536, 2048):
+                op, key = kernels(arch, 1, s_q, 64, topk, backend="sm100_v2", d_weights_f32=True, target_sm_count=sms)["gemm"]
+                assert ("dsa_indexer_backward", op, tuple(sorted(key.items()))) in by[arch], (arch, s_q, key)
 
 
 def test_bucket_expands_cartesian_product():
@@ -126,6 +144,7 @@ def test_default_manifest_indexer_backward_entries():
     assert {k["planes"] for k in gemm if k["deterministic"]} == {96, 128, 148}
     assert all(k["persistent"] == (k["topk"] == 512 or k["deterministic"]) for k in gemm)
     assert {k["rows_per_cta"] for k in by[("sm_100a", "gemm_v2")]} == {28, 56, 43, 86}
+    assert {k["rows_per_cta"] for k in by[("sm_103a", "gemm_v2")]} == {26, 52, 43, 86}  # 160 SMs
     assert len(by[("sm_100a", "reduce_dk")]) == 6 and len(by[("sm_100a", "score_grad")]) == 8
     assert not any(e.target.arch == "sm_90a" and e.op in ("gemm", "gemm_v2", "score_grad", "reduce_dk") for e in ib)
 
