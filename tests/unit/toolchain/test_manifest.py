@@ -31,21 +31,41 @@ def test_default_manifest_expands_every_csa_entry_for_both_arches():
 
 
 def test_default_manifest_has_an_sm103a_entry_for_every_sm100a_entry():
-    """Blackwell Ultra (issue 15): every SM100 key again for sm_103a (160 SMs); only the keys upstream derives
-    from the SM count differ: the non-deterministic v2 GEMM's rows_per_cta, ceil(B*S_q / SMs), which the
-    op's own policy then finds for S_q 4096 and 8192 on each target."""
+    """Blackwell Ultra (issue 15): every SM100 key again for sm_103a on B300 (148 SMs), and on GB300 (152 SMs)
+    exactly the ops that bake the SM count in (each policy's SM_COUNT_OPS; the rest serve any SM count), with
+    the keys upstream derives from the count (the non-deterministic v2 GEMM's rows_per_cta, ceil(B*S_q / SMs))
+    that the op's own policy finds for S_q 4096 and 8192 on each target."""
     from aot.policy.dsa_indexer_backward import kernels
+    from aot.policy.families import family_policy
 
     m = manifest.load("manifests/default.toml")
-    by = {a: {(e.family, e.op, e.key) for e in m.entries if e.target.arch == a} for a in ("sm_100a", "sm_103a")}
-    assert len(by["sm_100a"]) == len(by["sm_103a"]) > 1000
-    assert {(f, op) for f, op, k in by["sm_100a"] ^ by["sm_103a"]} == {("dsa_indexer_backward", "gemm_v2")}
-    assert all(not dict(k)["deterministic"] for f, op, k in by["sm_100a"] ^ by["sm_103a"])
-    for arch, sms in (("sm_100a", 148), ("sm_103a", 160)):
+    by = {t: {(e.family, e.op, e.key) for e in m.entries if e.target.name == t} for t in ("b200", "b300", "gb300")}
+    assert {t.name: (t.arch, t.sm_count) for t in m.targets if t.arch == "sm_103a"} == {"b300": ("sm_103a", 148), "gb300": ("sm_103a", 152)}
+    assert by["b300"] == by["b200"] and len(by["b200"]) > 1000
+    assert {(f, op) for f, op, _ in by["gb300"]} == {(f, op) for f, op, _ in by["b200"] if op in family_policy(f).SM_COUNT_OPS}
+    for target, sms in (("b200", 148), ("b300", 148), ("gb300", 152)):
+        arch = "sm_100a" if target == "b200" else "sm_103a"
         for s_q in (4096, 8192):
             for topk in (512, 1024, 1536, 2048):
                 op, key = kernels(arch, 1, s_q, 64, topk, backend="sm100_v2", d_weights_f32=True, target_sm_count=sms)["gemm"]
-                assert ("dsa_indexer_backward", op, tuple(sorted(key.items()))) in by[arch], (arch, s_q, key)
+                assert ("dsa_indexer_backward", op, tuple(sorted(key.items()))) in by[target], (target, s_q, key)
+
+
+def test_an_op_needed_beside_another_may_come_from_another_sm_count_of_the_arch_unless_it_bakes_the_count_in():
+    """The companion check answers as the run time looks entries up (Index.find): a GEMM on GB300 finds its
+    score-grad (SM-count free) on B300, the same arch; on another arch, or for no target of the arch, it does not."""
+    head = ('format = 1\n[[target]]\nname = "b300"\narch = "sm_103a"\nsm_count = 148\n'
+            '[[target]]\nname = "gb300"\narch = "sm_103a"\nsm_count = 152\n'
+            '[[target]]\nname = "b200"\narch = "sm_100a"\nsm_count = 148\n')
+    gemm = ('[[bucket]]\nfamily = "dsa_indexer_backward"\nop = "gemm"\nheads = 64\ntopk = 1024\ntopk_global = false\n'
+            'persistent = false\npdl = true\ndeterministic = false\nplanes = 96\ntargets = {}\n')
+    grad = '[[bucket]]\nfamily = "dsa_indexer_backward"\nop = "score_grad"\ntopk = 1024\nzero_dk = true\ntargets = {}\n'
+    m = manifest.loads(head + gemm.format('["b300", "gb300"]') + grad.format('["b300"]'))
+    assert sorted(e.id for e in m.entries if e.op == "gemm")[1].endswith(".sm_103a.sm152")
+    with pytest.raises(ManifestError, match=r"sm_100a: needs dsa_indexer_backward/score_grad .* for target b200"):
+        manifest.loads(head + gemm.format('["gb300", "b200"]') + grad.format('["b300"]'))
+    with pytest.raises(ManifestError, match=r"sm152: needs dsa_indexer_backward/score_grad .* for target gb300"):
+        manifest.loads(head + gemm.format('["gb300"]') + grad.format('["b200"]'))
 
 
 def test_bucket_expands_cartesian_product():
@@ -144,7 +164,7 @@ def test_default_manifest_indexer_backward_entries():
     assert {k["planes"] for k in gemm if k["deterministic"]} == {96, 128, 148}
     assert all(k["persistent"] == (k["topk"] == 512 or k["deterministic"]) for k in gemm)
     assert {k["rows_per_cta"] for k in by[("sm_100a", "gemm_v2")]} == {28, 56, 43, 86}
-    assert {k["rows_per_cta"] for k in by[("sm_103a", "gemm_v2")]} == {26, 52, 43, 86}  # 160 SMs
+    assert {k["rows_per_cta"] for k in by[("sm_103a", "gemm_v2")]} == {28, 56, 27, 54, 43, 86}  # B300 148 SMs, GB300 152
     assert len(by[("sm_100a", "reduce_dk")]) == 6 and len(by[("sm_100a", "score_grad")]) == 8
     assert not any(e.target.arch == "sm_90a" and e.op in ("gemm", "gemm_v2", "score_grad", "reduce_dk") for e in ib)
 
