@@ -45,24 +45,48 @@ def parse_shard(text: str) -> tuple:
     return i, n
 
 
+# What a shard pays once per (arch, family) group its entries touch: a compile zygote's boot (about 10 s) and the
+# fidelity stage's (about 7 s), measured on a 3-entry build (docs/research/targets.md); and an entry's seconds
+# when no earlier report has them (compile + lift+verify + fidelity of a typical entry, same measurements)
+GROUP_SECONDS = 17.0
+ENTRY_SECONDS = 7.0
+
+
 def select_shard(entries, index: int, count: int, seconds: dict | None = None) -> list:
     """The entries of shard ``index`` (1-based) of ``count``, in manifest order.
 
-    Longest first onto the least loaded shard (ties: the lower shard), each entry weighted by its
-    seconds in an earlier build (``seconds`` {id: s}; the median of the known ones for an entry it
-    lacks; 1 each without it), entries of equal weight taken by id: every machine that runs this
-    with the same manifest and report gets the same split, and the N shards cover each entry once."""
+    The entries in (arch, family, id) order, cut into ``count`` consecutive runs so that the costliest run
+    costs least: an entry costs its seconds in an earlier build (``seconds`` {id: s}; the median of the known
+    ones for an entry it lacks; ENTRY_SECONDS each without it), and a run pays GROUP_SECONDS for each
+    (arch, family) group it touches (the zygotes it boots). Consecutive runs keep each group on one shard or
+    neighbouring ones, so the N shards boot about as many zygotes as one machine would, where spreading
+    entries longest-first put nearly every group on every shard. Every machine that runs this with the same
+    manifest and report gets the same split, and the N shards cover each entry once."""
     known = [v for v in (seconds or {}).values() if v > 0]
-    default = statistics.median(known) if known else 1.0
+    default = statistics.median(known) if known else ENTRY_SECONDS
     weight = {e.id: (seconds or {}).get(e.id, default) or default for e in entries}
-    load = [0.0] * count
-    mine = set()
-    for e in sorted(entries, key=lambda e: (-weight[e.id], e.id)):
-        s = min(range(count), key=lambda k: (load[k], k))
-        load[s] += weight[e.id]
-        if s == index - 1:
-            mine.add(e.id)
+    order = sorted(entries, key=lambda e: (e.target.arch, e.family, e.id))
+    costs = [(weight[e.id], (e.target.arch, e.family)) for e in order]
+    # the least capacity whose greedy fill needs at most `count` runs (bisection: the fill is monotone in it)
+    lo, hi = 0.0, sum(weight.values()) + GROUP_SECONDS * len(order) + 1.0
+    while hi - lo > 0.01:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if _fill(costs, mid)[-1:] <= [count - 1] else (mid, hi)
+    mine = {e.id for e, s in zip(order, _fill(costs, hi)) if s == index - 1}
     return [e for e in entries if e.id in mine]
+
+
+def _fill(costs, cap) -> list:
+    """The run of each (seconds, group) in ``costs`` when each run takes entries while its cost stays within ``cap``."""
+    out, run, load, group = [], 0, 0.0, None
+    for w, g in costs:  # in group order: a run touches a new group when g changes
+        cost = w if g == group else w + GROUP_SECONDS
+        if load and load + cost > cap:
+            run, load, cost = run + 1, 0.0, w + GROUP_SECONDS
+        load += cost
+        group = g
+        out.append(run)
+    return out
 
 
 def seconds_of(path) -> dict:

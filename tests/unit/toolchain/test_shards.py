@@ -1,6 +1,7 @@
 """aot.toolchain.shards: the split every machine computes alike, merge's refusals, and (with the build
 toolchain installed) shards 1/2 + 2/2 merged byte-identical to a one-machine build of the same manifest."""
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -15,22 +16,31 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_split_covers_each_entry_once_is_deterministic_and_balances_by_seconds():
+    """Each entry in exactly one shard, the same split on every run, no shard costing (seconds plus one zygote
+    boot per (arch, family) group it touches) more than the mean by one entry and one boot, and each group on
+    one shard or neighbouring ones: N shards boot at most N - 1 zygotes more than one machine."""
     m = manifest.load(ROOT / "manifests" / "default.toml")
     ids = [e.id for e in m.entries]
-    for n in (1, 2, 3, 4):
-        parts = [shards.select_shard(m.entries, i, n) for i in range(1, n + 1)]
+    groups = {(e.target.arch, e.family) for e in m.entries}
+
+    def cost(p, seconds):
+        return sum(seconds.get(e.id, shards.ENTRY_SECONDS) for e in p) + shards.GROUP_SECONDS * len({(e.target.arch, e.family) for e in p})
+
+    for n, seconds in [(n, {}) for n in (1, 2, 3, 4, 8)] + [(4, {i: 1.0 + int(hashlib.sha256(i.encode()).hexdigest(), 16) % 40 for i in ids})]:
+        parts = [shards.select_shard(m.entries, i, n, seconds or None) for i in range(1, n + 1)]
         got = [e.id for p in parts for e in p]
         assert sorted(got) == sorted(ids) and len(got) == len(ids), "every entry in exactly one shard"
-        assert all([e.id for e in p] == [i for i in ids if i in {x.id for x in p}] for p in parts), "manifest order within a shard"
-        assert parts == [shards.select_shard(list(m.entries), i, n) for i in range(1, n + 1)], "the same split again"
-        sizes = [len(p) for p in parts]
-        assert max(sizes) - min(sizes) <= 1, "without a report: equal counts"
-    # with measured seconds: one slow entry alone on a shard, the rest balanced around it
-    seconds = {i: 1.0 for i in ids}
-    seconds[ids[0]] = 0.4 * len(ids)
+        assert all([e.id for e in p] == [i for i in ids if i in ps] for p in parts for ps in [{x.id for x in p}]), "manifest order within a shard"
+        assert parts == [shards.select_shard(list(m.entries), i, n, seconds or None) for i in range(1, n + 1)], "the same split again"
+        costs = [cost(p, seconds) for p in parts]
+        assert max(costs) <= sum(costs) / n + max(seconds.values(), default=shards.ENTRY_SECONDS) + shards.GROUP_SECONDS, costs
+        assert sum(len({(e.target.arch, e.family) for e in p}) for p in parts) <= len(groups) + n - 1
+    # one slow entry: its shard holds fewer entries, the costs still balance
+    seconds = {i: 7.0 for i in ids}
+    seconds[ids[0]] = 0.2 * 7.0 * len(ids)
     parts = [shards.select_shard(m.entries, i, 2, seconds) for i in (1, 2)]
-    loads = [sum(seconds[e.id] for e in p) for p in parts]
-    assert abs(loads[0] - loads[1]) <= 1.0 and any(len(p) < len(ids) * 0.4 for p in parts)
+    costs = [cost(p, seconds) for p in parts]
+    assert max(costs) <= sum(costs) / 2 + 7.0 + shards.GROUP_SECONDS and min(len(p) for p in parts) < 0.45 * len(ids), costs
     # an entry the report lacks weighs the median
     del seconds[ids[1]]
     assert sorted(e.id for i in (1, 2) for e in shards.select_shard(m.entries, i, 2, seconds)) == sorted(ids)
