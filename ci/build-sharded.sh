@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sharded build of .github/workflows/build-wheel.yml on one machine: N build processes (--jobs 1
 # each) side by side, then merge and the wheel around the merged build. Usage: bash ci/build-sharded.sh [N]
-# (AOT_MANIFEST picks another manifest; timings of each shard in _build-shards/shard-<i>.log).
+# (AOT_MANIFEST picks another manifest; AOT_BALANCE an earlier build's <work>/report.json to split by its seconds;
+# timings of each shard in _build-shards/shard-<i>.log).
 # The compile zygotes of one canonical directory run one build at a time (aot/toolchain/zygote.py), so
 # each shard here gets its own (AOT_CANONICAL_DIR): the layout-sensitive two-CTA kernels can then come
 # out as another of their valid cubins than on a machine that uses the default path (docs/fidelity.md).
@@ -15,6 +16,7 @@ rm -rf _build-shards && mkdir -p _build-shards
 t0=$(date +%s)
 for i in $(seq 1 "$n"); do
   AOT_CANONICAL_DIR="/tmp/dsa-aot-canonical-$(id -u)-s$i" .venv/bin/python -m aot build --manifest "$m" --shard "$i/$n" --jobs 1 \
+    ${AOT_BALANCE:+--balance "$AOT_BALANCE"} \
     --out "_build-shards/partial-$i" --work "_build-shards/work-$i" > "_build-shards/shard-$i.log" 2>&1 &
 done
 fail=0
