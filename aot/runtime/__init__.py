@@ -47,7 +47,7 @@ def preload(device=None) -> dict:
     """
     from .device import device as device_info
     from .device import device_index, primary_context
-    from .index import index
+    from .index import index, nearest
 
     dev = device_index(device)
     ix = index()
@@ -55,7 +55,7 @@ def preload(device=None) -> dict:
     primary_context(dev)
     sms = device_info(dev).sm_count
     # per key, the target this GPU's SM count picks (its own, else the nearest): not the other targets' copies
-    chosen = [by_sms.get(sms) or by_sms[min(by_sms, key=lambda n: (abs(n - sms), n))] for (_, _, _, a), by_sms in ix.by_key.items() if a == arch]
+    chosen = [nearest(by_sms, sms) for (_, _, _, a), by_sms in ix.by_key.items() if a == arch]
     return {e["id"]: ix.loaded(e, dev).load_ms for e in chosen}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import ArchMismatchError, KernelNotFoundError, LaunchError
 from .device import arch_of, device
 
-__all__ = ["Index", "index", "GENERATED"]
+__all__ = ["Index", "index", "nearest", "GENERATED"]
 
 GENERATED = Path(__file__).resolve().parent.parent / "_generated"
 
@@ -53,6 +53,11 @@ def _sms(e) -> int:
 def _add_target(arch, sms, have, why) -> str:
     return (f"this GPU has {sms} SMs; this build's {arch} cubins are for {', '.join(map(str, sorted(have)))} SMs and {why}. Add a "
             f"[[target]] with arch = {arch!r}, sm_count = {sms} to the manifest and rebuild")
+
+
+def nearest(by_sms: dict, sms):
+    """Of one key's entries by target SM count, the one for ``sms`` SMs (the lower count on a tie; any when ``sms`` is None)."""
+    return by_sms[min(by_sms, key=lambda n: (abs(n - (sms or n)), n))]
 
 
 class Index:
@@ -132,7 +137,7 @@ class Index:
                 return e
             if exact and sms is not None:
                 raise ArchMismatchError(_add_target(arch, sms, by_sms, f"{family}/{op} bakes the SM count into its cubins"))
-            return by_sms[min(by_sms, key=lambda n: (abs(n - (sms or n)), n))]
+            return nearest(by_sms, sms)
         if arch not in self.arches:
             raise ArchMismatchError(f"this build has no cubins for {arch} (it has: {', '.join(self.arches)}). Add a [[target]] with arch = {arch!r} to the manifest and rebuild")
         fields = "\n  ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in sorted(key.items()))

@@ -179,8 +179,8 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
             _finish(results, item, res)
             n += 1
             if progress:
-                print(f"fidelity {n}/{total} {item[1]['id']} {res['verdict']} (cudnn's cubin adopted)" if res.get("adopted") else
-                      f"fidelity {n}/{total} {item[1]['id']} {res['verdict']} (third look)", file=sys.stderr, flush=True)
+                how = "cudnn's cubin adopted" if res.get("adopted") else "third look"
+                print(f"fidelity {n}/{total} {item[1]['id']} {res['verdict']} ({how})", file=sys.stderr, flush=True)
     order = {}
     for i, d in enumerate(map(Path, entry_dirs)):
         order[json.loads((d / "meta.json").read_text())["id"]] = i

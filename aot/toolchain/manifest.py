@@ -169,12 +169,12 @@ def loads(text: str, path="<string>") -> Manifest:
                 entries.append(e)
     # what the run time finds for a target (aot.runtime.index.Index.find): the entry of that target, or, for an
     # op that does not bake the SM count in, the entry of another target of the same arch
-    present = {(e.family, e.op, e.key, e.target.name) for e in entries} | {(e.family, e.op, e.key, e.target.arch) for e in entries}
+    present = {(e.family, e.op, e.key, w) for e in entries for w in (("target", e.target.name), ("arch", e.target.arch))}
     for e in entries:
         pol = family_policy(e.family)
         for op, k in pol.OPS[e.op].requires(e.key_dict):
-            where = e.target.name if op in pol.SM_COUNT_OPS else e.target.arch
-            if (e.family, op, tuple(sorted(k.items())), where) not in present and (e.family, op, tuple(sorted(k.items())), e.target.name) not in present:
+            where = ("target", e.target.name) if op in pol.SM_COUNT_OPS else ("arch", e.target.arch)
+            if (e.family, op, tuple(sorted(k.items())), where) not in present:
                 problems.append(
                     f"{e.id}: needs {e.family}/{op} {k} for target {e.target.name} at run time; add a [[bucket]] with family = {e.family!r}, op = {op!r}"
                     + "".join(f", {kk} = {_toml(vv)}" for kk, vv in k.items())
