@@ -44,6 +44,7 @@ import select
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ..errors import CompileError
@@ -192,7 +193,7 @@ class Zygote:
                 raise CompileError(f"the {self.arch} {self.family} compile zygote exited (status {self.proc.wait()})")
             if line is None:  # nothing reported: has a compile process died without its report?
                 for t, pid in self._pending.items():
-                    if pid and os.waitpid(pid, os.WNOHANG)[0]:
+                    if pid and _reaped(pid, block=False):
                         self._pending.pop(t)
                         return t, {"error": "the compile process died without a result (see its output above)"}
                 continue
@@ -201,8 +202,7 @@ class Zygote:
             if word == "start":
                 self._pending[t] = int(rest)
                 continue
-            pid = self._pending.pop(t)
-            os.waitpid(pid, 0)
+            _reaped(self._pending.pop(t), block=True)
             res = canonical_dir() / "io" / f"res-{t:0{_WIDTH}d}.pickle"
             out = pickle.loads(res.read_bytes())
             res.unlink()
@@ -245,6 +245,24 @@ def run(items, request_of, on_done, jobs=None, debug_dump=None) -> None:
                     tickets[z.submit(request_of(item))] = item
                 t, result = z.wait_one()
                 on_done(tickets.pop(t), result)
+
+
+def _reaped(pid: int, block: bool) -> bool:
+    """Whether compile process ``pid`` has exited, reaping it. It becomes this process's child only when
+    the zygote's short-lived child that forked it has exited, and under load (a niced build beside
+    other work) that can be seconds after it reported ``start``: until then ``waitpid`` says ECHILD,
+    which once stopped a build. ``block``: wait for the exit and the reparenting."""
+    while True:
+        try:
+            return os.waitpid(pid, 0 if block else os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            try:
+                os.kill(pid, 0)  # running, or a zombie not yet handed to us
+            except ProcessLookupError:
+                return True  # gone, and reaped by no one here: nothing left to wait for
+            if not block:
+                return False
+            time.sleep(0.01)
 
 
 def _become_subreaper():

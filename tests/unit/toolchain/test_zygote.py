@@ -129,3 +129,47 @@ def test_an_unregistered_family_gets_no_zygote():
 
     with pytest.raises(CompileError, match="unknown kernel family 'nope'"):
         Zygote("sm_90a", "nope")
+
+
+def test_a_compile_process_not_yet_handed_to_the_build_is_waited_for_not_an_error(tmp_path):
+    """The compile process becomes the build's child only when the zygote's child that forked it has
+    exited. A build once stopped with ECHILD from waitpid in that gap; here the forking child lingers
+    1.5 s: the compile process is 'running' (not an error) before and after it finishes, and then
+    reaped once it is handed over."""
+    code = f"""
+import os, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from aot.toolchain import zygote
+zygote._become_subreaper()
+r, w = os.pipe()
+out_r, out_w = os.pipe()
+if os.fork() == 0:
+    c = os.fork()
+    if c == 0:
+        os.read(r, 1)
+        os._exit(0)
+    os.write(out_w, f"{{c}}\\n".encode())
+    time.sleep(1.5)
+    os._exit(0)
+c = int(os.read(out_r, 64).decode())
+try:
+    os.waitpid(c, os.WNOHANG)
+    raise SystemExit("expected ECHILD: the compile process is not ours yet")
+except ChildProcessError:
+    pass
+assert zygote._reaped(c, block=False) is False  # running, not ours yet
+os.write(w, b"x")
+time.sleep(0.2)
+assert zygote._reaped(c, block=False) is False  # exited, but still its forking parent's zombie
+t = time.monotonic()
+assert zygote._reaped(c, block=True) is True
+assert time.monotonic() - t > 0.5  # it waited for the hand-over
+try:
+    os.kill(c, 0)
+    raise SystemExit("the compile process was not reaped")
+except ProcessLookupError:
+    pass
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
