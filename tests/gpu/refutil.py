@@ -87,3 +87,48 @@ def refusals_write_nothing(cases, watched) -> None:
         torch.cuda.synchronize()
         for t, b in zip(watched, before):
             assert same_bits(t, b), f"{name}: a tensor was written before the refusal"
+
+
+def poison(*tensors) -> None:
+    """NaN in every floating-point tensor, 0xFF in every other: what an op that did not write leaves."""
+    for t in tensors:
+        t.fill_(math.nan if t.is_floating_point() else 0xFF)
+
+
+def captured(call):
+    """A CUDA graph of ``call()``, captured on a side stream (as torch requires); run nothing."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            call()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_on(graph, new_values, poisoned) -> None:
+    """Copy each ``(captured buffer, new value)`` in, :func:`poison` the ``poisoned`` outputs and workspaces, replay."""
+    for dst, src in new_values:
+        dst.copy_(src)
+    poison(*poisoned)
+    graph.replay()
+    torch.cuda.synchronize()
+
+
+def both_forms(into, allocating, outs, wants, inputs, what, check) -> float:
+    """The score ops' two forms on one case: ``into()`` (writing the poisoned ``outs``, returning them)
+    and ``allocating()`` (a dict with "out" and "denom"); each output against ``wants`` by
+    ``check(got, want, what)`` (which returns the error), and no input's bits changed. The worst error."""
+    keep = [t.clone() for t in inputs]
+    r_into = into()
+    r = allocating()
+    torch.cuda.synchronize()
+    assert all(a is b for a, b in zip(r_into, outs)), f"{what}: the _into form did not return its outputs"
+    worst = 0.0
+    for form, got in (("_into", outs), ("allocating", (r["out"], r["denom"]))):
+        for name, g, w in zip(("out", "denom"), got, wants):
+            worst = max(worst, check(g, w, f"{what} {form} {name}"))
+    for t, b in zip(inputs, keep):
+        assert same_bits(t, b), f"{what}: an input was modified"
+    return worst

@@ -19,7 +19,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402
-from refutil import refusals_write_nothing, same_bits, shipped_keys  # noqa: E402
+from refutil import both_forms, captured, refusals_write_nothing, replay_on, shipped_keys  # noqa: E402
 # the dense indexer's test: the masked-scores check (NaN, the -inf mask, 1e-5 on the finite part)
 from test_dsa_dense_indexer_score_recompute import DEV, FAMILY, _check  # noqa: E402
 
@@ -61,17 +61,11 @@ def test_every_shipped_entry_matches_the_reference(dsa, entry, record_property):
     for i, shape in enumerate(SHAPES):
         q, k, lse, offs, scale, (want, want_den) = _case(shape, heads, dim, ratio, offsets, seed=heads + dim + ratio + 7 * offsets + i,
                                                          scale=(0.6 + 0.3 * i) * dim**-0.5)
-        keep = [t.clone() for t in (q, k, lse)]
         out, den = torch.full(want.shape, math.nan, device=DEV), torch.full(want_den.shape, math.nan, device=DEV)
-        r_into = dsa.dense_attn_score_recompute_into(out, den, q, k, lse, scale, ratio, q_causal_offsets=offs, workspace=_workspace(dsa, lse))
-        r = dsa.dense_attn_score_recompute(q, k, lse, scale, ratio=ratio, q_causal_offsets=offs)
-        torch.cuda.synchronize()
-        assert r_into[0] is out and r_into[1] is den
-        what = f"{dict(zip(FIELDS, entry))} shape {shape}"
-        for form, (o, d) in (("_into", (out, den)), ("allocating", (r["out"], r["denom"]))):
-            worst = max(worst, _check(o, want, f"{what} {form} out"), _check(d, want_den, f"{what} {form} denom"))
-        for t, b in zip((q, k, lse), keep):
-            assert same_bits(t, b), f"{what}: an input was modified"
+        worst = max(worst, both_forms(
+            lambda: dsa.dense_attn_score_recompute_into(out, den, q, k, lse, scale, ratio, q_causal_offsets=offs, workspace=_workspace(dsa, lse)),
+            lambda: dsa.dense_attn_score_recompute(q, k, lse, scale, ratio=ratio, q_causal_offsets=offs),
+            (out, den), (want, want_den), (q, k, lse), f"{dict(zip(FIELDS, entry))} shape {shape}", _check))
     record_property("worst_rel_err", worst)
     print(f"\n{dict(zip(FIELDS, entry))}: worst rel err {worst:.2e}")
 
@@ -87,25 +81,13 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
     q, k, lse, offs, scale, _ = _case(shape, 64, 512, 4, True, seed=3)
     out, den = torch.full(shape, math.nan, device=DEV), torch.full(shape[:2], math.nan, device=DEV)
     ws = _workspace(dsa, lse)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            dsa.dense_attn_score_recompute_into(out, den, q, k, lse, scale, 4, q_causal_offsets=offs, workspace=ws)
-    torch.cuda.synchronize()
+    g = captured(lambda: dsa.dense_attn_score_recompute_into(out, den, q, k, lse, scale, 4, q_causal_offsets=offs, workspace=ws))
     assert torch.isnan(out).all(), "captured, not run"
     for seed in (4, 5):
         q2, k2, lse2, offs2, _, (want, want_den) = _case(shape, 64, 512, 4, True, seed=seed, scale=scale)
-        for dst, src in ((q, q2), (k, k2), (lse, lse2), (offs, offs2)):
-            dst.copy_(src)
-        out.fill_(math.nan)
-        den.fill_(math.nan)
-        g.replay()
-        torch.cuda.synchronize()
+        replay_on(g, ((q, q2), (k, k2), (lse, lse2), (offs, offs2)), (out, den, ws))
         _check(out, want, f"replay {seed} out")
         _check(den, want_den, f"replay {seed} denom")
-
 
 def test_refused_calls_write_nothing(dsa):
     from aot.errors import InputError

@@ -38,7 +38,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_dense_indexer_backward as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
+from refutil import captured, refusals_write_nothing, replay_on, rel_err, same_bits, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_dense_indexer_backward"
@@ -189,23 +189,12 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
     bufs = {n: v.clone() for n, v in x.items()}
     dq, dw, dk = _outputs(x, torch.bfloat16)
     ws = _workspace(dsa, x, torch.bfloat16)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            dsa.dense_indexer_backward_into(dq, dw, dk, **bufs, sm_scale=SM_SCALE, loss_coeff=LOSS_COEFF, ratio=4, workspace=ws)
-    torch.cuda.synchronize()
+    g = captured(lambda: dsa.dense_indexer_backward_into(dq, dw, dk, **bufs, sm_scale=SM_SCALE, loss_coeff=LOSS_COEFF, ratio=4, workspace=ws))
     assert torch.isnan(dq).all() and torch.isnan(dk).all(), "captured, not run"
     assert same_bits(bufs["index_score"], x["index_score"])
     for seed in (12, 13):  # new q, w, k, scores, denominators and grad_loss in the captured buffers
         y = _inputs(False, 4, False, 64, seed=seed)
-        for n, v in y.items():
-            bufs[n].copy_(v)
-        for t in (dq, dw, dk):
-            _nan(t)
-        g.replay()
-        torch.cuda.synchronize()
+        replay_on(g, [(bufs[n], v) for n, v in y.items()], (dq, dw, dk))
         _check(dict(d_index_q=dq, d_weights=dw, d_index_k=dk), bufs["index_score"], ref.reference(y, SM_SCALE, LOSS_COEFF, 4), f"replay {seed}")
 
 

@@ -24,7 +24,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_indexer_forward as ref  # noqa: E402
-from refutil import generator, refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
+from refutil import both_forms, captured, generator, refusals_write_nothing, rel_err, replay_on, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_score_recompute"
@@ -80,20 +80,14 @@ def test_every_shipped_entry_matches_the_reference(dsa, entry, record_property):
         want_lse = ref.lse_of(want)
         q, k, w = q.to(DEV), k.to(DEV), w.to(DEV)
         kw = dict(sm_scale=sm_scale, ratio=ratio, q_causal_offsets=None if offs is None else offs.to(DEV))
-        keep = [t.clone() for t in (q, k, w)]
         out = torch.full(want.shape, math.nan, device=DEV)
         den = torch.full(want.shape[:-1], math.nan, device=DEV)
         n = dsa.dense_indexer_score_recompute_workspace_bytes(w.shape, DEV)
         ws = torch.full((n,), 0xFF, dtype=torch.uint8, device=DEV)
-        r_into = dsa.dense_indexer_score_recompute_into(out, den, q, k, w, workspace=ws, **kw)
-        r = dsa.dense_indexer_score_recompute(q, k, w, **kw)
-        torch.cuda.synchronize()
-        assert r_into[0] is out and r_into[1] is den
-        what = f"{dict(zip(FIELDS, entry))} shape {shape}"
-        for form, (o, d) in (("_into", (out, den)), ("allocating", (r["out"], r["denom"]))):
-            worst = max(worst, _check(o, want, f"{what} {form} out"), _check(d, want_lse, f"{what} {form} denom"))
-        for t, b in zip((q, k, w), keep):
-            assert same_bits(t, b), f"{what}: an input was modified"
+        worst = max(worst, both_forms(
+            lambda: dsa.dense_indexer_score_recompute_into(out, den, q, k, w, workspace=ws, **kw),
+            lambda: dsa.dense_indexer_score_recompute(q, k, w, **kw),
+            (out, den), (want, want_lse), (q, k, w), f"{dict(zip(FIELDS, entry))} shape {shape}", _check))
     record_property("worst_rel_err", worst)
     print(f"\n{dict(zip(FIELDS, entry))}: worst rel err {worst:.2e}")
 
@@ -110,27 +104,15 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
     q, k, w, offs = (t.to(DEV) for t in _inputs(shape, 64, 4, True, seed=5))
     out, den = torch.full(shape, math.nan, device=DEV), torch.full(shape[:2], math.nan, device=DEV)
     ws = torch.full((dsa.dense_indexer_score_recompute_workspace_bytes(w.shape, DEV),), 0xFF, dtype=torch.uint8, device=DEV)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            dsa.dense_indexer_score_recompute_into(out, den, q, k, w, ratio=4, q_causal_offsets=offs, workspace=ws)
-    torch.cuda.synchronize()
+    g = captured(lambda: dsa.dense_indexer_score_recompute_into(out, den, q, k, w, ratio=4, q_causal_offsets=offs, workspace=ws))
     assert torch.isnan(out).all(), "captured, not run"
     for seed in (6, 7):
         q2, k2, w2, offs2 = _inputs(shape, 64, 4, True, seed=seed)
         offs2 = torch.tensor([3, 0], dtype=torch.int32) if seed == 7 else offs2
-        for dst, src in ((q, q2), (k, k2), (w, w2), (offs, offs2)):
-            dst.copy_(src)
-        out.fill_(math.nan)
-        den.fill_(math.nan)
-        g.replay()
-        torch.cuda.synchronize()
+        replay_on(g, ((q, q2), (k, k2), (w, w2), (offs, offs2)), (out, den, ws))
         want = ref.scores_bshd(q2, k2, w2, 4, 1.0, offs2).to(DEV)
         _check(out, want, f"replay {seed} out")
         _check(den, ref.lse_of(want), f"replay {seed} denom")
-
 
 def test_refused_calls_write_nothing(dsa):
     from aot.errors import InputError, KernelNotFoundError

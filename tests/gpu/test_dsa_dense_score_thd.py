@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 
 import ref_indexer_forward as iref  # noqa: E402
 import ref_score_recompute as aref  # noqa: E402
-from refutil import generator, same_bits, shipped_keys  # noqa: E402
+from refutil import captured, generator, replay_on, same_bits, shipped_keys  # noqa: E402
 from test_dsa_dense_indexer_score_recompute import DEV, FAMILY, _check  # noqa: E402
 
 CU_Q = [0, 37, 37, 50, 50, 178]
@@ -128,18 +128,6 @@ def _poisoned(q, aux, sizer):
             torch.full((sizer(aux.shape, DEV, CU_Q, CU_K),), 0xFF, dtype=torch.uint8, device=DEV))
 
 
-def _captured(call):
-    """A CUDA graph of ``call()``, captured on a side stream (as torch requires)."""
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            call()
-    torch.cuda.synchronize()
-    return g
-
-
 @pytest.mark.parametrize("attention", [False, True], ids=["indexer", "attention"])
 def test_host_bounds_capture_and_replay_on_new_values(dsa, attention):
     if not _shipped(attention, True):
@@ -148,18 +136,12 @@ def test_host_bounds_capture_and_replay_on_new_values(dsa, attention):
     q, k, aux, offs, scale, _, _ = _case(attention, True, seed=11)
     out, den, ws = _poisoned(q, aux, sizer)
     # the first call of this shape, inside the capture
-    g = _captured(lambda: into(out, den, q, k, aux, **sc(scale), ratio=RATIO, cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K, q_causal_offsets=offs,
+    g = captured(lambda: into(out, den, q, k, aux, **sc(scale), ratio=RATIO, cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K, q_causal_offsets=offs,
                                workspace=ws))
     assert torch.isnan(out).all() and torch.isnan(den).all(), "captured, not run"
     for seed in (12, 13):
         q2, k2, aux2, _, _, want, want_den = _case(attention, True, seed=seed)
-        for dst, src in ((q, q2), (k, k2), (aux, aux2)):
-            dst.copy_(src)
-        out.fill_(math.nan)
-        den.fill_(math.nan)
-        ws.fill_(0xFF)
-        g.replay()
-        torch.cuda.synchronize()
+        replay_on(g, ((q, q2), (k, k2), (aux, aux2)), (out, den, ws))
         _check(out, want, f"replay {seed} out")
         _check(den, want_den, f"replay {seed} denom")
 
@@ -175,7 +157,7 @@ def test_device_bounds_under_capture_are_refused_before_any_write(dsa):
     cu = [torch.tensor(c, dtype=torch.int32, device=DEV) for c in (CU_Q, CU_K)]
     before = [t.clone() for t in (out, den, ws)]
     with pytest.raises(InputError, match="under CUDA-graph capture.*CPU tensors or lists"):
-        _captured(lambda: into(out, den, q, k, w, ratio=RATIO, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], workspace=ws))
+        captured(lambda: into(out, den, q, k, w, ratio=RATIO, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], workspace=ws))
     torch.cuda.synchronize()
     for t, b in zip((out, den, ws), before):
         assert same_bits(t, b), "a refused call wrote"

@@ -29,7 +29,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
+from refutil import captured, refusals_write_nothing, rel_err, replay_on, same_bits, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_score_recompute"
@@ -155,24 +155,13 @@ def capture_and_replay(call, x, make, check, names, out, ws):
     captured in a CUDA graph, not run; then for seeds 32 and 33 ``make(seed)``'s tensors copied into the
     buffers, ``out`` NaN and ``ws`` 0xFF, a replay, ``check(out, y, what)``, and the inputs' bits kept."""
     bufs = {n: x[n].clone() for n in names}
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            call(bufs)
-    torch.cuda.synchronize()
+    g = captured(lambda: call(bufs))
     assert torch.isnan(out).all(), "captured, not run"
     for n in names:
         assert same_bits(bufs[n], x[n]), f"capture modified {n}"
     for seed in (32, 33):  # new values in the captured buffers
         y = make(seed)
-        for n in names:
-            bufs[n].copy_(y[n])
-        _nan(out)
-        ws.fill_(0xFF)
-        g.replay()
-        torch.cuda.synchronize()
+        replay_on(g, [(bufs[n], y[n]) for n in names], (out, ws))
         check(out, y, f"replay {seed}")
         for n in names:
             assert same_bits(bufs[n], y[n]), f"replay {seed}: {n} was modified"
