@@ -91,6 +91,9 @@ def cache_keys(entries, versions: dict, root: Path = REPO) -> list:
             "spec": specs[entry.family],
             "tools": versions,
             "stage": stage,
+            # the canonical paths reach the compile process's heap, and with it the cubins of the
+            # layout-sensitive kernels: a cache filled under AOT_CANONICAL_DIR must not serve a build at the default
+            "canonical": str(zygote.canonical_dir()),
         }
         keys.append(hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest())
     return keys

@@ -120,8 +120,7 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
         key = {k: meta["key"][k] for k in family_policy(meta["family"]).OPS[meta["op"]].fields}
         if meta["family"] not in spec_sha:
             spec_sha[meta["family"]] = spec_digest(meta["family"])
-        ckey = hashlib.sha256(json.dumps([meta["family"], meta["op"], key, meta["arch"], meta["target"]["sm_count"], ssha, versions, stage,
-                                          spec_sha[meta["family"]]], sort_keys=True).encode()).hexdigest()
+        ckey = _verdict_key(meta, key, ssha, versions, stage, spec_sha[meta["family"]])
         hit = cache / f"{ckey}.json" if cache else None
         saved = _from_cache(hit, d)
         if saved is not None:
@@ -198,6 +197,12 @@ def _finish(results, item, res):
             os.replace(tmp, hit.with_suffix(".cubin"))
         hit.write_text(json.dumps(res, indent=1, sort_keys=True))
 
+
+def _verdict_key(meta: dict, key: dict, shipped_sha: str, versions: dict, stage: str, spec_sha: str) -> str:
+    """The fidelity cache's key: everything a verdict depends on, the canonical directory cudnn's route
+    runs under included (it can change a layout-sensitive kernel's cubin, as in the compile stage's key)."""
+    return hashlib.sha256(json.dumps([meta["family"], meta["op"], key, meta["arch"], meta["target"]["sm_count"], shipped_sha, versions, stage,
+                                      spec_sha, str(zygote.canonical_dir())], sort_keys=True).encode()).hexdigest()
 
 def _from_cache(hit, d: Path):
     """The verdict :func:`_finish` remembered at ``hit`` for entry ``d``, or None. One that adopted cudnn's cubin

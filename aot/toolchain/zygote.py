@@ -59,7 +59,7 @@ _WIDTH = 6  # fork indices are written with a fixed width: every fork message al
 def canonical_dir() -> Path:
     """Where the canonical paths live: ``/tmp/dsa-aot-canonical-<uid>``. ``AOT_CANONICAL_DIR`` names
     another (two builds on one machine at once; the cubins of layout-sensitive kernels can then
-    differ from a build that used the default)."""
+    differ from a build that used the default, so the compile and fidelity caches key on it)."""
     return Path(os.environ.get("AOT_CANONICAL_DIR") or f"/tmp/dsa-aot-canonical-{os.getuid()}")
 
 

@@ -55,7 +55,7 @@ def test_compile_both_arches_then_exactly_one_new_entry(tmp_path):
         assert (r.dir / "kernel.cubin").read_bytes() in (a, b)
 
 
-def test_cache_key_changes_with_every_part():
+def test_cache_key_changes_with_every_part(monkeypatch):
     m = manifest.loads(SMALL + EXTRA)
     e = m.entries[-1]
     v = compile_stage.tool_versions()
@@ -67,6 +67,9 @@ def test_cache_key_changes_with_every_part():
     assert compile_stage.cache_key(replace(e, target=replace(e.target, sm_count=148)), v) != base
     assert compile_stage.cache_key(e, dict(v, **{"nvidia-cutlass-dsl": "4.8.2"})) != base
     assert compile_stage.cache_key(e, v) == base
+    # another canonical directory can make another cubin of a layout-sensitive kernel (docs/fidelity.md)
+    monkeypatch.setenv("AOT_CANONICAL_DIR", "/tmp/dsa-aot-canonical-elsewhere")
+    assert compile_stage.cache_key(e, v) != base
 
 
 def test_editing_a_policy_module_invalidates_the_entries_that_depend_on_it(tmp_path):

@@ -226,3 +226,17 @@ def test_every_sm100_sparse_entry_has_a_shape_that_makes_upstream_select_it():
             sm100_shape(e.op, dict(e.key), e.target.sm_count)
             n += 1
     assert n > 200
+
+
+def test_a_verdict_is_cached_per_canonical_directory(monkeypatch):
+    """cudnn's route can make another cubin of a layout-sensitive kernel under another canonical directory:
+    a verdict (and an adopted cubin) cached under AOT_CANONICAL_DIR must not serve a build at the default."""
+    from aot.toolchain import fidelity
+
+    meta = {"family": "dsa_sparse_attention_backward", "op": "bwd", "arch": "sm_100a", "target": {"sm_count": 148}}
+    args = (meta, {"heads": 128}, "ab" * 32, {"nvidia-cutlass-dsl": "4.8.1"}, "stage", "spec")
+    monkeypatch.delenv("AOT_CANONICAL_DIR", raising=False)
+    base = fidelity._verdict_key(*args)
+    assert fidelity._verdict_key(*args) == base
+    monkeypatch.setenv("AOT_CANONICAL_DIR", "/tmp/dsa-aot-canonical-elsewhere")
+    assert fidelity._verdict_key(*args) != base
