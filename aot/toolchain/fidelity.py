@@ -36,6 +36,8 @@ Verdicts per entry id:
                       before it runs: the entry then ships cudnn's cubin (kernel.cubin and the host
                       module's fatbin; lift+verify runs again on it) and keeps the spec's as
                       ``fidelity.spec.cubin``.
+  ``ptx identical``   only with ``adopt=False`` (``python -m aot fidelity --no-write``): the second look
+                      passed and no third look ran, nothing was changed; pack refuses this verdict.
   ``differs``         anything else (upstream's cubin, and PTX where taken, saved next to the entry).
   ``error``           upstream's path could not be run for the key, or its compile key is not the
                       entry's, or the family has no route for the op.
@@ -76,7 +78,7 @@ _STAGE = ("aot/toolchain/fidelity.py", "aot/toolchain/workers.py")
 # --- parent side ---------------------------------------------------------------------------------
 
 
-def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
+def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> dict:
     """Check every entry directory (compile-stage output); return ``{entry id: verdict dict}``.
 
     Each value: ``verdict``, ``shipped_sha256``, ``upstream_sha256``, ``seconds`` (upstream's
@@ -84,7 +86,10 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
     (upstream's compile options) and ``upstream_key`` (upstream's compile-cache key); a PTX look adds
     ``ptx_sha256`` and ``cubins`` (the cubin hashes it saw). ``cache_dir`` (optional) remembers passing
     verdicts by the entry, the shipped cubin, the tool versions, this stage's sources and the family's
-    spec (with everything it imports), so a rebuild re-checks only what changed.
+    spec (with everything it imports), so a rebuild re-checks only what changed. ``adopt``: an entry whose
+    cubin cudnn's route makes differently from the same PTX ships cudnn's (the third look, :func:`_adopt`);
+    False (``python -m aot fidelity --no-write``) changes no cubin and reports it ``ptx identical``, which
+    pack refuses.
     """
     from importlib import metadata
 
@@ -158,11 +163,12 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False) -> dict:
         with tempfile.TemporaryDirectory(prefix="aot-fidelity-ptx-") as keep:
             run_per_arch([item for item, _ in second], lambda item: item[1]["arch"], _ptx_one, args,
                          lambda item, fut: looks.__setitem__(id(item), fut), jobs=jobs, keep_ptx=keep)
+        # the spec's cubin made again: another register assignment of the same PTX, or a damaged file?
         again = _recompile([item for item, _ in second], jobs)
         same_ptx = []
         for item, _ in second:
             res = _ptx_verdict(looks[id(item)], item[0], first[id(item)], again[id(item)])
-            if res["verdict"] == "ptx identical":
+            if res["verdict"] == "ptx identical" and adopt:
                 same_ptx.append((item, res))
                 continue
             _finish(results, item, res)

@@ -83,6 +83,20 @@ def test_csa_entry_is_identical_through_cudnns_launch_functions(entries):
     assert r["upstream_key"] == "('dape_reduce', False, 0)" and r["options"] is None
 
 
+def test_the_cli_checks_without_writing(entries, tmp_path, capsys):
+    """`python -m aot fidelity --no-write` (check with adopt=False: it crashed on the keyword until stop 26):
+    the verdict printed, exit status 0, and no fidelity.json next to the entry."""
+    from aot.toolchain import cli
+
+    _, _, csa, _, _ = entries
+    d = tmp_path / "csa"
+    shutil.copytree(csa, d)
+    (d / "fidelity.json").unlink(missing_ok=True)
+    assert cli.main(["fidelity", "--no-write", "-j", "1", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("identical") and _id(d) in out, out
+    assert not (d / "fidelity.json").exists()
+
 def test_arch_cudnn_never_targets_is_not_applicable_and_a_missing_route_fails_closed(entries, tmp_path):
     _, _, csa, _, _ = entries
     d = tmp_path / "sm100f"
