@@ -210,6 +210,7 @@ def _verdict_key(meta: dict, key: dict, shipped_sha: str, versions: dict, stage:
     return hashlib.sha256(json.dumps([meta["family"], meta["op"], key, meta["arch"], meta["target"]["sm_count"], shipped_sha, versions, stage,
                                       spec_sha, str(zygote.canonical_dir())], sort_keys=True).encode()).hexdigest()
 
+
 def _from_cache(hit, d: Path):
     """The verdict :func:`_finish` remembered at ``hit`` for entry ``d``, or None. One that adopted cudnn's cubin
     ships the saved cubin again (None if it is missing or not the cubin the verdict names: check again)."""

@@ -259,7 +259,7 @@ def _reaped(pid: int, block: bool) -> bool:
             try:
                 os.kill(pid, 0)  # running, or a zombie not yet handed to us
             except ProcessLookupError:
-                return True  # gone, and reaped by no one here: nothing left to wait for
+                return True  # gone (reaped elsewhere): nothing left to wait for
             if not block:
                 return False
             time.sleep(0.01)
