@@ -168,6 +168,9 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> 
         same_ptx = []
         for item, _ in second:
             res = _ptx_verdict(looks[id(item)], item[0], first[id(item)], again[id(item)])
+            # what the entry cost this stage, for balancing shards (the first look's ``seconds`` alone
+            # missed the looks after it: the shard holding the two-CTA entries still came in last)
+            res["check_seconds"] = round(first[id(item)]["seconds"] + _seconds(looks[id(item)]) + again[id(item)].get("seconds", 0.0), 3)
             if res["verdict"] == "ptx identical" and adopt:
                 same_ptx.append((item, res))
                 continue
@@ -180,7 +183,7 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> 
         confirm = {}
         zygote.run([item for item, _ in same_ptx], request, lambda item, art: confirm.__setitem__(id(item), _Result(art)), jobs=jobs)
         for item, res in same_ptx:
-            res = _adopt(confirm[id(item)], item[0], res)
+            res = _adopt(confirm[id(item)], item[0], res) | {"check_seconds": round(res["check_seconds"] + _seconds(confirm[id(item)]), 3)}
             _finish(results, item, res)
             n += 1
             if progress:
@@ -257,6 +260,14 @@ class _Result:
         if "error" in self.art:
             raise RuntimeError(self.art["error"])
         return self.art
+
+
+def _seconds(fut) -> float:
+    """The seconds a look's result reports (0 for one that failed)."""
+    try:
+        return float(fut.result().get("seconds", 0.0))
+    except Exception:  # noqa: BLE001  (the failure is the verdict's business)
+        return 0.0
 
 
 def _recompile(items, jobs) -> dict:
@@ -456,13 +467,14 @@ def _ptx_one(family: str, op: str, key: dict, arch: str, sm_count: int) -> dict:
     from .manifest import Target
     from .specs import SPECS
 
+    t = time.perf_counter()
     rec, art = _run_route(family, op, key, arch, sm_count)
     if art["key_mismatch"]:
         raise RuntimeError(art["key_mismatch"])
     fn_, args, options, _ = SPECS[family].build(op, dict(key), Target("", arch, sm_count))
     spec = cute.compile(fn_, *args, options=options) if options else cute.compile(fn_, *args)
     return {"cubin": _cubin_of(rec.fn), "ptx": _ptx_of(rec.fn, "upstream's"), "options": rec.options, "spec_cubin": _cubin_of(spec),
-            "spec_ptx": _ptx_of(spec, "the spec's"), "spec_options": options}
+            "spec_ptx": _ptx_of(spec, "the spec's"), "spec_options": options, "seconds": time.perf_counter() - t}
 
 
 def _run_route(family, op, key, arch, sm_count):

@@ -113,8 +113,14 @@ def entry_seconds(dirs, lift_verify: dict, verdicts: dict | None) -> dict:
         meta = json.loads((d / "meta.json").read_text())
         ident = meta["id"]
         out[ident] = {"compile_s": round(meta.get("compile_seconds", 0.0), 4), "lift_verify_s": round(lift_verify.get(d.name, 0.0), 4),
-                      "fidelity_s": round(float((verdicts or {}).get(ident, {}).get("seconds", 0.0)), 4)}
+                      "fidelity_s": round(float(_fidelity_seconds((verdicts or {}).get(ident, {}))), 4)}
     return out
+
+
+def _fidelity_seconds(verdict: dict) -> float:
+    """An entry's cost in the fidelity stage: every look it took (``check_seconds``, from a second look on), else
+    the first look's compile (``seconds``)."""
+    return verdict.get("check_seconds", verdict.get("seconds", 0.0))
 
 
 def _manifest_sha(manifest_path) -> str:

@@ -69,6 +69,8 @@ def test_tampered_cubin_differs_and_fails_closed(entries):
     assert r["verdict"] == "differs", r
     assert r["upstream_sha256"] == res[_id(dsa)]["upstream_sha256"]
     assert (bad / fidelity.UPSTREAM_CUBIN).read_bytes() == (dsa / "kernel.cubin").read_bytes()
+    # it took the second look (both routes again in a worker, the spec's compile again): its stage cost counts them
+    assert r["check_seconds"] > r["seconds"] > 0 and "check_seconds" not in res[_id(dsa)], r
     with pytest.raises(fidelity.FidelityError, match="tampered: differs"):
         fidelity.require_identical(res)
     fidelity.require_identical({k: v for k, v in res.items() if not k.endswith(".tampered")})

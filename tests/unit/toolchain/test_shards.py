@@ -60,6 +60,21 @@ def test_seconds_come_from_a_build_report_or_a_shards_seconds(tmp_path):
     assert shards.parse_shard("2/4") == (2, 4)
 
 
+def test_an_entry_weighs_every_fidelity_look_it_took(tmp_path):
+    """An entry the second and third looks checked (the two-CTA ones) costs the fidelity stage several compiles:
+    its weight is ``check_seconds``, not the first look's ``seconds`` (with those alone the shard that held the
+    two-CTA entries still finished last)."""
+    dirs = []
+    for ident in ("one", "three"):
+        d = tmp_path / ident
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps({"id": ident, "compile_seconds": 2.0}))
+        dirs.append(d)
+    verdicts = {"one": {"verdict": "identical", "seconds": 3.0}, "three": {"verdict": "identical", "seconds": 3.0, "check_seconds": 11.5}}
+    got = shards.entry_seconds(dirs, {"one": 0.5}, verdicts)
+    assert got == {"one": {"compile_s": 2.0, "lift_verify_s": 0.5, "fidelity_s": 3.0}, "three": {"compile_s": 2.0, "lift_verify_s": 0.0, "fidelity_s": 11.5}}
+
+
 
 
 def _tree(root):
