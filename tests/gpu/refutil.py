@@ -89,10 +89,12 @@ def refusals_write_nothing(cases, watched) -> None:
             assert same_bits(t, b), f"{name}: a tensor was written before the refusal"
 
 
-def poison(*tensors) -> None:
-    """NaN in every floating-point tensor, 0xFF in every other: what an op that did not write leaves."""
+def poison(*tensors):
+    """NaN in every floating-point tensor, 0xFF in every other: what an op that did not write leaves.
+    Returns the first (``out = poison(torch.empty(...))``)."""
     for t in tensors:
         t.fill_(math.nan if t.is_floating_point() else 0xFF)
+    return tensors[0] if tensors else None
 
 
 def captured(call):

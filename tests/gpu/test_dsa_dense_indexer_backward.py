@@ -38,7 +38,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_dense_indexer_backward as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import captured, refusals_write_nothing, replay_on, rel_err, same_bits, shipped_keys  # noqa: E402
+from refutil import captured, poison, refusals_write_nothing, rel_err, replay_on, same_bits, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_dense_indexer_backward"
@@ -89,15 +89,9 @@ def _inputs(varlen, ratio, offsets, s_q, seed, device=DEV, sm_scale=SM_SCALE, fu
     return ref.make_inputs(2, s_q, _s_k(s_q, ratio, full), H, ratio=ratio, sm_scale=sm_scale, q_causal_offsets=offs, device=device, seed=seed)
 
 
-def _nan(t):
-    return t.fill_(math.nan)
-
-
-
-
 def _outputs(x, dk_dtype):
-    return (_nan(torch.empty_like(x["index_q"])), _nan(torch.empty_like(x["weights"])),
-            _nan(torch.empty(x["index_k"].shape, dtype=dk_dtype, device=x["index_k"].device)))
+    return (poison(torch.empty_like(x["index_q"])), poison(torch.empty_like(x["weights"])),
+            poison(torch.empty(x["index_k"].shape, dtype=dk_dtype, device=x["index_k"].device)))
 
 
 def _workspace(dsa, x, dk_dtype):
@@ -207,7 +201,7 @@ def test_empty_calls_zero_dk_without_launching(dsa):
     k = torch.randn(2, 5, 128, device=DEV).bfloat16()
     f32 = dict(dtype=torch.float32, device=DEV)
     for ratio in (4, 3):
-        dk = _nan(torch.empty(2, 5, 128, **f32))
+        dk = poison(torch.empty(2, 5, 128, **f32))
         call = lambda: dsa.dense_indexer_backward(torch.empty(2, 0, H, 128, dtype=torch.bfloat16, device=DEV), torch.empty(2, 0, H, dtype=torch.bfloat16, device=DEV),
                                          k, torch.empty(2, 0, 5, **f32), torch.empty(2, 0, **f32), torch.empty(2, 0, 5, **f32),
                                          torch.empty(2, 0, **f32), torch.ones(1, **f32), ratio=ratio, d_index_k=dk)  # noqa: E731
@@ -222,7 +216,7 @@ def test_empty_calls_zero_dk_without_launching(dsa):
         assert out["d_index_q"].shape == (2, 0, H, 128) and out["d_weights"].shape == (2, 0, H)
     cu_q, cu_k = torch.zeros(3, dtype=torch.int32, device=DEV), torch.tensor([0, 3, 5], dtype=torch.int32, device=DEV)
     dq, dw = torch.empty(0, H, 128, dtype=torch.bfloat16, device=DEV), torch.empty(0, H, dtype=torch.bfloat16, device=DEV)
-    dk = _nan(torch.empty(5, 128, dtype=torch.bfloat16, device=DEV))
+    dk = poison(torch.empty(5, 128, dtype=torch.bfloat16, device=DEV))
     ws = torch.full((dsa.dense_indexer_backward_workspace_bytes((5, 128)),), 0xFF, dtype=torch.uint8, device=DEV)
     dsa.dense_indexer_backward_into(dq, dw, dk, torch.empty(0, H, 128, dtype=torch.bfloat16, device=DEV), torch.empty(0, H, dtype=torch.bfloat16, device=DEV),
                                     k.reshape(10, 128)[:5].contiguous(), torch.empty(0, 3, **f32), torch.empty(0, **f32), torch.empty(0, 3, **f32),
@@ -243,7 +237,7 @@ def test_refused_calls_write_nothing(dsa):
     dq, dw, dk = _outputs(x, torch.bfloat16)
     ws = _workspace(dsa, x, torch.bfloat16)
     q32 = torch.randn(2, 16, 32, 128, device=DEV).bfloat16()
-    dq32, dw32 = _nan(torch.empty_like(q32)), _nan(torch.empty(2, 16, 32, dtype=torch.bfloat16, device=DEV))
+    dq32, dw32 = poison(torch.empty_like(q32)), poison(torch.empty(2, 16, 32, dtype=torch.bfloat16, device=DEV))
     tq, tw, tk = _outputs(xt, torch.bfloat16)
     tws = _workspace(dsa, xt, torch.bfloat16)
     # d_index_k (fp32) over the same bytes as index_score: index_score is the first 160 of its 1280 floats

@@ -21,15 +21,13 @@ anything is written (the outputs, the workspace and the inputs keep their bits).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import captured, refusals_write_nothing, rel_err, replay_on, same_bits, shipped_keys  # noqa: E402
+from refutil import captured, poison, refusals_write_nothing, rel_err, replay_on, same_bits, shipped_keys  # noqa: E402
 
 DEV = "cuda:0"
 FAMILY = "dsa_score_recompute"
@@ -67,12 +65,6 @@ def _inputs(shape, topk, length, glob, seed):
     return ref.make_inputs(B, S_q, S_k, H, topk, with_length=length, topk_indices_global=glob, invalid_frac=0.1, device=DEV, seed=seed)
 
 
-def _nan(t):
-    return t.fill_(math.nan)
-
-
-
-
 def _ws_bytes(B, S_q):
     return -(-B * S_q * H * 2 // 128) * 128  # the (B, H, S_q) bf16 weights, 128-byte rounded
 
@@ -85,7 +77,7 @@ def _workspace(dsa, x):
 
 
 def _out(x):
-    return _nan(torch.empty(x["topk_indices"].shape, dtype=torch.float32, device=DEV))
+    return poison(torch.empty(x["topk_indices"].shape, dtype=torch.float32, device=DEV))
 
 
 def run_form(form, op, op_into, ins, kw, key, out_of, workspace_of):
@@ -190,7 +182,7 @@ def test_refused_calls_write_nothing(dsa):
     q32 = x["q_indexer"][:, :, :32].contiguous()
     w32 = x["weights"][:, :, :32].contiguous()
     ids384 = x["topk_indices"][..., :384].contiguous()
-    out384 = _nan(torch.empty(ids384.shape, dtype=torch.float32, device=DEV))
+    out384 = poison(torch.empty(ids384.shape, dtype=torch.float32, device=DEV))
     # out (fp32) over the same bytes as topk_indices (int32, the same shape)
     alias_buf = x["topk_indices"].clone()
     alias_out = alias_buf.view(torch.float32)

@@ -26,7 +26,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import ref_score_recompute as ref  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
-from refutil import refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
+from refutil import poison, refusals_write_nothing, rel_err, same_bits, shipped_keys  # noqa: E402
 from test_dsa_score_recompute import capture_and_replay, check_rows, run_form  # noqa: E402 - the indexer's test: the same three forms and row checks
 
 DEV = "cuda:0"
@@ -63,12 +63,6 @@ def _inputs(shape, heads, dim, topk, length, glob, seed, scale=None):
                                      invalid_frac=0.1, device=DEV, seed=seed)
 
 
-def _nan(t):
-    return t.fill_(math.nan)
-
-
-
-
 def _workspace(dsa, x):
     n = dsa.sparse_attn_score_recompute_workspace_bytes(x["lse"].shape, x["lse"].device)
     B, S_q, H = x["lse"].shape
@@ -77,7 +71,7 @@ def _workspace(dsa, x):
 
 
 def _out(x):
-    return _nan(torch.empty(x["topk_indices"].shape, dtype=torch.float32, device=DEV))
+    return poison(torch.empty(x["topk_indices"].shape, dtype=torch.float32, device=DEV))
 
 
 def _run(dsa, x, form, glob):
@@ -148,7 +142,7 @@ def test_refused_calls_write_nothing(dsa):
     out, ws = _out(x), _workspace(dsa, x)
     q32, lse32 = x["q_attn"][:, :, :32].contiguous(), x["lse"][:, :, :32].contiguous()
     ids384 = x["topk_indices"][..., :384].contiguous()
-    out384 = _nan(torch.empty(ids384.shape, dtype=torch.float32, device=DEV))
+    out384 = poison(torch.empty(ids384.shape, dtype=torch.float32, device=DEV))
     ws_over = torch.full((ws.numel(),), 0xFF, dtype=torch.uint8, device=DEV)
     lse_over = ws_over[: x["lse"].numel() * 4].view(torch.float32).view(x["lse"].shape)
     lse_over.copy_(x["lse"])
