@@ -6,44 +6,16 @@ first time it is used there (or by :func:`aot.runtime.preload`), see :mod:`aot.r
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import threading
 from pathlib import Path
 
-from ..errors import ArchMismatchError, KernelNotFoundError, LaunchError
+from ..errors import ArchMismatchError, KernelNotFoundError
+from ..policy.artifact import load_index, lookup_fields
 from .device import arch_of, device
 
 __all__ = ["Index", "index", "nearest", "GENERATED"]
 
 GENERATED = Path(__file__).resolve().parent.parent / "_generated"
-
-
-def _key(d: dict, derived=()) -> tuple:
-    return tuple(sorted((k, v) for k, v in d.items() if k not in derived))
-
-
-_FIELDS = {"id": str, "family": str, "op": str, "key": dict, "arch": str, "cubin": str, "sha256": str, "launcher": str,
-           "launcher_sha256": str, "kernels": list, "params": dict}
-
-
-def _lookup_key(e):
-    """The key ``e`` is looked up by (the op's own key fields: derived ones, such as a schedule list,
-    are not looked up), or None when the entry lacks a field the runtime needs."""
-    if not isinstance(e, dict) or any(not isinstance(e.get(k), t) for k, t in _FIELDS.items()):
-        return None
-    derived = e.get("derived", ("schedule",))
-    if not isinstance(derived, list | tuple):
-        return None
-    if "target" in e and not (isinstance(e["target"], dict) and isinstance(e["target"].get("sm_count"), int)):
-        return None
-    try:
-        k = _key(e["key"], derived)
-        hash(k)
-    except TypeError:
-        return None
-    return k
 
 
 def _sms(e) -> int:
@@ -68,36 +40,8 @@ class Index:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        path = self.root / "index.json"
-        try:
-            text = path.read_bytes()
-        except FileNotFoundError:
-            raise KernelNotFoundError(
-                f"no build found: {path} is missing. Build the kernels first: `python -m aot build` (from a source checkout) or install the dsa-aot wheel"
-            ) from None
-        except OSError as e:
-            raise LaunchError(f"cannot read {path}: {e.strerror}. Reinstall or rebuild the wheel") from None
-        try:
-            want = (self.root / "index.sha256").read_text().strip()
-        except OSError:
-            raise LaunchError(f"{self.root / 'index.sha256'} is missing: the build is incomplete. Reinstall or rebuild the wheel") from None
-        if hashlib.sha256(text).hexdigest() != want:
-            raise LaunchError(f"{path} is corrupted: its sha256 is not the one in index.sha256. Reinstall or rebuild the wheel; nothing was launched")
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise LaunchError(f"{path} is not valid JSON ({e}). Reinstall or rebuild the wheel") from None
-        if not isinstance(doc, dict) or doc.get("format") != 1:
-            raise KernelNotFoundError(f"{path}: index format {doc.get('format') if isinstance(doc, dict) else None!r} is not 1; rebuild with this version of dsa-aot")
-        if doc.get("for_shipping") is False and os.environ.get("AOT_ALLOW_DEBUG_BUILD") != "1":
-            raise LaunchError(f"{path} is a debug build (compiled with --debug-dump), not for shipping; rebuild without it, "
-                              f"or set AOT_ALLOW_DEBUG_BUILD=1 to use it anyway")
-        entries = doc.get("entries")
-        keys = [_lookup_key(e) for e in (entries if isinstance(entries, list) else [None])]  # each entry's key, built once
-        bad = [i for i, k in enumerate(keys) if k is None]
-        if bad:
-            raise LaunchError(f"{path}: {len(bad)} malformed entries (first: #{bad[0]}). Reinstall or rebuild the wheel")
-        self.doc = doc
+        self.doc, keys = load_index(self.root)  # checked as the build tool checks it before shipping
+        entries = self.doc["entries"]
         self.entries = entries
         # looked up by the op's own key fields (what the spec derived from them is not part of the lookup),
         # then by the SM count of the target it was built for (several where the manifest has several)
@@ -128,7 +72,7 @@ class Index:
         count; where there is none, for an op that does not bake the SM count in (``exact`` false), the
         target with the nearest (the lower on a tie); otherwise ArchMismatchError naming the target to add."""
         try:
-            by_sms = self.by_key.get((family, op, _key(key), arch))
+            by_sms = self.by_key.get((family, op, lookup_fields(key), arch))
         except TypeError:  # an unhashable key value: no entry has it
             by_sms = None
         if by_sms:

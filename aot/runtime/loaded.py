@@ -22,8 +22,6 @@ config field or cached argument behind.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import threading
 import time
 import types
@@ -34,8 +32,9 @@ from ..policy.launch import CLUSTER_DIM, COOPERATIVE, PDL, PREFERRED_CLUSTER_DIM
 from .bytecode import code_for
 from .device import primary_context
 from .driver import check, drv
+from ..policy.artifact import read_checked
 
-__all__ = ["LoadedEntry", "Prepared", "read_checked"]
+__all__ = ["LoadedEntry", "Prepared", "read_checked"]  # read_checked: the index's, re-exported
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 _ENUMS: dict = {}  # (enum class, int) -> member: cuda-python builds a member in ~50 µs
@@ -46,27 +45,6 @@ def _enum(cls, v):
     if m is None:
         m = _ENUMS[cls, v] = cls(v)
     return m
-
-
-def read_checked(root: Path, rel, sha256: str, what: str) -> bytes:
-    """The bytes of build file ``rel`` (inside ``root``), refused unless their sha256 is ``sha256``."""
-    if not isinstance(rel, str) or not isinstance(sha256, str):
-        raise LaunchError(f"the build's index names a {what} as {rel!r} with sha256 {sha256!r} (expected strings). Reinstall or rebuild the wheel")
-    # a relative path of plain names stays inside the build (checked on the string: resolving every file's
-    # path took 26 ms of a 93-entry preload on the H200's host)
-    parts = rel.split("/")
-    if rel.startswith("/") or "\\" in rel or any(x in ("", ".", "..") for x in parts):
-        raise LaunchError(f"the build's index names {what} {rel!r}, outside the build directory {root}. Reinstall or rebuild the wheel; nothing was launched")
-    path = os.path.join(root, rel)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise LaunchError(f"cannot read {what} {path}: {e.strerror}. Reinstall or rebuild the wheel; nothing was launched") from None
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise LaunchError(f"{what} {path} is corrupted: sha256 {got} != {sha256} recorded at build time. Reinstall or rebuild the wheel; nothing was launched")
-    return data
 
 
 def _attr_value(d, aid, fields):

@@ -148,30 +148,29 @@ def _same_cubin_for_every_sm_count(entries) -> None:
 
 
 def check_build(build_dir, manifest_path) -> dict:
-    """A finished build (e.g. merged from shards on other machines) before it ships: intact (index.sha256,
-    every cubin and launcher by its sha256, as :func:`pack` wrote them and the runtime checks them at load),
-    for shipping, and holding exactly the entries of ``manifest_path`` in its order. Returns the index;
-    PackError otherwise."""
+    """A finished build (e.g. merged from shards on other machines) before it ships: what the runtime checks
+    when it loads it (index.sha256, the index's format and every entry's fields, every cubin and launcher by
+    its sha256: :mod:`aot.policy.artifact`, the code the runtime loads it with), for shipping, and holding exactly the
+    entries of ``manifest_path`` in its order. Returns the index; PackError otherwise."""
+    from ..errors import AotError
+    from ..policy.artifact import load_index, read_checked
     from . import manifest
 
     root = Path(build_dir)
     try:
-        text = (root / "index.json").read_bytes()
-        want_sha = (root / "index.sha256").read_text().strip()
-        doc = json.loads(text)
-    except (OSError, ValueError) as e:
-        raise PackError(f"{root}: not a finished build ({e}); make one with python -m aot build or merge") from None
+        doc, _ = load_index(root)
+    except AotError as e:
+        raise PackError(f"{root} cannot ship as the build of {manifest_path}: {e}") from None
     problems = []
-    if hashlib.sha256(text).hexdigest() != want_sha:
-        problems.append("index.json is not the file index.sha256 names")
-    if doc.get("for_shipping") is False:
+    if doc.get("for_shipping") is False:  # also under AOT_ALLOW_DEBUG_BUILD=1, which lets the runtime use it
         problems.append("a debug build (--debug-dump): not for shipping")
-    entries = doc.get("entries", [])
+    entries = doc["entries"]
     for e in entries:
-        for f, sha in ((e["cubin"], e["sha256"]), (e["launcher"], e["launcher_sha256"])):
-            p = root / f
-            if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != sha:
-                problems.append(f"{e['id']}: {f} is missing or not the file the index names")
+        for f, sha, what in ((e["cubin"], e["sha256"], "cubin"), (e["launcher"], e["launcher_sha256"], "launcher")):
+            try:
+                read_checked(root, f, sha, f"{what} of {e['id']}")
+            except AotError as err:
+                problems.append(str(err))
     want = [e.id for e in manifest.load(manifest_path).entries]
     got = [e["id"] for e in entries]
     if got != want:

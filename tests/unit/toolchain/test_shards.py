@@ -136,7 +136,7 @@ def test_merge_refuses_what_is_not_the_n_shards_of_this_manifest(built, tmp_path
 
 def test_a_merged_build_is_checked_before_it_ships(built, tmp_path):
     """check-build (what the wheel build runs on AOT_PREBUILT): the merged tree passes; a changed cubin, or
-    another manifest's build, is refused."""
+    another manifest's build, a damaged or missing index.sha256, is refused."""
     from aot.toolchain import pack
 
     merged = tmp_path / "merged"
@@ -150,5 +150,12 @@ def test_a_merged_build_is_checked_before_it_ships(built, tmp_path):
     data = bytearray(cubin.read_bytes())
     data[-1] ^= 1
     cubin.write_bytes(bytes(data))
-    with pytest.raises(PackError, match="not the file the index names"):
+    with pytest.raises(PackError, match=r"cubin of \S+ .* is corrupted"):
+        pack.check_build(merged, built / "m.toml")
+    # the index itself is checked as the runtime loads it
+    (merged / "index.sha256").write_text("0" * 64)
+    with pytest.raises(PackError, match="index.json is corrupted"):
+        pack.check_build(merged, built / "m.toml")
+    (merged / "index.sha256").unlink()
+    with pytest.raises(PackError, match="index.sha256 is missing"):
         pack.check_build(merged, built / "m.toml")
