@@ -41,8 +41,7 @@ class Index:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.doc, keys = load_index(self.root)  # checked as the build tool checks it before shipping
-        entries = self.doc["entries"]
-        self.entries = entries
+        self.entries = entries = self.doc["entries"]
         # looked up by the op's own key fields (what the spec derived from them is not part of the lookup),
         # then by the SM count of the target it was built for (several where the manifest has several)
         self.by_key: dict = {}

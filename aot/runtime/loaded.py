@@ -28,13 +28,13 @@ import types
 from pathlib import Path
 
 from ..errors import LaunchError
+from ..policy.artifact import read_checked
 from ..policy.launch import CLUSTER_DIM, COOPERATIVE, PDL, PREFERRED_CLUSTER_DIM
 from .bytecode import code_for
 from .device import primary_context
 from .driver import check, drv
-from ..policy.artifact import read_checked
 
-__all__ = ["LoadedEntry", "Prepared", "read_checked"]  # read_checked: the index's, re-exported
+__all__ = ["LoadedEntry", "Prepared", "read_checked"]  # read_checked: the build contract's (policy/artifact.py), used here
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 _ENUMS: dict = {}  # (enum class, int) -> member: cuda-python builds a member in ~50 µs
