@@ -160,11 +160,17 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> 
     if second:  # the second look: both PTX texts (workers that keep them), and the shipped cubin made again
         first = {id(item): res for item, res in second}
         looks = {}
+        # its verdicts come when all three parts are done (about 100 s an entry on one core): a line per part
+        # and entry meanwhile, so that a long second look is not a silent one
+        say = _step_printer(progress, len(second))
+        say(f"fidelity: second look at {len(second)} entries whose cubin differs from cudnn's route's "
+            f"(PTX of both routes, the shipped cubin made again, cudnn's route once more where the PTX agrees)")
         with tempfile.TemporaryDirectory(prefix="aot-fidelity-ptx-") as keep:
             run_per_arch([item for item, _ in second], lambda item: item[1]["arch"], _ptx_one, args,
-                         lambda item, fut: looks.__setitem__(id(item), fut), jobs=jobs, keep_ptx=keep)
+                         lambda item, fut: (looks.__setitem__(id(item), fut), say("PTX of both routes", item, fut)),
+                         jobs=jobs, keep_ptx=keep)
         # the spec's cubin made again: another register assignment of the same PTX, or a damaged file?
-        again = _recompile([item for item, _ in second], jobs)
+        again = _recompile([item for item, _ in second], jobs, lambda item, art: say("spec's cubin again", item, _Result(art)))
         same_ptx = []
         for item, _ in second:
             res = _ptx_verdict(looks[id(item)], item[0], first[id(item)], again[id(item)])
@@ -181,7 +187,9 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> 
         # the spec's compile made another cubin of cudnn's PTX: cudnn's route once more, in a fresh canonical
         # process; if it makes its cubin again, that cubin is what cudnn's JIT builds for the key, and ships
         confirm = {}
-        zygote.run([item for item, _ in same_ptx], request, lambda item, art: confirm.__setitem__(id(item), _Result(art)), jobs=jobs)
+        say = _step_printer(progress, len(same_ptx))
+        zygote.run([item for item, _ in same_ptx], request,
+                   lambda item, art: (confirm.__setitem__(id(item), _Result(art)), say("cudnn's route again", item, confirm[id(item)])), jobs=jobs)
         for item, res in same_ptx:
             res = _adopt(confirm[id(item)], item[0], res) | {"check_seconds": round(res["check_seconds"] + _seconds(confirm[id(item)]), 3)}
             _finish(results, item, res)
@@ -270,7 +278,7 @@ def _seconds(fut) -> float:
         return 0.0
 
 
-def _recompile(items, jobs) -> dict:
+def _recompile(items, jobs, on_done=None) -> dict:
     """id(item) -> the cubin the compile stage makes of the entry now (its canonical compile process), or the error."""
     out = {}
 
@@ -278,8 +286,33 @@ def _recompile(items, jobs) -> dict:
         m = item[1]
         return {"family": m["family"], "op": m["op"], "key": tuple(sorted(m["key"].items())), "arch": m["arch"], "sm_count": m["target"]["sm_count"]}
 
-    zygote.run(items, request, lambda item, art: out.__setitem__(id(item), art), jobs=jobs)
+    def done(item, art):
+        out[id(item)] = art
+        if on_done:
+            on_done(item, art)
+
+    zygote.run(items, request, done, jobs=jobs)
     return out
+
+
+def _step_printer(progress: bool, total: int):
+    """say(text) prints a line; say(part, item, fut) the part's line for one entry, counted per part."""
+    counts: dict = {}
+
+    def say(text, item=None, fut=None):
+        if not progress:
+            return
+        if item is not None:
+            counts[text] = counts.get(text, 0) + 1
+            try:
+                fut.result()
+                failed = ""
+            except Exception:  # noqa: BLE001  (the verdict reports it; here only that it failed)
+                failed = " failed"
+            text = f"fidelity second look {counts[text]}/{total} {item[1]['id']} {text}{failed} ({_seconds(fut):.1f}s)"
+        print(text, file=sys.stderr, flush=True)
+
+    return say
 
 
 def _options(opts, arch) -> list:

@@ -1,6 +1,8 @@
 """aot.toolchain.fidelity on the CPU: a spec-built cubin equals the one cudnn's own JIT path builds, and a tampered one is caught."""
 
+import contextlib
 import hashlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -15,6 +17,7 @@ from aot.toolchain import fidelity, manifest  # noqa: E402
 from build_files import SMALL_MANIFEST as SMALL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
+PROGRESS = io.StringIO()  # what the fixture's check printed to stderr
 
 
 
@@ -39,7 +42,9 @@ def entries(tmp_path_factory):
     cubin[len(cubin) // 2] ^= 0xFF
     (bad / "kernel.cubin").write_bytes(bytes(cubin))
     # both DSA checks in one worker: one DSL + cudnn import (the SM90 entry gets a worker of its own arch)
-    return dsa, bad, csa, sab, fidelity.check([dsa, bad, csa, sab], jobs=1)
+    with contextlib.redirect_stderr(PROGRESS):
+        res = fidelity.check([dsa, bad, csa, sab], jobs=1, progress=True)
+    return dsa, bad, csa, sab, res
 
 
 def test_spec_cubin_is_identical_to_cudnns_jit_path(entries):
@@ -74,6 +79,22 @@ def test_tampered_cubin_differs_and_fails_closed(entries):
     with pytest.raises(fidelity.FidelityError, match="tampered: differs"):
         fidelity.require_identical(res)
     fidelity.require_identical({k: v for k, v in res.items() if not k.endswith(".tampered")})
+
+
+def test_the_second_look_prints_each_entry_as_its_parts_finish(entries):
+    """The second look's verdicts come only when all its parts are done (about 100 s an entry): until stop 28 a
+    build printed nothing meanwhile, an hour for the default manifest's sm_103a entries. Now a line per part."""
+    _, bad, _, _, res = entries
+    lines = PROGRESS.getvalue().splitlines()
+    tampered = _id(bad)
+    assert any(l.startswith("fidelity: second look at 1 entries") for l in lines), lines
+    for part in ("PTX of both routes", "spec's cubin again"):
+        assert any(l.startswith(f"fidelity second look 1/1 {tampered} {part} (") for l in lines), (part, lines)
+    # its PTX differs from cudnn's (a flipped code byte is not another register assignment): no third look
+    assert not any("cudnn's route again" in l for l in lines), lines
+    # and its verdict's line comes after them, once
+    assert [l for l in lines if l.startswith("fidelity ") and tampered in l][-1].endswith("differs (second look)"), lines
+    assert sum(f" {tampered} " in l for l in lines) == 3, lines  # two parts, the verdict (the first look: no line)
 
 
 def test_csa_entry_is_identical_through_cudnns_launch_functions(entries):
