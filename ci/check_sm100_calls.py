@@ -22,7 +22,6 @@ torch and no GPU. Exit status 1 on any failure.
 from __future__ import annotations
 
 import argparse
-import json
 import struct
 import sys
 from pathlib import Path

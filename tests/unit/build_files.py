@@ -2,6 +2,23 @@
 
 import hashlib
 import json
+import shutil
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def lifted_entries(root, names):
+    """Copies of tests/data/<name> under root/entries, lifted and verified by the build's own stage: their dirs."""
+    from aot.toolchain import build
+
+    dirs = []
+    for name in names:
+        d = root / "entries" / name
+        shutil.copytree(DATA / name, d)
+        build.lift_and_verify(d)
+        dirs.append(d)
+    return dirs
 
 
 def write_index(root, doc):

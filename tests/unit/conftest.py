@@ -2,11 +2,10 @@
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from build_files import write_index
+from build_files import lifted_entries, write_index
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -40,15 +39,13 @@ def one_entry_build(tmp_path):
 
 @pytest.fixture
 def packed(tmp_path):
-    """pack(name) -> Index of a build made by the real stages (lift, verify, pack) from tests/data/<name>."""
+    """packed(name, ...) -> Index of a build made by the real stages (lift, verify, pack) from tests/data/<name>, ...
+    (the build directory: ``tmp_path / "gen"``)."""
     from aot.runtime.index import Index
-    from aot.toolchain import build, pack
+    from aot.toolchain import pack
 
-    def make(name):
-        d = tmp_path / "entries" / name
-        shutil.copytree(DATA / name, d)
-        build.lift_and_verify(d)
-        pack.pack([d], tmp_path / "gen")
+    def make(*names):
+        pack.pack(lifted_entries(tmp_path, names), tmp_path / "gen")
         return Index(tmp_path / "gen")
 
     return make

@@ -30,21 +30,11 @@ def test_sparse_attention_reports_every_bad_input_before_anything_runs():
         assert want in msg, (want, msg)
 
 
-def test_the_wheel_builds_check_runs_on_a_packed_build(tmp_path, sm100_calls):
+def test_the_wheel_builds_check_runs_on_a_packed_build(packed, tmp_path, sm100_calls):
     """ci/check_sm100_calls.py's main, the last step of ci/build-wheel.sh, on a build packed by the real stages from
     both SM100 entries: until stop 28 it asked the index for one SM count per arch (a signature gone since several
     targets per arch) and crashed on every real build; each entry now brings its own target's SM count."""
-    import shutil
-
-    from aot.toolchain import build, pack
-
-    dirs = []
-    for name in SM100_SPARSE:
-        d = tmp_path / "entries" / name
-        shutil.copytree(DATA / name, d)
-        build.lift_and_verify(d)
-        dirs.append(d)
-    pack.pack(dirs, tmp_path / "gen")
+    packed(*SM100_SPARSE)
     counts, bad = sm100_calls.check_build(tmp_path / "gen")
     assert counts["SM100 sparse-backward"] == 2 and bad == [], (counts, bad)
     # main fails closed on a build without the other kinds: nothing checked is not a pass

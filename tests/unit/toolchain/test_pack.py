@@ -2,25 +2,18 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from aot.errors import PackError
-from aot.toolchain import build, pack
+from aot.toolchain import pack
+from build_files import lifted_entries
 
-DATA = Path(__file__).resolve().parents[2] / "data"
 NAMES = ("dsa_indexer_backward.gemm_sm90.heads64.topk512.notopk_global.sm_90a", "dsa_sparse_attention_backward.main_sm90.dim512.bf16.heads64.topk512.notopk_length.sm_90a")
 
 
 def _entries(root):
-    dirs = []
-    for n in NAMES:
-        d = root / "entries" / n
-        shutil.copytree(DATA / n, d)
-        build.lift_and_verify(d)
-        dirs.append(d)
-    return dirs
+    return lifted_entries(root, NAMES)
 
 
 def _tree(root):
