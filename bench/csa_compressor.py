@@ -42,11 +42,11 @@ class _Block:
 sys.meta_path.insert(0, _Block())
 """ + SETUP + r"""
 t0 = time.perf_counter()
-import aot.csa
-aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
+import dsa_aot.csa
+dsa_aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
 torch.cuda.synchronize()
 t1 = time.perf_counter()
-from aot.runtime import load_stats
+from dsa_aot.runtime import load_stats
 print(json.dumps({"first_ms": (t1 - t0) * 1e3, "load_ms": sum(load_stats().values())}))
 """
 
@@ -86,9 +86,9 @@ class _Block:
             raise ImportError("blocked")
 import sys
 sys.meta_path.insert(0, _Block())
-import aot.csa
-out_d["aot forward_into"] = rounds(lambda: aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff))
-out_d["aot forward (allocates)"] = rounds(lambda: aot.csa.compressor_forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, total_comp=nb))
+import dsa_aot.csa
+out_d["aot forward_into"] = rounds(lambda: dsa_aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff))
+out_d["aot forward (allocates)"] = rounds(lambda: dsa_aot.csa.compressor_forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, total_comp=nb))
 """)
 
 JIT_WARM = WARM.replace("SIDE", r"""
@@ -117,7 +117,7 @@ def main():
     print("|---|---:|")
     af, aw = res["aot_first"], res["aot_warm"]
     print(f"| AOT cubin load (cuLibraryLoadData + set-up) | {af.get('load_ms', float('nan')):.2f} ms |")
-    print(f"| AOT first call (import aot + load + launch + sync) | {af.get('first_ms', float('nan')):.1f} ms |")
+    print(f"| AOT first call (import dsa_aot + load + launch + sync) | {af.get('first_ms', float('nan')):.1f} ms |")
     for k, v in aw.items():
         print(f"| host per call: {k} | {v:.1f} us |")
     if have_jit:

@@ -6,7 +6,7 @@ Shape: a dense warm-up step of the compressed indexer, H 64, D 128, ratio 4, B 1
 S_k 1024 compressed keys, bf16 ``d_index_k`` (the fp32 accumulator in the caller's workspace),
 sm_scale 1/sqrt(128). cudnn's side is its public wrapper ``dense_indexer_backward_wrapper`` (SM90 path:
 zero fp32 dK, ScoreGradDenseSm90, IndexerBackwardSm90(is_dense=True), bf16 cast); the AOT side is
-``aot.dsa.dense_indexer_backward`` (outputs and workspace given, as cudnn's) and ``_into``. Every call
+``dsa_aot.dsa.dense_indexer_backward`` (outputs and workspace given, as cudnn's) and ``_into``. Every call
 overwrites ``index_score`` with the score-grad signal; the loops reuse that buffer (host and device
 work do not depend on its values). First call per side in a fresh subprocess after torch, CUDA and the
 inputs are set up; warm host cost as bench/dsa_indexer_backward.py measures it (its runner, import
@@ -52,18 +52,18 @@ _COMPILED = (f"import importlib\nm = importlib.import_module('{API}.dense_indexe
              f"compiled = [repr(k) for k in (*m._dense_compile_cache, *m._dense_score_grad_compile_cache)]")
 
 FIRST = {
-    "dense": _bi.first_call_scripts(SETUP, "aot.dsa.dense_indexer_backward(*args, **KW)", f"from {API}.api import dense_indexer_backward_wrapper",
+    "dense": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.dense_indexer_backward(*args, **KW)", f"from {API}.api import dense_indexer_backward_wrapper",
                                     "dense_indexer_backward_wrapper(*args, **KW)", _COMPILED),
 }
 
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
+import dsa_aot.dsa
 INTO = (d_index_q, d_weights, d_index_k, *args)
-out_d["aot (outputs given)"] = rounds(lambda: aot.dsa.dense_indexer_backward(*args, **KW))
-out_d["aot _into"] = rounds(lambda: aot.dsa.dense_indexer_backward_into(*INTO, sm_scale=KW["sm_scale"], ratio=R, workspace=workspace))
-dev_d["aot _into"] = device(lambda: aot.dsa.dense_indexer_backward_into(*INTO, sm_scale=KW["sm_scale"], ratio=R, workspace=workspace))
+out_d["aot (outputs given)"] = rounds(lambda: dsa_aot.dsa.dense_indexer_backward(*args, **KW))
+out_d["aot _into"] = rounds(lambda: dsa_aot.dsa.dense_indexer_backward_into(*INTO, sm_scale=KW["sm_scale"], ratio=R, workspace=workspace))
+dev_d["aot _into"] = device(lambda: dsa_aot.dsa.dense_indexer_backward_into(*INTO, sm_scale=KW["sm_scale"], ratio=R, workspace=workspace))
 """)
 
 JIT_WARM = WARM.replace("SIDE", rf"""

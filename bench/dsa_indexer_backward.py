@@ -66,14 +66,14 @@ def first_call_scripts(setup, aot_call, jit_import, jit_call, jit_compiled):
     aot = BLOCK + setup + f"""
 import os, time, json
 t0 = time.perf_counter()
-import aot.dsa
+import dsa_aot.dsa
 {aot_call}
 torch.cuda.synchronize()
 t1 = time.perf_counter()
-from aot.runtime import load_stats
+from dsa_aot.runtime import load_stats
 stats = load_stats()
 print(json.dumps({{"first_ms": (t1 - t0) * 1e3, "load_ms": sum(stats.values()), "loads": {{k[0]: v for k, v in stats.items()}},
-                  "generated": os.path.join(os.path.dirname(aot.__file__), "_generated")}}))
+                  "generated": os.path.join(os.path.dirname(dsa_aot.__file__), "_generated")}}))
 """
     jit = setup + f"""
 import time, json
@@ -91,7 +91,7 @@ print(json.dumps({{"first_ms": (t1 - t0) * 1e3, "import_ms": (t_imp - t0) * 1e3,
 
 
 AOT_FIRST, JIT_FIRST = first_call_scripts(
-    SETUP, "aot.dsa.indexer_backward(*args, **given)", "from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_wrapper",
+    SETUP, "dsa_aot.dsa.indexer_backward(*args, **given)", "from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_wrapper",
     "indexer_backward_wrapper(*args, **given)",
     "from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90\n"
     "compiled = [repr(k) for k in k90._compile_cache] + [repr(k) for k in k90._score_grad_cute_cache]",
@@ -126,12 +126,12 @@ print(json.dumps({"host": out_d, "device": dev_d}))
 """
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
-fn = lambda: aot.dsa.indexer_backward(*args, **given)
+import dsa_aot.dsa
+fn = lambda: dsa_aot.dsa.indexer_backward(*args, **given)
 out_d["aot indexer_backward (outputs + workspace given)"] = rounds(fn)
 dev_d["aot indexer_backward"] = device(fn)
-out_d["aot indexer_backward (allocates outputs + workspace)"] = rounds(lambda: aot.dsa.indexer_backward(*args, sm_scale=1.0))
-out_d["aot indexer_backward_into"] = rounds(lambda: aot.dsa.indexer_backward_into(d_index_q, d_weights, d_index_k, *args, 1.0, 1.0, 128, False, None, workspace=workspace))
+out_d["aot indexer_backward (allocates outputs + workspace)"] = rounds(lambda: dsa_aot.dsa.indexer_backward(*args, sm_scale=1.0))
+out_d["aot indexer_backward_into"] = rounds(lambda: dsa_aot.dsa.indexer_backward_into(d_index_q, d_weights, d_index_k, *args, 1.0, 1.0, 128, False, None, workspace=workspace))
 """)
 
 JIT_WARM = WARM.replace("SIDE", r"""
@@ -205,7 +205,7 @@ def first_call_and_warm_rows(res, have_jit, title, names):
         af, compile_s = res[f"aot_first.{name}"], res[f"cpu_compile_s.{name}"]
         loads = af.get("loads", {})
         print(f"| {name}: AOT cubin load ({len(loads)} entries: cuLibraryLoadData + set-up) | {_num(af, 'load_ms'):.2f} ms |")
-        print(f"| {name}: AOT first call (import aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
+        print(f"| {name}: AOT first call (import dsa_aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
         if compile_s:
             parts = ", ".join(f"{i.split('.', 1)[-1]} {s:.2f} s" for i, s in sorted(compile_s.items()))
             print(f"| {name}: CPU cute.compile of those entries (report.json: the JIT cost, paid on the build machine) | "
@@ -224,7 +224,7 @@ def first_call_and_warm_rows(res, have_jit, title, names):
 
 
 def report(title, shape, scripts, aot_key, jit_key, anchor=None):
-    """Run the four timing scripts (aot/jit x first/warm) in fresh processes and print one table with
+    """Run the four timing scripts (dsa_aot/jit x first/warm) in fresh processes and print one table with
     the ratios of this run; the JIT rows only where cutlass and cudnn are importable."""
     import importlib.util
 
@@ -246,7 +246,7 @@ def report(title, shape, scripts, aot_key, jit_key, anchor=None):
             print(f"| {side} FAILED | {r['error'][:200]} |")
     loads = af.get("loads", {})
     print(f"| AOT cubin load ({len(loads)} entries: cuLibraryLoadData + set-up) | {_num(af, 'load_ms'):.2f} ms |")
-    print(f"| AOT first call (import aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
+    print(f"| AOT first call (import dsa_aot.dsa + load + launch + sync) | {_num(af, 'first_ms'):.1f} ms |")
     if compile_s:
         parts = ", ".join(f"{i.split('.', 1)[-1]} {s:.1f} s" for i, s in sorted(compile_s.items()))
         print(f"| CPU cute.compile of those entries (report.json: the JIT cost, paid on the build machine) | {sum(compile_s.values()):.1f} s ({parts}) |")

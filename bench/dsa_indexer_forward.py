@@ -9,7 +9,7 @@ Shapes (H 64 query heads, D 128, ratio 4, sm_scale 1/sqrt(128)):
   S_k 4096 compressed keys, ``q_causal_offsets`` placing the tokens at the end of their context.
 
 cudnn's side is its public wrapper ``indexer_forward_wrapper`` (SM90 path: allocates the scores,
-fills them with -inf, launches); the AOT side is ``aot.dsa.indexer_forward`` (allocating) and
+fills them with -inf, launches); the AOT side is ``dsa_aot.dsa.indexer_forward`` (allocating) and
 ``indexer_forward_into`` (caller's scores). Each shape's first call is measured per side in a fresh
 subprocess after torch, CUDA and the inputs are set up: import of the op module + cubin load (AOT) or
 JIT compile (cudnn) + launch + sync. Warm host cost: median over 25 rounds of 20 calls, the device
@@ -58,22 +58,22 @@ API = "cudnn.deepseek_sparse_attention.indexer_forward"
 _COMPILED = f"import importlib\ncompiled = [repr(k) for k in importlib.import_module('{API}._interface_sm90')._compile_cache]"
 
 FIRST = {
-    "prefill": _bi.first_call_scripts(SETUP, "aot.dsa.indexer_forward(pq, pk, pw, R, **PKW)", f"from {API}.api import indexer_forward_wrapper",
+    "prefill": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.indexer_forward(pq, pk, pw, R, **PKW)", f"from {API}.api import indexer_forward_wrapper",
                                       "indexer_forward_wrapper(pq, pk, pw, R, **PKW)", _COMPILED),
-    "decode": _bi.first_call_scripts(SETUP, "aot.dsa.indexer_forward(dq, dk, dw, R, **DKW)", f"from {API}.api import indexer_forward_wrapper",
+    "decode": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.indexer_forward(dq, dk, dw, R, **DKW)", f"from {API}.api import indexer_forward_wrapper",
                                      "indexer_forward_wrapper(dq, dk, dw, R, **DKW)", _COMPILED),
 }  # fmt: skip
 
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
-out_d["aot prefill (allocates)"] = rounds(lambda: aot.dsa.indexer_forward(pq, pk, pw, R, **PKW))
-out_d["aot prefill _into"] = rounds(lambda: aot.dsa.indexer_forward_into(pscores, None, pq, pk, pw, R, **PKW))
-dev_d["aot prefill _into"] = device(lambda: aot.dsa.indexer_forward_into(pscores, None, pq, pk, pw, R, **PKW))
-out_d["aot decode (allocates)"] = rounds(lambda: aot.dsa.indexer_forward(dq, dk, dw, R, **DKW))
-out_d["aot decode _into"] = rounds(lambda: aot.dsa.indexer_forward_into(dscores, None, dq, dk, dw, R, **DKW))
-dev_d["aot decode _into"] = device(lambda: aot.dsa.indexer_forward_into(dscores, None, dq, dk, dw, R, **DKW))
+import dsa_aot.dsa
+out_d["aot prefill (allocates)"] = rounds(lambda: dsa_aot.dsa.indexer_forward(pq, pk, pw, R, **PKW))
+out_d["aot prefill _into"] = rounds(lambda: dsa_aot.dsa.indexer_forward_into(pscores, None, pq, pk, pw, R, **PKW))
+dev_d["aot prefill _into"] = device(lambda: dsa_aot.dsa.indexer_forward_into(pscores, None, pq, pk, pw, R, **PKW))
+out_d["aot decode (allocates)"] = rounds(lambda: dsa_aot.dsa.indexer_forward(dq, dk, dw, R, **DKW))
+out_d["aot decode _into"] = rounds(lambda: dsa_aot.dsa.indexer_forward_into(dscores, None, dq, dk, dw, R, **DKW))
+dev_d["aot decode _into"] = device(lambda: dsa_aot.dsa.indexer_forward_into(dscores, None, dq, dk, dw, R, **DKW))
 """)
 
 JIT_WARM = WARM.replace("SIDE", rf"""

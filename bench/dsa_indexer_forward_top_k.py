@@ -11,7 +11,7 @@ global ids, softmax (upstream's defaults):
 * decode: B 64, S_q 1 (a batch of decode steps, causal offsets 8191) over S_k 2048.
 
 cudnn's side is its public wrapper ``indexer_forward_top_k_wrapper`` (allocates the outputs and the
-candidate buffer); the AOT side is ``aot.dsa.indexer_forward_top_k`` (the same) and
+candidate buffer); the AOT side is ``dsa_aot.dsa.indexer_forward_top_k`` (the same) and
 ``indexer_forward_top_k_into`` (caller buffers). First calls in fresh subprocesses after torch, CUDA
 and the inputs are set up; warm host cost the median over 25 rounds of 20 calls; device time back to
 back with CUDA events. The runner, blocker and timers are bench/dsa_indexer_backward.py's.
@@ -56,9 +56,9 @@ _COMPILED = ("import importlib\nm = importlib.import_module('cudnn.deepseek_spar
              "compiled = [repr(k) for k in m._compile_cache] + [repr(k) for k in s2._compile_cache]")
 
 FIRST = {
-    "prefill": _bi.first_call_scripts(SETUP, "aot.dsa.indexer_forward_top_k(pq, pk, pw, K)", f"from {API}.api import indexer_forward_top_k_wrapper",
+    "prefill": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.indexer_forward_top_k(pq, pk, pw, K)", f"from {API}.api import indexer_forward_top_k_wrapper",
                                       "indexer_forward_top_k_wrapper(pq, pk, pw, K)", _COMPILED),
-    "decode": _bi.first_call_scripts(SETUP, "aot.dsa.indexer_forward_top_k(dq, dk, dw, K, q_causal_offsets=doff)",
+    "decode": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.indexer_forward_top_k(dq, dk, dw, K, q_causal_offsets=doff)",
                                      f"from {API}.api import indexer_forward_top_k_wrapper",
                                      "indexer_forward_top_k_wrapper(dq, dk, dw, K, q_causal_offsets=doff)", _COMPILED),
 }  # fmt: skip
@@ -66,18 +66,18 @@ FIRST = {
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
-pcand = torch.empty(aot.dsa.compress_topk_cand_buffer_size(1, 8192, SK, 4), device=dev)
-dcbo = aot.dsa.cand_batch_offsets(64, 1, 4, doff)
-dcand = torch.empty(aot.dsa.compress_topk_cand_buffer_size(64, 1, SK, 4, q_causal_offsets=doff), device=dev)
-out_d["aot prefill (allocates)"] = rounds(lambda: aot.dsa.indexer_forward_top_k(pq, pk, pw, K))
-out_d["aot prefill _into"] = rounds(lambda: aot.dsa.indexer_forward_top_k_into(*pout, None, pcand, pq, pk, pw, K))
-dev_d["aot prefill _into"] = device(lambda: aot.dsa.indexer_forward_top_k_into(*pout, None, pcand, pq, pk, pw, K))
-out_d["aot decode (allocates)"] = rounds(lambda: aot.dsa.indexer_forward_top_k(dq, dk, dw, K, q_causal_offsets=doff, cand_buffer=dcand,
+import dsa_aot.dsa
+pcand = torch.empty(dsa_aot.dsa.compress_topk_cand_buffer_size(1, 8192, SK, 4), device=dev)
+dcbo = dsa_aot.dsa.cand_batch_offsets(64, 1, 4, doff)
+dcand = torch.empty(dsa_aot.dsa.compress_topk_cand_buffer_size(64, 1, SK, 4, q_causal_offsets=doff), device=dev)
+out_d["aot prefill (allocates)"] = rounds(lambda: dsa_aot.dsa.indexer_forward_top_k(pq, pk, pw, K))
+out_d["aot prefill _into"] = rounds(lambda: dsa_aot.dsa.indexer_forward_top_k_into(*pout, None, pcand, pq, pk, pw, K))
+dev_d["aot prefill _into"] = device(lambda: dsa_aot.dsa.indexer_forward_top_k_into(*pout, None, pcand, pq, pk, pw, K))
+out_d["aot decode (allocates)"] = rounds(lambda: dsa_aot.dsa.indexer_forward_top_k(dq, dk, dw, K, q_causal_offsets=doff, cand_buffer=dcand,
                                                                                 cand_batch_offsets=dcbo))
-out_d["aot decode _into"] = rounds(lambda: aot.dsa.indexer_forward_top_k_into(*dout, None, dcand, dq, dk, dw, K, q_causal_offsets=doff,
+out_d["aot decode _into"] = rounds(lambda: dsa_aot.dsa.indexer_forward_top_k_into(*dout, None, dcand, dq, dk, dw, K, q_causal_offsets=doff,
                                                                                 cand_batch_offsets=dcbo))
-dev_d["aot decode _into"] = device(lambda: aot.dsa.indexer_forward_top_k_into(*dout, None, dcand, dq, dk, dw, K, q_causal_offsets=doff,
+dev_d["aot decode _into"] = device(lambda: dsa_aot.dsa.indexer_forward_top_k_into(*dout, None, dcand, dq, dk, dw, K, q_causal_offsets=doff,
                                                                                 cand_batch_offsets=dcbo))
 """)
 

@@ -11,8 +11,8 @@ Shapes, float32 scores, top_k 2048, next_n 1, values returned, tie_break 0, not 
 
 cudnn's side is its public wrapper ``indexer_top_k_wrapper`` (allocates the outputs and the radix
 scratch per call) and its class ``IndexerTopK(...)`` (check_support + compile once, then ``execute``
-into the caller's outputs and workspace); the AOT side is ``aot.dsa.indexer_top_k`` (allocating),
-``indexer_top_k_into`` (caller's buffers) and the plan ``aot.dsa.IndexerTopK(...).execute(...)``.
+into the caller's outputs and workspace); the AOT side is ``dsa_aot.dsa.indexer_top_k`` (allocating),
+``indexer_top_k_into`` (caller's buffers) and the plan ``dsa_aot.dsa.IndexerTopK(...).execute(...)``.
 
 Each shape's first call is measured per side in a fresh subprocess after torch, CUDA and the inputs
 are set up (a warm process): import of the op module + cubin load (AOT) or JIT compile (cudnn) +
@@ -65,7 +65,7 @@ COMPILED = f"import importlib\ncompiled = [repr(k) for k in importlib.import_mod
 # (AOT, JIT) first-call scripts per shape
 FIRST = {
     name: _bi.first_call_scripts(
-        SETUP, f"aot.dsa.indexer_top_k(S['{name}']['x'], S['{name}']['sl'], K)", f"from {TOPK} import indexer_top_k_wrapper",
+        SETUP, f"dsa_aot.dsa.indexer_top_k(S['{name}']['x'], S['{name}']['sl'], K)", f"from {TOPK} import indexer_top_k_wrapper",
         f"indexer_top_k_wrapper(S['{name}']['x'], S['{name}']['sl'], K)", COMPILED,
     )
     for name in ("decode", "prefill")
@@ -74,12 +74,12 @@ FIRST = {
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
+import dsa_aot.dsa
 for nm, s in S.items():
     x, sl, idx, val, ws = s["x"], s["sl"], s["idx"], s["val"], s["ws"]
-    alloc = lambda: aot.dsa.indexer_top_k(x, sl, K)
-    into = lambda: aot.dsa.indexer_top_k_into(idx, val, x, sl, K, workspace=ws)
-    plan = aot.dsa.IndexerTopK(idx, val, x, sl, K, workspace=ws)
+    alloc = lambda: dsa_aot.dsa.indexer_top_k(x, sl, K)
+    into = lambda: dsa_aot.dsa.indexer_top_k_into(idx, val, x, sl, K, workspace=ws)
+    plan = dsa_aot.dsa.IndexerTopK(idx, val, x, sl, K, workspace=ws)
     run = lambda: plan.execute(idx, val, x, sl, ws)
     out_d[f"{nm}: aot indexer_top_k (allocates)"] = rounds(alloc)
     out_d[f"{nm}: aot indexer_top_k_into"] = rounds(into)

@@ -6,7 +6,7 @@ Shapes: the indexer's predicted distribution of a training step, H 64, D 128, B 
 over S_k 4096 keys, top-k 2048 local ids, ``out`` given; and the attention's target over the same slots,
 H 64, D 512, softmax_scale 512**-0.5. cudnn's side is its public wrappers
 ``sparse_indexer_score_recompute_wrapper`` / ``sparse_attn_score_recompute_wrapper`` (SM90 path: the
-weights / LSE copied transposed, one launch); the AOT side is ``aot.dsa.sparse_*_score_recompute``
+weights / LSE copied transposed, one launch); the AOT side is ``dsa_aot.dsa.sparse_*_score_recompute``
 (out given, the workspace allocated per call) and ``_into`` (out and workspace given). The dense indexer:
 H 64, B1, S_q 4096 over S_k 1024 keys (ratio 4), sm_scale 1/sqrt(128), ``out`` / ``denom_out`` given; the
 dense attention the same at H64 D512, softmax_scale 512**-0.5. First call per side in a fresh subprocess after torch,
@@ -58,17 +58,17 @@ _COMPILED = (f"import importlib\nm = importlib.import_module('{API}._interface_s
              f"compiled = [repr(k) for k in m._sparse_score_recompute.compile_cache]")
 
 FIRST = {
-    "sparse_indexer": _bi.first_call_scripts(SETUP, "aot.dsa.sparse_indexer_score_recompute(*args, out=out)",
+    "sparse_indexer": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.sparse_indexer_score_recompute(*args, out=out)",
                                              f"from {API}.api import sparse_indexer_score_recompute_wrapper",
                                              "sparse_indexer_score_recompute_wrapper(*args, out=out)", _COMPILED),
-    "sparse_attention": _bi.first_call_scripts(SETUP, "aot.dsa.sparse_attn_score_recompute(*args_a, out=out)",
+    "sparse_attention": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.sparse_attn_score_recompute(*args_a, out=out)",
                                                f"from {API}.api import sparse_attn_score_recompute_wrapper",
                                                "sparse_attn_score_recompute_wrapper(*args_a, out=out)", _COMPILED),
-    "dense_indexer": _bi.first_call_scripts(SETUP, "aot.dsa.dense_indexer_score_recompute(q, kd, w, out=logits_d, denom_out=den_d, **kw_d)",
+    "dense_indexer": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.dense_indexer_score_recompute(q, kd, w, out=logits_d, denom_out=den_d, **kw_d)",
                                             f"from {API}.api import dense_indexer_score_recompute_wrapper",
                                             "dense_indexer_score_recompute_wrapper(q, kd, w, out=logits_d, denom_out=den_d, **kw_d)",
                                             _COMPILED.replace("_sparse_score_recompute", "_dense_score_recompute")),
-    "dense_attention": _bi.first_call_scripts(SETUP, "aot.dsa.dense_attn_score_recompute(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4)",
+    "dense_attention": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.dense_attn_score_recompute(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4)",
                                               f"from {API}.api import dense_attn_score_recompute_wrapper",
                                               "dense_attn_score_recompute_wrapper(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4)",
                                               _COMPILED.replace("_sparse_score_recompute", "_dense_score_recompute")),
@@ -77,19 +77,19 @@ FIRST = {
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
-out_d["aot (out given)"] = rounds(lambda: aot.dsa.sparse_indexer_score_recompute(*args, out=out))
-out_d["aot _into"] = rounds(lambda: aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
-dev_d["aot _into"] = device(lambda: aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
-out_d["attn aot (out given)"] = rounds(lambda: aot.dsa.sparse_attn_score_recompute(*args_a, out=out))
-out_d["attn aot _into"] = rounds(lambda: aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a))
-dev_d["attn aot _into"] = device(lambda: aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a))
-out_d["dense aot (out given)"] = rounds(lambda: aot.dsa.dense_indexer_score_recompute(q, kd, w, out=logits_d, denom_out=den_d, **kw_d))
-out_d["dense aot _into"] = rounds(lambda: aot.dsa.dense_indexer_score_recompute_into(logits_d, den_d, q, kd, w, workspace=workspace, **kw_d))
-dev_d["dense aot _into"] = device(lambda: aot.dsa.dense_indexer_score_recompute_into(logits_d, den_d, q, kd, w, workspace=workspace, **kw_d))
-out_d["dattn aot (out given)"] = rounds(lambda: aot.dsa.dense_attn_score_recompute(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4))
-out_d["dattn aot _into"] = rounds(lambda: aot.dsa.dense_attn_score_recompute_into(logits_d, den_d, qa, kda, lse, scale, 4, workspace=ws_a))
-dev_d["dattn aot _into"] = device(lambda: aot.dsa.dense_attn_score_recompute_into(logits_d, den_d, qa, kda, lse, scale, 4, workspace=ws_a))
+import dsa_aot.dsa
+out_d["aot (out given)"] = rounds(lambda: dsa_aot.dsa.sparse_indexer_score_recompute(*args, out=out))
+out_d["aot _into"] = rounds(lambda: dsa_aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
+dev_d["aot _into"] = device(lambda: dsa_aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace))
+out_d["attn aot (out given)"] = rounds(lambda: dsa_aot.dsa.sparse_attn_score_recompute(*args_a, out=out))
+out_d["attn aot _into"] = rounds(lambda: dsa_aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a))
+dev_d["attn aot _into"] = device(lambda: dsa_aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a))
+out_d["dense aot (out given)"] = rounds(lambda: dsa_aot.dsa.dense_indexer_score_recompute(q, kd, w, out=logits_d, denom_out=den_d, **kw_d))
+out_d["dense aot _into"] = rounds(lambda: dsa_aot.dsa.dense_indexer_score_recompute_into(logits_d, den_d, q, kd, w, workspace=workspace, **kw_d))
+dev_d["dense aot _into"] = device(lambda: dsa_aot.dsa.dense_indexer_score_recompute_into(logits_d, den_d, q, kd, w, workspace=workspace, **kw_d))
+out_d["dattn aot (out given)"] = rounds(lambda: dsa_aot.dsa.dense_attn_score_recompute(qa, kda, lse, scale, out=logits_d, denom_out=den_d, ratio=4))
+out_d["dattn aot _into"] = rounds(lambda: dsa_aot.dsa.dense_attn_score_recompute_into(logits_d, den_d, qa, kda, lse, scale, 4, workspace=ws_a))
+dev_d["dattn aot _into"] = device(lambda: dsa_aot.dsa.dense_attn_score_recompute_into(logits_d, den_d, qa, kda, lse, scale, 4, workspace=ws_a))
 """)
 
 JIT_WARM = WARM.replace("SIDE", rf"""

@@ -27,9 +27,9 @@ API = "cudnn.deepseek_sparse_attention.score_recompute.api"
 
 CALLS = {  # op -> (cudnn call, aot _into call), in SETUP's names
     "sparse_indexer": ("api.sparse_indexer_score_recompute_wrapper(*args, out=out)",
-                       "aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace)"),
+                       "dsa_aot.dsa.sparse_indexer_score_recompute_into(out, *args, workspace=workspace)"),
     "sparse_attention": ("api.sparse_attn_score_recompute_wrapper(*args_a, out=out)",
-                         "aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a)"),
+                         "dsa_aot.dsa.sparse_attn_score_recompute_into(out, *args_a, workspace=ws_a)"),
 }
 
 
@@ -56,7 +56,7 @@ def main(argv=None):
 
     env: dict = {}
     exec(_b.SETUP, env)  # noqa: S102  (the bench's own setup text)
-    exec(f"import importlib\napi = importlib.import_module('{API}')\nimport aot.dsa", env)  # noqa: S102
+    exec(f"import importlib\napi = importlib.import_module('{API}')\nimport dsa_aot.dsa", env)  # noqa: S102
     for op in a.ops.split(","):
         jit_call, aot_call = (compile(c, f"<{op}>", "eval") for c in CALLS[op])
         for _ in range(5):  # compile / load, then warm
@@ -84,7 +84,7 @@ def main(argv=None):
                           f"{cfg[3]} |")
         totals = {side: sum(d for _, d, _ in ks) / a.calls for side, ks in rows.items()}
         print(f"\ndevice us per call, kernels summed: cudnn {totals['cudnn']:.1f}, aot {totals['aot']:.1f} "
-              f"(aot/cudnn {totals['aot'] / totals['cudnn']:.3f})")
+              f"(dsa_aot/cudnn {totals['aot'] / totals['cudnn']:.3f})")
 
 
 def _group(ks):

@@ -15,7 +15,7 @@ rounds would fill the launch queue and measure the device instead); device time 
 back to back with CUDA events. ``dq``, ``dkv`` and the workspace are given (cudnn's SM90 workspace
 size); ``d_sink`` is allocated by the op on both sides, as upstream's wrapper does.
 
-Also printed, from ``aot/_generated/report.json``: the CPU ``cute.compile`` seconds of the entries the
+Also printed, from ``dsa_aot/_generated/report.json``: the CPU ``cute.compile`` seconds of the entries the
 AOT call loaded (what a JIT pays on the CPU), next to AOT's first-call time. Without cudnn only the
 AOT rows are printed. The subprocess runner, the import blocker of the AOT side, the timers and the
 report.json lookup are bench/dsa_indexer_backward.py's.
@@ -53,7 +53,7 @@ torch.cuda.synchronize()
 """
 
 AOT_FIRST, JIT_FIRST = _bi.first_call_scripts(
-    SETUP, "aot.dsa.sparse_attention_backward(*args, **given)",
+    SETUP, "dsa_aot.dsa.sparse_attention_backward(*args, **given)",
     "from cudnn.deepseek_sparse_attention.sparse_attention_backward import sparse_attention_backward_wrapper",
     "sparse_attention_backward_wrapper(*args, **given)",
     "from cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm90 import flash_attn_bwd_sm90 as f\n"
@@ -63,14 +63,14 @@ AOT_FIRST, JIT_FIRST = _bi.first_call_scripts(
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
-fn = lambda: aot.dsa.sparse_attention_backward(*args, **given)
+import dsa_aot.dsa
+fn = lambda: dsa_aot.dsa.sparse_attention_backward(*args, **given)
 out_d["aot sparse_attention_backward (outputs + workspace given)"] = rounds(fn)
 dev_d["aot sparse_attention_backward"] = device(fn)
-out_d["aot sparse_attention_backward (allocates outputs + workspace)"] = rounds(lambda: aot.dsa.sparse_attention_backward(*args))
-if hasattr(aot.dsa, "sparse_attention_backward_into"):
+out_d["aot sparse_attention_backward (allocates outputs + workspace)"] = rounds(lambda: dsa_aot.dsa.sparse_attention_backward(*args))
+if hasattr(dsa_aot.dsa, "sparse_attention_backward_into"):
     d_sink = torch.empty_like(args[5])
-    out_d["aot sparse_attention_backward_into"] = rounds(lambda: aot.dsa.sparse_attention_backward_into(dq, dkv, d_sink, *args, workspace=workspace))
+    out_d["aot sparse_attention_backward_into"] = rounds(lambda: dsa_aot.dsa.sparse_attention_backward_into(dq, dkv, d_sink, *args, workspace=workspace))
 """)
 
 JIT_WARM = WARM.replace("SIDE", r"""

@@ -9,7 +9,7 @@ here). Shapes: H 64, D 576 (the MLA latent), bf16, top-k 2048 slots with indexer
 * decode: S_q 64 queries (a batch of decode steps) over S_kv 65536.
 
 cudnn's side is its public wrapper ``sparse_attention_forward_wrapper`` (allocates the four outputs);
-the AOT side is ``aot.dsa.sparse_attention_forward`` (allocating) and ``sparse_attention_forward_into``.
+the AOT side is ``dsa_aot.dsa.sparse_attention_forward`` (allocating) and ``sparse_attention_forward_into``.
 First calls in fresh subprocesses after torch, CUDA and the inputs are set up; warm host cost the median
 over 25 rounds of 20 calls; device time back to back with CUDA events. The runner, blocker and timers
 are bench/dsa_indexer_backward.py's.
@@ -51,22 +51,22 @@ API = "cudnn.deepseek_sparse_attention.sparse_attention_forward"
 _COMPILED = f"import importlib\ncompiled = [repr(k) for k in importlib.import_module('{API}._interface_sm100')._compile_cache]"
 
 FIRST = {
-    "prefill": _bi.first_call_scripts(SETUP, "aot.dsa.sparse_attention_forward(pq, kv, pidx, **KW)", f"from {API}.api import sparse_attention_forward_wrapper",
+    "prefill": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.sparse_attention_forward(pq, kv, pidx, **KW)", f"from {API}.api import sparse_attention_forward_wrapper",
                                       "sparse_attention_forward_wrapper(pq, kv, pidx, **KW)", _COMPILED),
-    "decode": _bi.first_call_scripts(SETUP, "aot.dsa.sparse_attention_forward(dq, kv, didx, **KW)", f"from {API}.api import sparse_attention_forward_wrapper",
+    "decode": _bi.first_call_scripts(SETUP, "dsa_aot.dsa.sparse_attention_forward(dq, kv, didx, **KW)", f"from {API}.api import sparse_attention_forward_wrapper",
                                      "sparse_attention_forward_wrapper(dq, kv, didx, **KW)", _COMPILED),
 }  # fmt: skip
 
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
-out_d["aot prefill (allocates)"] = rounds(lambda: aot.dsa.sparse_attention_forward(pq, kv, pidx, **KW))
-out_d["aot prefill _into"] = rounds(lambda: aot.dsa.sparse_attention_forward_into(*pout, pq, kv, pidx, **KW))
-dev_d["aot prefill _into"] = device(lambda: aot.dsa.sparse_attention_forward_into(*pout, pq, kv, pidx, **KW))
-out_d["aot decode (allocates)"] = rounds(lambda: aot.dsa.sparse_attention_forward(dq, kv, didx, **KW))
-out_d["aot decode _into"] = rounds(lambda: aot.dsa.sparse_attention_forward_into(*dout, dq, kv, didx, **KW))
-dev_d["aot decode _into"] = device(lambda: aot.dsa.sparse_attention_forward_into(*dout, dq, kv, didx, **KW))
+import dsa_aot.dsa
+out_d["aot prefill (allocates)"] = rounds(lambda: dsa_aot.dsa.sparse_attention_forward(pq, kv, pidx, **KW))
+out_d["aot prefill _into"] = rounds(lambda: dsa_aot.dsa.sparse_attention_forward_into(*pout, pq, kv, pidx, **KW))
+dev_d["aot prefill _into"] = device(lambda: dsa_aot.dsa.sparse_attention_forward_into(*pout, pq, kv, pidx, **KW))
+out_d["aot decode (allocates)"] = rounds(lambda: dsa_aot.dsa.sparse_attention_forward(dq, kv, didx, **KW))
+out_d["aot decode _into"] = rounds(lambda: dsa_aot.dsa.sparse_attention_forward_into(*dout, dq, kv, didx, **KW))
+dev_d["aot decode _into"] = device(lambda: dsa_aot.dsa.sparse_attention_forward_into(*dout, dq, kv, didx, **KW))
 """)
 
 JIT_WARM = WARM.replace("SIDE", rf"""

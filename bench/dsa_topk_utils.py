@@ -54,11 +54,11 @@ TOPK = "cudnn.deepseek_sparse_attention.indexer_top_k"
 # (AOT, JIT) first-call scripts per op
 FIRST = {
     "local_to_global": _bi.first_call_scripts(
-        SETUP, "aot.dsa.local_to_global(local, S_k)", f"from {TOPK} import local_to_global_wrapper", "local_to_global_wrapper(local, S_k)",
+        SETUP, "dsa_aot.dsa.local_to_global(local, S_k)", f"from {TOPK} import local_to_global_wrapper", "local_to_global_wrapper(local, S_k)",
         f"import importlib\ncompiled = [repr(k) for k in importlib.import_module('{TOPK}.local_to_global_dsl')._compile_cache]",
     ),
     "compactify": _bi.first_call_scripts(
-        SETUP, "aot.dsa.compactify(cmp_in)", f"from {TOPK} import compactify_wrapper", "compactify_wrapper(cmp_in)",
+        SETUP, "dsa_aot.dsa.compactify(cmp_in)", f"from {TOPK} import compactify_wrapper", "compactify_wrapper(cmp_in)",
         f"import importlib\ncompiled = [repr(k) for k in importlib.import_module('{TOPK}.compactify')._compile_cache]",
     ),
 }  # fmt: skip
@@ -66,13 +66,13 @@ FIRST = {
 WARM = SETUP + TIMERS
 
 AOT_WARM = WARM.replace("SIDE", BLOCK + r"""
-import aot.dsa
-out_d["aot local_to_global (allocates)"] = rounds(lambda: aot.dsa.local_to_global(local, S_k))
-out_d["aot local_to_global_into"] = rounds(lambda: aot.dsa.local_to_global_into(gidx, local, S_k))
-dev_d["aot local_to_global_into"] = device(lambda: aot.dsa.local_to_global_into(gidx, local, S_k))
-out_d["aot compactify (allocates)"] = rounds(lambda: aot.dsa.compactify(cmp_in))
-out_d["aot compactify_into"] = rounds(lambda: aot.dsa.compactify_into(cmp_out, cmp_len, cmp_in))
-dev_d["aot compactify_into"] = device(lambda: aot.dsa.compactify_into(cmp_out, cmp_len, cmp_in))
+import dsa_aot.dsa
+out_d["aot local_to_global (allocates)"] = rounds(lambda: dsa_aot.dsa.local_to_global(local, S_k))
+out_d["aot local_to_global_into"] = rounds(lambda: dsa_aot.dsa.local_to_global_into(gidx, local, S_k))
+dev_d["aot local_to_global_into"] = device(lambda: dsa_aot.dsa.local_to_global_into(gidx, local, S_k))
+out_d["aot compactify (allocates)"] = rounds(lambda: dsa_aot.dsa.compactify(cmp_in))
+out_d["aot compactify_into"] = rounds(lambda: dsa_aot.dsa.compactify_into(cmp_out, cmp_len, cmp_in))
+dev_d["aot compactify_into"] = device(lambda: dsa_aot.dsa.compactify_into(cmp_out, cmp_len, cmp_in))
 """)
 
 JIT_WARM = WARM.replace("SIDE", rf"""

@@ -13,7 +13,7 @@ time of 8 x ``--calls`` calls on 8 streams divided by the number of calls.
 
 Shapes: the CSA forward of bench/csa_compressor.py (ratio 128, coff 2, d 128, 1 x 8192 tokens) and the
 indexer backward of bench/dsa_indexer_backward.py (B1, S_q 4096, S_k 4096, H64, D128, top-k 512, bf16
-d_index_k), each tree using the ``aot/_generated`` of its own checkout.
+d_index_k), each tree using the ``dsa_aot/_generated`` of its own checkout.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def csa_inputs(seed):
     cuc = torch.tensor([0, seqlen // ratio], device=dev, dtype=torch.int32)
     out = torch.empty(seqlen // ratio, d, device=dev, dtype=torch.bfloat16)
     if VIA == "torch.ops":
-        import aot.library
+        import dsa_aot.library
         op = torch.ops.dsa_aot.csa_compressor_forward_into
         return lambda stream=None: op(out, kv, score, ape, cu, cuc, ratio, coff)
-    import aot.csa
-    return lambda stream=None: aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff, stream=stream)
+    import dsa_aot.csa
+    return lambda stream=None: dsa_aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff, stream=stream)
 
 def indexer_inputs(seed):
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -63,11 +63,11 @@ def indexer_inputs(seed):
     dq, dw, dk = torch.empty_like(q), torch.empty_like(w), torch.empty_like(k)
     ws = torch.empty(B * S_k * D * 4, dtype=torch.uint8, device=dev)
     if VIA == "torch.ops":
-        import aot.library
+        import dsa_aot.library
         op = torch.ops.dsa_aot.dsa_indexer_backward_into
         return lambda stream=None: op(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, workspace=ws)
-    import aot.dsa
-    return lambda stream=None: aot.dsa.indexer_backward_into(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, stream=stream, workspace=ws)
+    import dsa_aot.dsa
+    return lambda stream=None: dsa_aot.dsa.indexer_backward_into(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, stream=stream, workspace=ws)
 
 make = {"csa_forward_into": csa_inputs, "indexer_backward_into": indexer_inputs}[OP]
 """
@@ -113,7 +113,7 @@ def run(tree, op, body, calls, via="direct"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--against", help="another checkout (with its aot/_generated) to time in the same run")
+    ap.add_argument("--against", help="another checkout (with its dsa_aot/_generated) to time in the same run")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=400)
     a = ap.parse_args()

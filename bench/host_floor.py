@@ -8,7 +8,7 @@ drift on a shared machine hits both alike; the AOT side with the toolchain block
 alone with perf_counter_ns (it only enqueues work); the device is synchronised every 20 calls, outside
 the timing, so the launch queue never fills. The median per call over all rounds is printed.
 
-Rows, AOT side: ``plan.execute`` (aot.csa.CompressorForward, ...), the functional ``_into`` op, the
+Rows, AOT side: ``plan.execute`` (dsa_aot.csa.CompressorForward, ...), the functional ``_into`` op, the
 allocating op; the floor: one ``cuLaunchKernelEx`` of the plan's first kernel with its prebuilt
 config and parameters (the driver call every launch makes; through ctypes instead of cuda-python it
 measured the same, 5.2 vs 5.0 us on the H200), and ``torch.add`` of two 1024-element tensors. cudnn side: its warm launch path with outputs given (CSA: ``run_fwd(_r128)`` /
@@ -56,11 +56,11 @@ ws = torch.empty(64 << 20, dtype=torch.uint8, device=dev) if DET else None
 def _csa_forward(ratio):
     mod, fn = ("compressor_sm100_r128", "run_fwd_r128") if ratio == 128 else ("compressor_sm100", "run_fwd")
     return CSA_SETUP.replace("RATIO", str(ratio)).replace("DET", "False"), r"""
-import aot.csa
-P = aot.csa.CompressorForward(out, kv, score, ape, cu, cuc, ratio=R, coff=coff)
+import dsa_aot.csa
+P = dsa_aot.csa.CompressorForward(out, kv, score, ape, cu, cuc, ratio=R, coff=coff)
 rows["plan.execute"] = lambda: P.execute(out, kv, score, ape, cu, cuc)
-rows["functional _into"] = lambda: aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=R, coff=coff)
-rows["allocating"] = lambda: aot.csa.compressor_forward(kv, score, ape, cu, cuc, ratio=R, coff=coff, total_comp=nb)
+rows["functional _into"] = lambda: dsa_aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=R, coff=coff)
+rows["allocating"] = lambda: dsa_aot.csa.compressor_forward(kv, score, ape, cu, cuc, ratio=R, coff=coff, total_comp=nb)
 """, f"""
 from cudnn.csa.compressor.{mod} import {fn} as f
 """ + r"""
@@ -72,16 +72,16 @@ rows["cudnn, allocating"] = lambda: f(kv, score, ape, cu, cuc, torch.empty(nb, d
 def _csa_backward(ratio, det):
     mod, fn = ("compressor_sm100_r128", "run_bwd_r128") if ratio == 128 else ("compressor_sm100", "run_bwd")
     return CSA_SETUP.replace("RATIO", str(ratio)).replace("DET", str(det)), r"""
-import aot.csa
-P = aot.csa.CompressorBackward(gkv, gs, gape, kv, score, ape, cu, cuc, go, ratio=R, coff=coff, deterministic=DET, workspace=ws)
+import dsa_aot.csa
+P = dsa_aot.csa.CompressorBackward(gkv, gs, gape, kv, score, ape, cu, cuc, go, ratio=R, coff=coff, deterministic=DET, workspace=ws)
 rows["plan.execute"] = lambda: P.execute(gkv, gs, gape, kv, score, ape, cu, cuc, go, ws)
-rows["functional _into"] = lambda: aot.csa.compressor_backward_into(gkv, gs, gape, kv, score, ape, cu, cuc, go, ratio=R, coff=coff, deterministic=DET,
+rows["functional _into"] = lambda: dsa_aot.csa.compressor_backward_into(gkv, gs, gape, kv, score, ape, cu, cuc, go, ratio=R, coff=coff, deterministic=DET,
                                                                     workspace=ws)
-rows["allocating"] = lambda: aot.csa.compressor_backward(kv, score, ape, cu, cuc, go, ratio=R, coff=coff, deterministic=DET)
+rows["allocating"] = lambda: dsa_aot.csa.compressor_backward(kv, score, ape, cu, cuc, go, ratio=R, coff=coff, deterministic=DET)
 """.replace("DET", str(det)), f"""
 from cudnn.csa.compressor.{mod} import {fn} as f
-import aot.csa
-need = aot.csa.backward_workspace_bytes(nb, R, d, coff) if {det} else 0
+import dsa_aot.csa
+need = dsa_aot.csa.backward_workspace_bytes(nb, R, d, coff) if {det} else 0
 """ + r"""
 rows["cudnn, outputs given"] = lambda: f(kv, score, ape, cu, cuc, go, gkv, gs, gape, nb, R, d, coff, deterministic=DET, workspace=ws)
 rows["cudnn, allocating"] = lambda: f(kv, score, ape, cu, cuc, go, torch.empty_like(kv), torch.empty_like(score),
@@ -108,11 +108,11 @@ gl = torch.ones(1, device=dev)
 dq, dw, dk = torch.empty_like(q), torch.empty_like(w), torch.empty_like(k)
 ws = torch.empty(B * S_k * D * 4, dtype=torch.uint8, device=dev)
 """, r"""
-import aot.dsa
-P = aot.dsa.IndexerBackward(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, workspace=ws)
+import dsa_aot.dsa
+P = dsa_aot.dsa.IndexerBackward(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, workspace=ws)
 rows["plan.execute"] = lambda: P.execute(dq, dw, dk, q, w, k, att, isc, idx, gl, ws)
-rows["functional _into"] = lambda: aot.dsa.indexer_backward_into(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, workspace=ws)
-rows["allocating"] = lambda: aot.dsa.indexer_backward(q, w, k, att, isc, idx, gl, sm_scale=1.0)
+rows["functional _into"] = lambda: dsa_aot.dsa.indexer_backward_into(dq, dw, dk, q, w, k, att, isc, idx, gl, 1.0, 1.0, workspace=ws)
+rows["allocating"] = lambda: dsa_aot.dsa.indexer_backward(q, w, k, att, isc, idx, gl, sm_scale=1.0)
 """, r"""
 from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_wrapper as f
 rows["cudnn, outputs given"] = lambda: f(q, w, k, att, isc, idx, gl, sm_scale=1.0, loss_coeff=1.0, d_index_q=dq, d_weights=dw, d_index_k=dk, workspace=ws)
@@ -129,11 +129,11 @@ dq, dkv, d_sink = torch.empty_like(args[0]), torch.empty_like(args[1]), torch.em
 r = lambda n, m: -(-n // m) * m
 ws = torch.empty(2 * r(r(S_q, 64) * H * 4, 128) + r(r(S_kv, 64) * r(D, 32) * 4, 128), dtype=torch.uint8, device=dev)
 """, r"""
-import aot.dsa
-P = aot.dsa.SparseAttentionBackward(dq, dkv, d_sink, *args, workspace=ws)
+import dsa_aot.dsa
+P = dsa_aot.dsa.SparseAttentionBackward(dq, dkv, d_sink, *args, workspace=ws)
 rows["plan.execute"] = lambda: P.execute(dq, dkv, d_sink, *args, workspace=ws)
-rows["functional _into"] = lambda: aot.dsa.sparse_attention_backward_into(dq, dkv, d_sink, *args, workspace=ws)
-rows["allocating"] = lambda: aot.dsa.sparse_attention_backward(*args)
+rows["functional _into"] = lambda: dsa_aot.dsa.sparse_attention_backward_into(dq, dkv, d_sink, *args, workspace=ws)
+rows["allocating"] = lambda: dsa_aot.dsa.sparse_attention_backward(*args)
 """, r"""
 from cudnn.deepseek_sparse_attention.sparse_attention_backward import sparse_attention_backward_wrapper as f
 rows["cudnn, outputs given"] = lambda: f(*args, dq=dq, dkv=dkv, workspace=ws)
@@ -142,7 +142,7 @@ rows["cudnn, allocating"] = lambda: f(*args)
 }
 
 FLOOR = r"""
-import aot.runtime.driver as _drv
+import dsa_aot.runtime.driver as _drv
 E0 = P._call.run.__globals__["E0"]  # the plan's first entry, its launch state built by the calls above
 _launch = _drv.drv().cuLaunchKernelEx
 rows["floor: one cuLaunchKernelEx, prebuilt config"] = lambda: _launch(E0.cfgs[0], E0.funcs[0], E0._param_addrs[0], 0)

@@ -68,8 +68,8 @@ def in_sequence(c, p, s, ts, calls):
 def profile(case, calls):
     import torch
 
-    from aot.ops._support import stream_handle
-    import aot.runtime.driver as drv
+    from dsa_aot.ops._support import stream_handle
+    import dsa_aot.runtime.driver as drv
 
     setup, aot_rows, _ = host_floor.CASES[case]
     g = {"ROOT": host_floor.ROOT, "SIDE": "aot", "CALLS": calls, "__name__": "case"}

@@ -1,12 +1,12 @@
-"""Start-up: ``aot.runtime.preload()`` of every entry of this build for GPU 0, and where its time goes.
+"""Start-up: ``dsa_aot.runtime.preload()`` of every entry of this build for GPU 0, and where its time goes.
 
     python bench/preload.py [--profile]   # on a GPU; each measurement in a fresh process, the toolchain blocked
 
 ``--profile`` prints cProfile's view of one fresh process's ``preload()`` instead (cache warmed first,
 after torch initialised CUDA).
 
-Fresh processes time ``preload()`` whole (``import aot.runtime`` included, as a server's start-up pays
-it): the first with an empty bytecode cache (aot/runtime/bytecode.py), the others reading it; as the
+Fresh processes time ``preload()`` whole (``import dsa_aot.runtime`` included, as a server's start-up pays
+it): the first with an empty bytecode cache (dsa_aot/runtime/bytecode.py), the others reading it; as the
 process's first CUDA user (it pays cuInit and GPU 0's context) and after torch initialised CUDA (a
 server's usual order); loading one entry at a time (as preload() does) and from 8 threads. Then
 another fresh process loads every entry step by step, timing each step summed over the entries: the
@@ -36,13 +36,13 @@ if TORCH_FIRST:  # a server's usual order: torch has initialised CUDA (driver an
     import torch
     torch.zeros(1, device="cuda:0")
 t0 = time.perf_counter()
-import aot.runtime
+import dsa_aot.runtime
 if THREADS == 1:
-    ms = aot.runtime.preload(0)
+    ms = dsa_aot.runtime.preload(0)
 else:  # the same loads from a pool of threads (preload() loads in order: this measures why)
     from concurrent.futures import ThreadPoolExecutor
-    from aot.runtime.index import index
-    from aot.runtime.device import primary_context
+    from dsa_aot.runtime.index import index
+    from dsa_aot.runtime.device import primary_context
     ix = index(); arch = ix.arch_for(0); primary_context(0)
     es = [e for e in ix.entries if e["arch"] == arch]
     with ThreadPoolExecutor(THREADS) as pool:
@@ -59,9 +59,9 @@ def whole(threads, torch_first):
 STEPS = PRELUDE + r"""
 import hashlib, types
 from pathlib import Path
-from aot.runtime.index import index
-from aot.runtime.driver import drv, check
-from aot.runtime import loaded as L
+from dsa_aot.runtime.index import index
+from dsa_aot.runtime.driver import drv, check
+from dsa_aot.runtime import loaded as L
 ix = index()
 arch = ix.arch_for(0)
 es = [e for e in ix.entries if e["arch"] == arch]
@@ -106,10 +106,10 @@ PROFILE = PRELUDE + r"""
 import cProfile, io, pstats
 import torch
 torch.zeros(1, device="cuda:0")  # torch initialised CUDA first, as in a server: the profile is preload's own
-import aot.runtime
+import dsa_aot.runtime
 pr = cProfile.Profile()
 pr.enable()
-aot.runtime.preload(0)
+dsa_aot.runtime.preload(0)
 pr.disable()
 s = io.StringIO()
 pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
@@ -135,7 +135,7 @@ def main():
                 runs.append((f"{'after torch initialised CUDA' if torch_first else 'first CUDA user'}, {threads} thread(s)", whole(threads, torch_first)))
     steps = run(STEPS)
     print(json.dumps({"whole": runs, "steps": steps}, indent=1))
-    print(f"\n| preload() of {runs[0][1]['entries']} entries, fresh process each, `import aot.runtime` included | ms | entries' own load ms, summed |")
+    print(f"\n| preload() of {runs[0][1]['entries']} entries, fresh process each, `import dsa_aot.runtime` included | ms | entries' own load ms, summed |")
     print("|---|---:|---:|")
     for label, w in runs:
         print(f"| {label} | {w['preload_ms']:.1f} | {w['sum_load_ms']:.1f} |")

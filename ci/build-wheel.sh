@@ -10,4 +10,4 @@ ls -la dist
 # no SM100 GPU runs the SM100 sparse-backward path: check the op's calls against the shipped launchers
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 .venv/bin/python -m zipfile -e dist/*.whl "$tmp"
-.venv/bin/python ci/check_sm100_calls.py --gen "$tmp/aot/_generated"
+.venv/bin/python ci/check_sm100_calls.py --gen "$tmp/dsa_aot/_generated"

@@ -2,7 +2,7 @@
 """Offline check of the SM100 call conventions (sparse attention backward and forward, indexer forward) against a build.
 
 There is no SM100 GPU here, so the op's SM100 path cannot launch. This runs it for every shipped
-SM100 entry of ``aot/_generated`` (or ``--gen DIR``) with the real lifted launcher in place of the
+SM100 entry of ``dsa_aot/_generated`` (or ``--gen DIR``) with the real lifted launcher in place of the
 driver, at one (S_q, S_kv) per key that makes the dispatch pick exactly that entry (the shapes the
 fidelity check prepares upstream's plan at, up to S_q 100000 / S_kv 8M; pointer-only stand-ins for
 the tensors). The op must pass every argument the host function declares, the host code's own checks
@@ -14,7 +14,7 @@ attention forward (:func:`check_sparse_forward`) likewise, its grid (S_q, 1, 1) 
 1, 1) in two-CTA clusters for H 128. Needs no
 torch and no GPU. Exit status 1 on any failure.
 
-    python ci/check_sm100_calls.py [--gen aot/_generated]
+    python ci/check_sm100_calls.py [--gen dsa_aot/_generated]
 
 ``tests/unit/test_runtime_cpu.py`` runs :func:`check_call` on the SM100 entries of ``tests/data``.
 """
@@ -46,9 +46,9 @@ class Buf:
 
 def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int, s_kv: int) -> list:
     """Run the op's SM100 call of (op, key) at (S_q, S_kv) on launcher namespace ``ns``; return problems."""
-    import aot.ops.dsa_sparse_attention_backward as op_mod
-    from aot.policy import dsa_sparse_attention_backward as policy
-    from aot.policy._math import prod, round_up
+    import dsa_aot.ops.dsa_sparse_attention_backward as op_mod
+    from dsa_aot.policy import dsa_sparse_attention_backward as policy
+    from dsa_aot.policy._math import prod, round_up
 
     dim, dtype = (576, "bf16") if op == "bwd_d576" else (key["dim"], key["dtype"])
     h, topk, det, tl = key["heads"], key["topk"], key["deterministic"], key["topk_length"]
@@ -65,7 +65,7 @@ def check_call(ns: dict, op: str, key: dict, arch: str, sm_count: int, s_q: int,
         ns["launch"](lambda k, dims: seq.append((k, tuple(dims), bytes(bufs[k]))), *bufs, *args)
         return seq
 
-    from aot.ops.plan import Recorder, Sym
+    from dsa_aot.ops.plan import Recorder, Sym
 
     saved = op_mod.launcher, op_mod.sm_count_of
     op_mod.launcher = lambda family, op_, key_, dev, hint="": None  # recorded, never called
@@ -122,7 +122,7 @@ def _replay(ns, rec, values, want):
     """The single launch ``rec`` holds, its arguments resolved with ``values`` and checked against
     ``want`` (upstream's order, written by the caller), run through launcher namespace ``ns``:
     (launch dims, parameter bytes). AssertionError with what differs otherwise."""
-    from aot.ops.plan import Sym
+    from dsa_aot.ops.plan import Sym
 
     ((_, args),) = rec.launches
     args = [a.value(values) if isinstance(a, Sym) else a for a in args]
@@ -142,7 +142,7 @@ def _fakes(shapes, names):
     """What the op-call checks record against: fake tensors of ``shapes`` (None: absent), a made-up distinct
     pointer per tensor, the values a replay binds (those pointers, the stream, the scale 0.5), a Recorder,
     and ``t(i)``: tensor i as upstream's argument list takes it (pointer, extents, non-unit strides)."""
-    from aot.ops.plan import Recorder
+    from dsa_aot.ops.plan import Recorder
 
     ts = [None if sh is None else _T(sh) for sh in shapes]
     ptr = {f"p[{i}]": 0x7F00_0000_0000 + ((i + 1) << 36) for i in range(len(names))}
@@ -156,8 +156,8 @@ def _fakes(shapes, names):
 def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 3) -> list:
     """Record the op's SM100 indexer-forward launch of ``key`` (BSHD S_q x S_k, or THD segments of at
     most that) and run it through launcher namespace ``ns``; return problems."""
-    import aot.ops.dsa_indexer_forward as op_mod
-    from aot.policy import dsa_indexer_forward as policy
+    import dsa_aot.ops.dsa_indexer_forward as op_mod
+    from dsa_aot.policy import dsa_indexer_forward as policy
 
     prec, h, vl = key["precision"], key["heads"], key["varlen"]
     d = 64 if prec == "mxfp4" else 128
@@ -204,7 +204,7 @@ def check_indexer_forward(ns: dict, key: dict, s_q: int, s_k: int, batch: int = 
 def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> list:
     """Record the op's sparse-attention-forward launch of ``key`` at (S_q, S_kv, K index slots, a
     multiple of 64) and run it through launcher namespace ``ns``; return problems."""
-    import aot.ops.dsa_sparse_attention_forward as op_mod
+    import dsa_aot.ops.dsa_sparse_attention_forward as op_mod
 
     h, d, it = key["heads"], key["dim"], key["indexer_topk"]
     shapes = [(s_q, h, 512), (s_q, h), (s_q, h), (s_q, h) if it else None, (s_q, h, d), (s_kv, d), (s_q, k), (h,) if key["sink"] else None,
@@ -232,9 +232,9 @@ def check_sparse_forward(ns: dict, key: dict, s_q: int, s_kv: int, k: int) -> li
 def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
     """Record the fused top-k's GEMM launch of ``key`` (BSHD B x S_q x S_k, or THD segments of at most
     that) and run it through ``ns``; return problems."""
-    import aot.ops.dsa_indexer_forward_top_k as op_mod
-    from aot.ops._support import tensor_args
-    from aot.policy import dsa_indexer_forward_top_k as policy
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op_mod
+    from dsa_aot.ops._support import tensor_args
+    from dsa_aot.policy import dsa_indexer_forward_top_k as policy
 
     prec, h, ratio, offs, lse, vl = key["precision"], key["heads"], key["ratio"], key["offsets"], key["lse"], key["varlen"]
     d = 64 if prec == "mxfp4" else 128
@@ -278,8 +278,8 @@ def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
 def check_dense_indexer_backward(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) -> list:
     """Record the dense indexer backward's launch of entry (``op``, ``key``) (BSHD B x S_q x S_k, or THD
     B segments of at most that) and run it through ``ns``; return problems."""
-    import aot.ops.dsa_dense_indexer_backward as op_mod
-    from aot.ops.plan import Recorder
+    import dsa_aot.ops.dsa_dense_indexer_backward as op_mod
+    from dsa_aot.ops.plan import Recorder
 
     vl, h, d = key["varlen"], key.get("heads", 64), 128
     lead, klead = ((b * s_q,), (b * s_k,)) if vl else ((b, s_q), (b, s_k))
@@ -313,7 +313,7 @@ def check_sparse_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int)
     """Record the sparse score recompute's launch of entry ``op`` ("sparse_indexer" or "sparse_attention")
     with ``key`` (B x S_q queries over S_k keys, with topk_length given when the key has it) and run it
     through ``ns``; return problems."""
-    import aot.ops.dsa_score_recompute as op_mod
+    import dsa_aot.ops.dsa_score_recompute as op_mod
 
     h, topk, d = key["heads"], key["topk"], key.get("dim", 128)
     names = op_mod._ATTENTION.tensors if op == "sparse_attention" else op_mod._INDEXER.tensors
@@ -339,7 +339,7 @@ def check_dense_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) 
     """Record a dense score recompute's SM100 launch of entry ``op`` ("dense_indexer" or "dense_attention") with
     ``key`` (BSHD B x S_q x S_k, or THD b segments of at most S_q / S_k rows, H_kv 1; the block-scaled indexer
     and attention with their e8m0 scales in upstream's packed shapes) and run it through ``ns``; return problems."""
-    import aot.ops.dsa_score_recompute as op_mod
+    import dsa_aot.ops.dsa_score_recompute as op_mod
 
     h, vl, d = key["heads"], key["varlen"], key.get("dim", 128)
     prec = key.get("precision", "bf16")
@@ -382,9 +382,9 @@ def check_dense_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) 
 def check_build(gen) -> tuple[dict, list]:
     """Run the op's call of every SM100 entry of the build ``gen`` against its lifted host function:
     (entries checked per kind, problems)."""
-    from aot.policy.artifact import load_index
-    from aot.policy.dsa_sparse_attention_backward import sm100_shape
-    from aot.toolchain import verify
+    from dsa_aot.policy.artifact import load_index
+    from dsa_aot.policy.dsa_sparse_attention_backward import sm100_shape
+    from dsa_aot.toolchain import verify
 
     gen = Path(gen)
     index, _ = load_index(gen)  # checked as the runtime checks it
@@ -453,7 +453,7 @@ def check_build(gen) -> tuple[dict, list]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gen", default=str(ROOT / "aot" / "_generated"))
+    ap.add_argument("--gen", default=str(ROOT / "dsa_aot" / "_generated"))
     a = ap.parse_args(argv)
     counts, bad = check_build(a.gen)
     print(", ".join(f"{v} {k}" for k, v in counts.items()) + f" entries: the op's call runs each lifted host function; {len(bad)} problems")

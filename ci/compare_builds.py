@@ -2,7 +2,7 @@
 
     python ci/compare_builds.py A B
 
-A and B: a build directory (``aot/_generated``), its ``index.json``, or a JSON file {entry id:
+A and B: a build directory (``dsa_aot/_generated``), its ``index.json``, or a JSON file {entry id:
 cubin sha256}. Prints how many entries have the same cubin sha256, which differ and which one side
 lacks; with two directories, also whether every file of the two trees is byte-identical. Exit status 1
 when any entry differs or is missing.

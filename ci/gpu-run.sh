@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run on the H200 test machine (no package index there): GPU tests, then per kernel family the
 # JIT-vs-AOT parity (ci/parity/<family>.py) and the benchmark (bench/<family>.py).
-# Expects: aot/_generated built on a CPU machine (python -m aot build) and carried along; for the JIT
+# Expects: dsa_aot/_generated built on a CPU machine (python -m dsa_aot build) and carried along; for the JIT
 # side, the DSL chunks of ../shared/tools/dsl-chunks.sh already in ~/dsl (see docs/gpu-results.md).
 # Logs go to $OUT (or ./gpu-logs).
 #   PARITY="family ..."  families to run parity and bench for (default: every registered family;
@@ -18,7 +18,7 @@ rc=0
 # 1. GPU tests of the AOT ops (cutlass is not on the path here)
 python3 -m pytest -q -rs -m gpu tests/gpu 2>&1 | tee "$OUT/gpu-tests.log"; rc=$((rc | ${PIPESTATUS[0]}))
 # 2. per family: JIT-vs-AOT parity (each side in its own process; the AOT side cannot import cutlass), then the bench
-PARITY=${PARITY:-$(python3 -c "from aot.policy.families import FAMILIES; print(*FAMILIES)")}
+PARITY=${PARITY:-$(python3 -c "from dsa_aot.policy.families import FAMILIES; print(*FAMILIES)")}
 QUICK=${QUICK:-}
 for fam in $PARITY; do
   [ "$fam" = none ] && continue

@@ -1,8 +1,8 @@
 """Quick GPU smoke check of the runtime path: load, launch, compare forward r128 and ratio-4 with fp64 math."""
 import sys, time
 import torch
-import aot.csa
-from aot.runtime import preload
+import dsa_aot.csa
+from dsa_aot.runtime import preload
 
 dev = torch.device("cuda", 0)
 t = time.perf_counter()
@@ -43,15 +43,15 @@ for ratio, coff, d, seqs in [(128, 2, 128, [1024, 640]), (128, 1, 512, [2048]), 
     score = torch.randn_like(kv)
     ape = torch.randn(ratio, coff * d, device=dev)
     out = torch.full((tc, d), float("nan"), device=dev, dtype=torch.bfloat16)
-    aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
+    dsa_aot.csa.compressor_forward_into(out, kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
     torch.cuda.synchronize()
     ref = ref_fwd(kv, score, ape, cu, cuc, ratio, coff, d, tc)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     nan = out.isnan().any().item()
     print(f"fwd ratio={ratio} coff={coff} d={d}: rel err {err:.2e} nan={nan}")
     ok &= err < 1e-2 and not nan
-    g = aot.csa.compressor_backward(kv, score, ape, cu, cuc, torch.randn_like(out), ratio=ratio, coff=coff, deterministic=True)
-    g2 = aot.csa.compressor_backward(kv, score, ape, cu, cuc, torch.randn_like(out), ratio=ratio, coff=coff, deterministic=False)
+    g = dsa_aot.csa.compressor_backward(kv, score, ape, cu, cuc, torch.randn_like(out), ratio=ratio, coff=coff, deterministic=True)
+    g2 = dsa_aot.csa.compressor_backward(kv, score, ape, cu, cuc, torch.randn_like(out), ratio=ratio, coff=coff, deterministic=False)
     torch.cuda.synchronize()
     print("  bwd ran; nan:", [v.isnan().any().item() for v in g.values()])
 print("SMOKE", "OK" if ok else "FAILED")

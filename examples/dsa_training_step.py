@@ -83,7 +83,7 @@ def torch_attention_forward(q, kv, indices, softmax_scale):
 
 
 def step(dsa, x, *, forward_kernel=True, log=None):
-    """One training step with op namespace ``dsa`` (``aot.dsa``, or :func:`cudnn_namespace`): returns the
+    """One training step with op namespace ``dsa`` (``dsa_aot.dsa``, or :func:`cudnn_namespace`): returns the
     gradients, the intermediates, and which ops ran on kernels and which did not."""
     import torch
 
@@ -139,20 +139,20 @@ def cudnn_namespace():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--side", choices=("aot", "cudnn"), default="aot")
+    ap.add_argument("--side", choices=("dsa_aot", "cudnn"), default="dsa_aot")
     ap.add_argument("--save", help="torch.save inputs, intermediates and gradients here")
     ap.add_argument("--S", type=int, default=4096)
     ap.add_argument("--json", action="store_true", help="print one JSON line of timings instead of the table")
     a = ap.parse_args(argv)
-    if a.side == "aot":
+    if a.side == "dsa_aot":
         block_toolchain()
     import torch
 
     x = make_inputs(S=a.S)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    if a.side == "aot":
-        import aot.dsa as dsa
+    if a.side == "dsa_aot":
+        import dsa_aot.dsa as dsa
     else:
         dsa = cudnn_namespace()
     forward_kernel = torch.cuda.get_device_capability()[0] == 10

@@ -1,6 +1,6 @@
 """Spec of the CSA compressor family (cudnn.csa.compressor, nvidia-cudnn-frontend==1.32.0).
 
-The ops and their keys are the policy's (aot/policy/csa_compressor.py). ``build`` returns cudnn's own
+The ops and their keys are the policy's (dsa_aot/policy/csa_compressor.py). ``build`` returns cudnn's own
 ``@cute.jit`` launch function and arguments that mirror the JIT path exactly: raw gmem pointers made
 with ``make_ptr`` at the alignments cudnn uses (16 for bf16/fp32, 4 for int32 cu_seqlens),
 cutlass.Int32 scalars, a CUstream. Pointer and scalar *values* are not part of the compile; the entry
@@ -8,7 +8,7 @@ records the upstream schedule its bucket resolves to. ``check_policy`` proves, o
 upstream picks one schedule per bucket, and that the policy's rows-per-CTA and constants are upstream's.
 """
 
-from aot.policy import csa_compressor as policy
+from dsa_aot.policy import csa_compressor as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -70,7 +70,7 @@ def _bucket_schedule(r, op, key):
     scheds = {nb: upstream(key["ratio"], key["d"], key["coff"], nb) for nb in samples}
     if len(set(scheds.values())) != 1:
         raise ValueError(f"{op} {key}: upstream picks several schedules inside bucket {key['bucket']!r}: {scheds}; "
-                         f"the bucket policy in aot/policy/csa_compressor.py no longer matches cudnn")
+                         f"the bucket policy in dsa_aot/policy/csa_compressor.py no longer matches cudnn")
     return next(iter(scheds.values()))
 
 
@@ -81,7 +81,7 @@ def check_policy(targets):
 
     for name, theirs in (("BWD_ROWS", g._BWD_ROWS), ("DAPE_GROUP_PARTIALS", g._DAPE_REDUCTION_GROUP_PARTIALS)):
         if getattr(policy, name) != theirs:
-            raise ValueError(f"cudnn's compressor_sm100 has {name} = {theirs}; aot/policy/csa_compressor.py assumes {getattr(policy, name)}")
+            raise ValueError(f"cudnn's compressor_sm100 has {name} = {theirs}; dsa_aot/policy/csa_compressor.py assumes {getattr(policy, name)}")
     sm_counts = sorted({78, 132, 148, *(t.sm_count for t in targets)})
     for op, fields in ((op, OPS[op].fields) for op in _SCHEDULED):
         for bucket in fields["bucket"].values:
@@ -104,12 +104,12 @@ def _check_rows(r, key, sched, sm_counts):
                 theirs = r._bwd_rows_per_cta(nb, key["ratio"], key["d"], key["coff"], "aot-check")
                 mine = policy.rows_r128(nb, key["d"], key["coff"], sched, sms)
                 if mine != theirs:
-                    raise ValueError(f"rows_per_cta for nb_total={nb}, sm_count={sms}, {key}: aot/policy/csa_compressor.py gives {mine}, cudnn {theirs}")
+                    raise ValueError(f"rows_per_cta for nb_total={nb}, sm_count={sms}, {key}: dsa_aot/policy/csa_compressor.py gives {mine}, cudnn {theirs}")
         finally:
             r._SM_COUNT_CACHE.pop("aot-check", None)
 
 
-# --- fidelity: cudnn's own launch functions for each key (aot/toolchain/fidelity.py runs them) ------
+# --- fidelity: cudnn's own launch functions for each key (dsa_aot/toolchain/fidelity.py runs them) ------
 
 FIDELITY_ROUTES = {
     "fwd_r128": "compressor_sm100_r128.run_fwd_r128 -> _compile_fwd_r128",

@@ -8,7 +8,7 @@ the stream. BSHD scores are (B, S_q, S_k) with (B, S_q) denominators; THD (T_q, 
 docs/research/dense-indexer-backward.md: 28 configurations built both ways, byte-identical.
 """
 
-from aot.policy import dsa_dense_indexer_backward as policy
+from dsa_aot.policy import dsa_dense_indexer_backward as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -71,7 +71,7 @@ def check_policy(targets):
 
     for n in (1, 127, 128, 129, 4096 * 128):
         if ws_align(n * 4) != policy.workspace_bytes(n, False):
-            raise ValueError(f"cudnn aligns a {n}-element fp32 dK to {ws_align(n * 4)} bytes; aot/policy/dsa_dense_indexer_backward.py disagrees")
+            raise ValueError(f"cudnn aligns a {n}-element fp32 dK to {ws_align(n * 4)} bytes; dsa_aot/policy/dsa_dense_indexer_backward.py disagrees")
     # the keys upstream compiles by: if a new field appears, the policy must learn what it changes
     for mod, want in ((k100, "compile_key = (is_varlen, heads, dim, block_I, ratio, bool(has_q_causal_offsets))"),
                       (k90, "gemm_key = (is_varlen, heads, dim, block_I, ratio, bool(has_q_causal_offsets))"),
@@ -80,7 +80,7 @@ def check_policy(targets):
             raise ValueError(f"{mod.__name__} no longer keys its compiles as `{want}`: re-measure what changes the cubin")
 
 
-# --- fidelity: cudnn's own wrapper for each key (aot/toolchain/fidelity.py runs it) ------------------
+# --- fidelity: cudnn's own wrapper for each key (dsa_aot/toolchain/fidelity.py runs it) ------------------
 
 FIDELITY_ROUTES = {
     "score_grad": "dense_indexer_backward_wrapper -> DenseIndexerBackward.execute -> dense_indexer_backward_sm100 _run (score-grad)",

@@ -1,6 +1,6 @@
 """Spec of the DSA indexer backward family (cudnn.deepseek_sparse_attention.indexer_backward, 1.32.0).
 
-The ops and their keys are the policy's (aot/policy/dsa_indexer_backward.py). Tensors mirror cudnn's
+The ops and their keys are the policy's (dsa_aot/policy/dsa_indexer_backward.py). Tensors mirror cudnn's
 ``to_cute_tensor`` on contiguous CUDA tensors: gmem, 16-byte aligned, every extent dynamic Int32,
 every stride dynamic Int64 except the unit innermost one (v2 adds divisibility 128 on the innermost
 extent and the strides). The fidelity stage builds the same keys through upstream's factories and
@@ -8,7 +8,7 @@ proves the cubins byte-identical; ``check_policy`` holds the policy's plane set 
 against upstream's on every build.
 """
 
-from aot.policy import dsa_indexer_backward as policy
+from dsa_aot.policy import dsa_indexer_backward as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -118,7 +118,7 @@ def check_policy(targets):
 
     if tuple(det.SUPPORTED_DK_PLANES) != policy.PLANES or det.DEFAULT_DK_PLANES != policy.DEFAULT_PLANES:
         raise ValueError(f"cudnn's deterministic dK planes are {det.SUPPORTED_DK_PLANES} (default {det.DEFAULT_DK_PLANES}); "
-                         f"aot/policy/dsa_indexer_backward.py assumes {policy.PLANES}")
+                         f"dsa_aot/policy/dsa_indexer_backward.py assumes {policy.PLANES}")
     grids = sorted({96, 132, 148, *(t.sm_count for t in targets)})
     for heads in (32, 64):
         for topk in (128, 256, 384, 512, 640, 1024, 2048):
@@ -127,10 +127,10 @@ def check_policy(targets):
                     theirs = k100.IndexerBackwardSm100(DIM, heads, BLOCK_I, topk, 1, rows, grid).use_persistent
                     if policy.gemm_persistent(topk, rows, grid) != theirs:
                         raise ValueError(f"upstream runs heads {heads} topk {topk} with {rows} rows on {grid} SMs persistent={theirs}; "
-                                         f"aot/policy/dsa_indexer_backward.py gemm_persistent disagrees")
+                                         f"dsa_aot/policy/dsa_indexer_backward.py gemm_persistent disagrees")
 
 
-# --- fidelity: cudnn's own factories for each key (aot/toolchain/fidelity.py runs them) --------------
+# --- fidelity: cudnn's own factories for each key (dsa_aot/toolchain/fidelity.py runs them) --------------
 
 FIDELITY_ROUTES = {
     "score_grad": "indexer_backward_sm100(...).score_grad -> _score_grad_inplace_cute",

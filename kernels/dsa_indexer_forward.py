@@ -7,7 +7,7 @@ the unit innermost one), H_kv / S_q / S_k as Int32 and the scale as Float32 (run
 the stream. docs/research/indexer-forward.md: 26 configurations built both ways, byte-identical.
 """
 
-from aot.policy import dsa_indexer_forward as policy
+from dsa_aot.policy import dsa_indexer_forward as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -95,7 +95,7 @@ def check_policy(targets):
     src = inspect.getsource(h)
     for needle in ("% 64 == 0",):
         if needle not in src:
-            raise ValueError(f"cudnn's _interface_sm90 no longer contains {needle!r}: review aot/policy/dsa_indexer_forward.py's sm90_kernel")
+            raise ValueError(f"cudnn's _interface_sm90 no longer contains {needle!r}: review dsa_aot/policy/dsa_indexer_forward.py's sm90_kernel")
 
 
 FIDELITY_ROUTES = {"fwd_sm90": "api.indexer_forward_wrapper -> _interface_sm90.indexer_fwd",

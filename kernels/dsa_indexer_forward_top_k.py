@@ -9,7 +9,7 @@ one), the outputs 4-byte aligned (scalar stores into possibly strided windows), 
 docs/research/indexer-forward-top-k.md: byte-identical to upstream's route where measured.
 """
 
-from aot.policy import dsa_indexer_forward_top_k as policy
+from dsa_aot.policy import dsa_indexer_forward_top_k as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS

@@ -1,7 +1,7 @@
 """Spec of the DSA indexer top-k (cudnn.deepseek_sparse_attention.indexer_top_k, 1.32.0):
 ``IndexerTopKKernelVarlenDecode``.
 
-The op and its key are the policy's (aot/policy/dsa_indexer_top_k.py). ``build`` presents what
+The op and its key are the policy's (dsa_aot/policy/dsa_indexer_top_k.py). ``build`` presents what
 ``compile_topk_kernel`` does: compact fake tensors with symbolic rows, columns and batch (the input and
 the int32 radix scratch 32-byte aligned, the outputs' width static top-k), the kernel object with the
 bucket, the flags and the deterministic ordering upstream resolves for the target's capability.
@@ -14,8 +14,8 @@ explicit one and no TVM-FFI wrapper is generated, so the launcher takes the stre
 The fidelity stage proves the cubin byte-identical to the one upstream's own route compiles.
 """
 
-from aot.policy import dsa_indexer_top_k as policy
-from aot.policy.arch import CAPABILITY
+from dsa_aot.policy import dsa_indexer_top_k as policy
+from dsa_aot.policy.arch import CAPABILITY
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -118,7 +118,7 @@ def check_policy(targets):
         if isinstance(want, str) != isinstance(got, str) or (not isinstance(want, str) and want != got):
             problems.append(f"row chunks of {n_rows} x {num_cols} {dtype} next_n {next_n}: upstream {want}, policy {got}")
     if problems:
-        raise ValueError("aot/policy/dsa_indexer_top_k.py disagrees with cudnn: " + "; ".join(problems))
+        raise ValueError("dsa_aot/policy/dsa_indexer_top_k.py disagrees with cudnn: " + "; ".join(problems))
 
 
 def _upstream_chunks(m, n_rows, num_cols, dtype, next_n):
@@ -144,7 +144,7 @@ def _upstream_chunks(m, n_rows, num_cols, dtype, next_n):
     return seen
 
 
-# --- fidelity: cudnn's own wrapper for each key (aot/toolchain/fidelity.py runs it) -----------------
+# --- fidelity: cudnn's own wrapper for each key (dsa_aot/toolchain/fidelity.py runs it) -----------------
 
 FIDELITY_ROUTES = {"top_k": "api.indexer_top_k_wrapper -> IndexerTopK.check_support / compile -> compile_topk_kernel -> launch_topk_kernel"}
 PRELOAD = ("cudnn.deepseek_sparse_attention.indexer_top_k.api", "cudnn.deepseek_sparse_attention.indexer_top_k.indexer_top_k_decode_varlen")

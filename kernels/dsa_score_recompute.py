@@ -18,7 +18,7 @@ passes per call (fidelity compiles upstream at another scale and must still get 
 
 import math
 
-from aot.policy import dsa_score_recompute as policy
+from dsa_aot.policy import dsa_score_recompute as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -177,7 +177,7 @@ def check_policy(targets):
     from cudnn.deepseek_sparse_attention.score_recompute import _interface_sm100 as i
 
     if i._SM100_SMEM_BYTES != policy.SMEM_BYTES:
-        raise ValueError(f"cudnn's SM100 score-recompute budget is {i._SM100_SMEM_BYTES}; aot/policy/dsa_score_recompute.py assumes {policy.SMEM_BYTES}")
+        raise ValueError(f"cudnn's SM100 score-recompute budget is {i._SM100_SMEM_BYTES}; dsa_aot/policy/dsa_score_recompute.py assumes {policy.SMEM_BYTES}")
     for heads in (16, 32, 64, 128):
         if h._compute_tile_m(heads) != policy.sm90_tiles(heads):
             raise ValueError(f"cudnn's SM90 tiles for H {heads} are {h._compute_tile_m(heads)}; the policy says {policy.sm90_tiles(heads)}")
@@ -267,7 +267,7 @@ def _check_mx_attention(i):
             raise ValueError(f"policy.mx_zeroes_denom({d}, {heads}) disagrees with upstream's rule")
 
 
-# --- fidelity: cudnn's own wrapper for each key (aot/toolchain/fidelity.py runs it) ------------------
+# --- fidelity: cudnn's own wrapper for each key (dsa_aot/toolchain/fidelity.py runs it) ------------------
 
 FIDELITY_ROUTES = {
     "sparse_indexer": "sparse_indexer_score_recompute_wrapper -> SparseIndexerScoreRecompute.execute -> _interface_sm100",

@@ -1,6 +1,6 @@
 """Spec of the DSA sparse attention backward family (cudnn.deepseek_sparse_attention.sparse_attention_backward, 1.32.0).
 
-The ops, their keys and the run-time policy are aot/policy/dsa_sparse_attention_backward.py;
+The ops, their keys and the run-time policy are dsa_aot/policy/dsa_sparse_attention_backward.py;
 ``check_policy`` holds each policy function against upstream's own on every build.
 
 Arguments mirror upstream exactly. SM100 plans compile from storage-free fake tensors
@@ -14,9 +14,9 @@ upstream passes ``--enable-tvm-ffi --gpu-arch <arch>`` (SM90: ``--enable-tvm-ffi
 from CUTE_DSL_ARCH and the TVM-FFI wrapper is left out (it does not change the cubin).
 """
 
-from aot.policy import dsa_sparse_attention_backward as policy
-from aot.policy.arch import CAPABILITY
-from aot.policy.dsa_sparse_attention_backward import (
+from dsa_aot.policy import dsa_sparse_attention_backward as policy
+from dsa_aot.policy.arch import CAPABILITY
+from dsa_aot.policy.dsa_sparse_attention_backward import (
     D576_BACKENDS,
     HEAD_DIM_V,
     SM90_PRE_THREADS,
@@ -232,7 +232,7 @@ def _check_target(target):
                     raise ValueError(f"upstream split count for S_q {s_q} topk {topk} on {sm} SMs: {d576._split_count(s_q, topk, sm)}")
 
 
-# --- fidelity: cudnn's own route for each key (aot/toolchain/fidelity.py runs it) --------------------
+# --- fidelity: cudnn's own route for each key (dsa_aot/toolchain/fidelity.py runs it) --------------------
 
 FIDELITY_ROUTES = {
     "pre_sm90": "_interface_sm90.flash_attn_bwd_sm90(...) -> compile_cache_pre",

@@ -10,7 +10,7 @@ O2 the cubin differs (docs/research/sparse-attention-forward.md: 27 configuratio
 byte-identical).
 """
 
-from aot.policy import dsa_sparse_attention_forward as policy
+from dsa_aot.policy import dsa_sparse_attention_forward as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -62,7 +62,7 @@ def check_policy(targets):
     mine = {(h, d): policy.INDEXER_TOPK[h] for h in policy.HEADS for d in policy.DIMS if not (h == 128 and d != 512)}
     have = {k: tuple(v) for k, v in api._SUPPORTED_VARIANTS.items()}
     if have != mine:
-        raise ValueError(f"upstream's variants {have} differ from the policy's {mine}: review aot/policy/dsa_sparse_attention_forward.py")
+        raise ValueError(f"upstream's variants {have} differ from the policy's {mine}: review dsa_aot/policy/dsa_sparse_attention_forward.py")
 
 
 FIDELITY_ROUTES = {"fwd": "api.sparse_attention_forward_wrapper -> _interface_sm100.sparse_attention_forward_sm100"}

@@ -1,7 +1,7 @@
 """Spec of the DSA top-k index utilities (cudnn.deepseek_sparse_attention.indexer_top_k, 1.32.0):
 ``LocalToGlobalTopK`` and ``CompactifyKernel``.
 
-The ops and their keys are the policy's (aot/policy/dsa_topk_utils.py). Upstream compiles both on
+The ops and their keys are the policy's (dsa_aot/policy/dsa_topk_utils.py). Upstream compiles both on
 their first call from the call's own tensors through ``to_cute_tensor``: gmem, 16-byte aligned, every
 extent dynamic Int32, every stride dynamic Int64 but the unit innermost one (1-D cu_seqlens: one
 dynamic extent, unit stride), options ``--opt-level 3``. ``build`` presents the same; the fidelity
@@ -9,7 +9,7 @@ stage runs upstream's own functions and proves the cubins byte-identical. ``chec
 policy's key fields to the kernels' constructors on every build.
 """
 
-from aot.policy import dsa_topk_utils as policy
+from dsa_aot.policy import dsa_topk_utils as policy
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -56,13 +56,13 @@ def check_policy(targets):
     for cls, want in ((l2g.LocalToGlobalTopK, {"is_varlen", "preserve_negative", "threads_per_cta"}), (cmp.CompactifyKernel, {"cols"})):
         got = set(inspect.signature(cls.__init__).parameters) - {"self"}
         if got != want:
-            raise ValueError(f"cudnn's {cls.__name__} takes {sorted(got)}; aot/policy/dsa_topk_utils.py keys on {sorted(want)}")
+            raise ValueError(f"cudnn's {cls.__name__} takes {sorted(got)}; dsa_aot/policy/dsa_topk_utils.py keys on {sorted(want)}")
     src = inspect.getsource(l2g.local_to_global)
     if "(torch.int32, torch.int64)" not in src:
-        raise ValueError("cudnn's local_to_global no longer accepts exactly int32 and int64 indices; update aot/policy/dsa_topk_utils.py")
+        raise ValueError("cudnn's local_to_global no longer accepts exactly int32 and int64 indices; update dsa_aot/policy/dsa_topk_utils.py")
 
 
-# --- fidelity: cudnn's own functions for each key (aot/toolchain/fidelity.py runs them) --------------
+# --- fidelity: cudnn's own functions for each key (dsa_aot/toolchain/fidelity.py runs them) --------------
 
 FIDELITY_ROUTES = {
     "local_to_global": "local_to_global_dsl.local_to_global (preserve_negative: _local_to_global_inplace) -> _launch_local_to_global",

@@ -11,7 +11,7 @@ if UNIT_TESTS not in sys.path:
     sys.path.insert(0, UNIT_TESTS)
 if GPU_TESTS not in sys.path:
     sys.path.insert(0, GPU_TESTS)
-# compiled launchers go to a cache of this test session, not the user's (aot/runtime/bytecode.py)
+# compiled launchers go to a cache of this test session, not the user's (dsa_aot/runtime/bytecode.py)
 if "AOT_BYTECODE_CACHE" not in os.environ:
     import tempfile
 

@@ -5,10 +5,10 @@
     python ci/parity/csa_compressor.py aot --dir D      # cutlass NOT importable: aot ops, writes D/aot.json
     python ci/parity/csa_compressor.py compare --dir D  # table; exit status 1 on any mismatch
 
-``aot`` imports the ``aot`` package from the environment (the installed wheel, or
-``PYTHONPATH=<repo root>`` for a source checkout with a build in ``aot/_generated``).
+``dsa_aot`` imports the ``dsa_aot`` package from the environment (the installed wheel, or
+``PYTHONPATH=<repo root>`` for a source checkout with a build in ``dsa_aot/_generated``).
 
-``jit`` generates the inputs of every case from fixed seeds and saves them under D/inputs; ``aot``
+``jit`` generates the inputs of every case from fixed seeds and saves them under D/inputs; ``dsa_aot``
 loads the same files. Both poison every output with NaN (deterministic workspace with 0xFF bytes)
 before the first call, save what the ops wrote, and time the ops the same way:
 
@@ -20,7 +20,7 @@ before the first call, save what the ops wrote, and time the ops the same way:
 The JIT side calls cudnn's launch functions ``compressor_sm100_r128.run_fwd_r128`` /
 ``run_bwd_r128`` and ``compressor_sm100.run_fwd`` / ``run_bwd`` (cudnn's public wrappers refuse
 SM90, these do not) and records the sha256 of every cubin it compiled (``_COMPILED[key].__cubin__``,
-with CUTE_DSL_KEEP=cubin). ``compare`` matches those against ``aot/_generated/index.json`` entries
+with CUTE_DSL_KEEP=cubin). ``compare`` matches those against ``dsa_aot/_generated/index.json`` entries
 (family csa_compressor, arch of the JIT device) by (op, ratio, d, coff, schedule, deterministic,
 split), and checks outputs bitwise: out, grad_kv, grad_score, and grad_ape in deterministic mode.
 The atomic grad_ape is not run-to-run deterministic: its AOT-vs-JIT max abs difference is held
@@ -199,7 +199,7 @@ class JitApi:
 
     @staticmethod
     def index_key(jit_key):
-        """cudnn's _COMPILED key -> (op, key dict) as in aot/_generated/index.json."""
+        """cudnn's _COMPILED key -> (op, key dict) as in dsa_aot/_generated/index.json."""
         tag = jit_key[0]
         if tag == "r128fwd":
             _, ratio, d, coff, sched, _dev = jit_key
@@ -315,11 +315,11 @@ def cmd_aot(args):
     import torch
 
     t0 = time.perf_counter()
-    import aot
-    import aot.csa
+    import dsa_aot
+    import dsa_aot.csa
 
     import_s = time.perf_counter() - t0
-    api = AotApi(aot.csa)
+    api = AotApi(dsa_aot.csa)
     os.makedirs(os.path.join(args.dir, "aot"), exist_ok=True)
     rows = {}
     for name, cspec in build_cases():
@@ -331,7 +331,7 @@ def cmd_aot(args):
         x = to_cuda(torch.load(path))
         rows.update(run_case(name, cspec, x, api, args.calls, os.path.join(args.dir, "aot")))
         print(f"aot {name}: " + ", ".join(f"{r['op']} first {1e3 * r['first_s']:.2f} ms warm {r['warm_us']:.1f} us" for k, r in rows.items() if r["case"] == name), flush=True)
-    index_path = os.path.join(os.path.dirname(aot.__file__), "_generated", "index.json")
+    index_path = os.path.join(os.path.dirname(dsa_aot.__file__), "_generated", "index.json")
     index = None
     if os.path.exists(index_path):
         with open(index_path) as f:
@@ -431,15 +431,15 @@ def cmd_compare(args):
     print("(* = first JIT call of a compile key already compiled in this process: no compile inside)")
     jm, am = jit["meta"], aot["meta"]
     print(f"device: {jm.get('device')} ({jm.get('sm_count')} SMs), arch {arch}; torch {jm.get('torch')}")
-    print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, aot.csa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
+    print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, dsa_aot.csa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
     print(f"torch.add warm host us: JIT process {jm.get('torch_add_us', float('nan')):.1f}, AOT process {am.get('torch_add_us', float('nan')):.1f}")
     stats = am.get("runtime_stats") or {}
     loads = stats.get("load_stats")
     if isinstance(loads, dict) and loads and all(isinstance(v, (int, float)) for v in loads.values()):
         v = sorted(loads.values())
-        print(f"aot cubin loads (aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
+        print(f"aot cubin loads (dsa_aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
     elif stats:
-        print(f"aot.runtime stats: {json.dumps(stats, default=str)[:2000]}")
+        print(f"dsa_aot.runtime stats: {json.dumps(stats, default=str)[:2000]}")
     jw = [r["warm_us"] for r in jit["rows"].values()]
     aw = [r["warm_us"] for r in aot["rows"].values()]
     if jw and aw:

@@ -2,7 +2,7 @@
 """JIT-vs-AOT parity of the DSA dense indexer backward (dense_indexer_backward_wrapper), in two processes on one GPU machine.
 
     python ci/parity/dsa_dense_indexer_backward.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_dense_indexer_backward.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_dense_indexer_backward.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_dense_indexer_backward.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
 
 Both sides make the same public call with the same arguments::
@@ -13,7 +13,7 @@ Both sides make the same public call with the same arguments::
 
 JIT: ``cudnn.deepseek_sparse_attention.indexer_backward.dense_indexer_backward_wrapper`` (on the H200
 the SM90 path: zero fp32 dK, ScoreGradDenseSm90, IndexerBackwardSm90(is_dense=True), bf16 cast);
-AOT: ``aot.dsa.dense_indexer_backward`` and ``dense_indexer_backward_into``. Cases: ratio 1 and 4,
+AOT: ``dsa_aot.dsa.dense_indexer_backward`` and ``dense_indexer_backward_into``. Cases: ratio 1 and 4,
 BSHD and THD (one empty segment), q causal offsets, bf16 and fp32 ``d_index_k``, a prefill-sized case.
 
 Every call gets NaN-poisoned outputs, a 0xFF-poisoned workspace and a fresh copy of ``index_score``
@@ -291,7 +291,7 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_dense_indexer_backward"
+    OP_MODULE = "dsa_aot.ops.dsa_dense_indexer_backward"
 
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used

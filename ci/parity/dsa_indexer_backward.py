@@ -2,11 +2,11 @@
 """JIT-vs-AOT parity of the DSA indexer backward op, in two processes on one GPU machine.
 
     python ci/parity/dsa_indexer_backward.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_indexer_backward.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_indexer_backward.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_indexer_backward.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
 
-``aot`` imports the ``aot`` package from the environment (the installed wheel, or
-``PYTHONPATH=<repo root>`` for a source checkout with a build in ``aot/_generated``).
+``dsa_aot`` imports the ``dsa_aot`` package from the environment (the installed wheel, or
+``PYTHONPATH=<repo root>`` for a source checkout with a build in ``dsa_aot/_generated``).
 
 Both sides make the same public call, with the same arguments::
 
@@ -16,7 +16,7 @@ Both sides make the same public call, with the same arguments::
 
 JIT: ``cudnn.deepseek_sparse_attention.indexer_backward.indexer_backward_wrapper`` (on SM90 it runs
 ``indexer_backward_sm90``: zero fp32 dK, ScoreGradSm90, IndexerBackwardSm90, bf16 cast); AOT:
-``aot.dsa.indexer_backward``. Default backend, non-deterministic (the only mode upstream's SM90 has).
+``dsa_aot.dsa.indexer_backward``. Default backend, non-deterministic (the only mode upstream's SM90 has).
 sm_scale and loss_coeff are not 1 so that a swapped or dropped scalar shows.
 
 Cases: B=1, H=64, D=128, S_k=4096, S_q in {4096, 8192} (``--quick``: 1024), topk in {512, 1024,
@@ -24,7 +24,7 @@ Cases: B=1, H=64, D=128, S_k=4096, S_q in {4096, 8192} (``--quick``: 1024), topk
 and topk 512 at the second; an fp32 ``d_index_k`` case; a case with 5 % top-k padding (-1 ids).
 ``jit`` generates the inputs from fixed seeds (``tests/gpu/ref_indexer.make_inputs`` when present,
 else an equivalent generator here), saves them under D/inputs with the case list (D/inputs/cases.json,
-which ``aot`` follows; ``--quick`` and ``--only`` need only be given to ``jit``).
+which ``dsa_aot`` follows; ``--quick`` and ``--only`` need only be given to ``jit``).
 
 Every call gets NaN-poisoned outputs, a 0xFF-poisoned workspace and a fresh copy of ``attn_score``
 (both ops overwrite ``attn_score`` with the score-grad signal, copied in before the call, outside the
@@ -50,7 +50,7 @@ max(1, the JIT's own worst) bf16 ulps elementwise, fp32 ones within max(4 * jitt
 sides chose the same kernels (the AOT (op, key) lookups equal the JIT compile keys); the same
 workspace size. Every cubin the JIT compiled (``indexer_backward_sm90._compile_cache`` and
 ``_score_grad_cute_cache``, taken from the host module's fatbin) must have the sha256 of the
-shipped ``aot/_generated/index.json`` entry (family dsa_indexer_backward, ops gemm_sm90 /
+shipped ``dsa_aot/_generated/index.json`` entry (family dsa_indexer_backward, ops gemm_sm90 /
 score_grad_sm90, arch of the JIT device).
 """
 
@@ -285,7 +285,7 @@ class JitApi(CompileKeys):
 
     @staticmethod
     def index_key(kind, jit_key):
-        """cudnn's cache key -> (op, key dict) as in aot/_generated/index.json.
+        """cudnn's cache key -> (op, key dict) as in dsa_aot/_generated/index.json.
 
         Fields the shipped keys fix (D 128, block_I 128, probability-domain scores) are added only
         when they differ, so that such a kernel can match no entry.
@@ -361,7 +361,7 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_indexer_backward"
+    OP_MODULE = "dsa_aot.ops.dsa_indexer_backward"
 
     def reruns(self, args):
         return 1  # the AOT jitter is reported, not used

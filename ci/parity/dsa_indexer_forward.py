@@ -2,7 +2,7 @@
 """JIT-vs-AOT parity of the DSA indexer forward (indexer_forward_wrapper), in two processes on one GPU machine.
 
     python ci/parity/dsa_indexer_forward.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_indexer_forward.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_indexer_forward.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_indexer_forward.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
 
 Both sides make the same public call with the same arguments::
@@ -11,7 +11,7 @@ Both sides make the same public call with the same arguments::
                     q_causal_offsets=, precision=, q_scale=, k_scale=, return_lse=)   -> {'scores'[, 'lse']}
 
 JIT: ``cudnn.deepseek_sparse_attention.indexer_forward_wrapper`` (SM90 path on the H200); AOT:
-``aot.dsa.indexer_forward`` and ``indexer_forward_into``. Cases: bf16 and fp8 (per-token descales),
+``dsa_aot.dsa.indexer_forward`` and ``indexer_forward_into``. Cases: bf16 and fp8 (per-token descales),
 W bf16 and fp32, H 64 / 32 / 16, ratio 4 and 1, BSHD and THD (segments that cover every row, one
 of them empty), causal offsets, LSE, the three fp8 H64 BSHD variants upstream picks from S_q % 2 and
 S_k % 64, and a prefill-sized case (S_q 4096).
@@ -291,7 +291,7 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_indexer_forward"
+    OP_MODULE = "dsa_aot.ops.dsa_indexer_forward"
 
     def call(self, spec, x):
         r = self.dsa.indexer_forward(x["q"], x["k"], x["w"], spec["ratio"], return_lse=spec["lse"], **_kwargs(spec, x))

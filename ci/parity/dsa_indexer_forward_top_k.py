@@ -11,7 +11,7 @@ Both sides run on one candidate buffer (the compact ratio-causal scores the GEMM
 random scores: tests/gpu/ref_indexer_forward_top_k.compact) into NaN / 0x7EADBEEF-poisoned outputs. JIT:
 the functions cudnn's wrapper calls, ``compress_stage2_topk`` / ``compress_stage2_topk_varlen`` with the
 wrapper's block size (``_select_topk_block_threads``) and ``_local_to_global_inplace`` for global ids.
-AOT: ``aot.ops.dsa_indexer_forward_top_k._tail_into`` (the same two launches of the fused plan). Cases:
+AOT: ``dsa_aot.ops.dsa_indexer_forward_top_k._tail_into`` (the same two launches of the fused plan). Cases:
 every block size (256 / 512 / 1024 threads), BSHD and THD, causal offsets, softmax on and off, ties
 with ``deterministic``, local and global ids, top-k 512 / 1024 / 2048, ratio 4 and 1.
 
@@ -241,11 +241,11 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_indexer_forward_top_k"
+    OP_MODULE = "dsa_aot.ops.dsa_indexer_forward_top_k"
     CACHES = ("_TAILS",)
 
     def call(self, spec, x, outs):
-        import aot.ops.dsa_indexer_forward_top_k as op_mod
+        import dsa_aot.ops.dsa_indexer_forward_top_k as op_mod
 
         _, _, s_q, s_k = _geometry(spec)
         thd = spec["thd"]

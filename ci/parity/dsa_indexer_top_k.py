@@ -2,11 +2,11 @@
 """JIT-vs-AOT parity of the DSA indexer top-k (indexer_top_k_wrapper), in two processes on one GPU machine.
 
     python ci/parity/dsa_indexer_top_k.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_indexer_top_k.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_indexer_top_k.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_indexer_top_k.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
 
-``aot`` imports the ``aot`` package from the environment (the installed wheel, or
-``PYTHONPATH=<repo root>`` for a source checkout with a build in ``aot/_generated``).
+``dsa_aot`` imports the ``dsa_aot`` package from the environment (the installed wheel, or
+``PYTHONPATH=<repo root>`` for a source checkout with a build in ``dsa_aot/_generated``).
 
 Both sides make the same public call with the same arguments::
 
@@ -14,7 +14,7 @@ Both sides make the same public call with the same arguments::
 
 JIT: ``cudnn.deepseek_sparse_attention.indexer_top_k.indexer_top_k_wrapper`` and, with caller-owned
 outputs and workspace, its class ``IndexerTopK(...).check_support() / compile() / execute(...)``; AOT:
-``aot.dsa.indexer_top_k``, ``indexer_top_k_into`` and the plan ``aot.dsa.IndexerTopK(...).execute(...)``.
+``dsa_aot.dsa.indexer_top_k``, ``indexer_top_k_into`` and the plan ``dsa_aot.dsa.IndexerTopK(...).execute(...)``.
 
 Cases (each a shipped entry of manifests/default.toml, at its own shape): float32 top-k 2048 on 8,
 148 (the last small-occupancy count: upstream's ``n_rows > 148`` is a literal), 149 and 200 rows
@@ -26,7 +26,7 @@ values; bfloat16 and float16 (randn rounded: ties in every long row), both varia
 on tied values, both variants; tie_break 0 non-deterministic on tied values. Every case's
 ``seq_lens`` hold 0, 1, a length < top_k, exactly top_k, top_k + 1 and num_cols, the rest random in
 [0, num_cols]. ``--quick``: one or two cases per bucket group (12 cases). ``jit`` generates the inputs
-from fixed seeds and saves them under D/inputs with the case list (D/inputs/cases.json, which ``aot``
+from fixed seeds and saves them under D/inputs with the case list (D/inputs/cases.json, which ``dsa_aot``
 follows; ``--quick`` and ``--only`` need only be given to ``jit``).
 
 Per case and side: a first call of the allocating form (timed, synchronised; JIT: includes the
@@ -64,8 +64,8 @@ calls outside the timed calls; ``torch.add`` on 16 elements as a yardstick; devi
 * both sides chose the same kernel: the AOT (op, key) lookup equals the JIT compile key that
   upstream's ``compile_topk_kernel`` used (dtype, column bucket, top_k, next_n, return_val,
   tie_break, deterministic, large = n_rows > 148), predicted here from the call, independently of
-  aot.policy; the JIT cubin of that key (``indexer_top_k_decode_varlen._compile_cache``, taken from
-  the host module's fatbin) has the sha256 of the shipped ``aot/_generated/index.json`` entry
+  dsa_aot.policy; the JIT cubin of that key (``indexer_top_k_decode_varlen._compile_cache``, taken from
+  the host module's fatbin) has the sha256 of the shipped ``dsa_aot/_generated/index.json`` entry
   (family dsa_indexer_top_k, arch of the JIT device), as every cubin the JIT compiled must, and the
   deterministic ordering upstream resolved (its key's last field) is the entry's.
 """
@@ -191,7 +191,7 @@ def bucket(num_cols):
 
 def expected_key(spec):
     """The (op, key) upstream's compile_topk_kernel compiles for a case, in the index's terms
-    (written from upstream's code, not from aot.policy)."""
+    (written from upstream's code, not from dsa_aot.policy)."""
     return ["top_k", {"dtype": spec["dtype"], "cols": bucket(spec["cols"]), "top_k": int(spec["top_k"]), "next_n": int(spec["next_n"]),
                       "return_val": bool(spec["return_val"]), "tie_break": int(spec["tie_break"]),
                       "deterministic": bool(spec["deterministic"]), "large": spec["rows"] > LARGE_ROWS}]  # fmt: skip
@@ -524,7 +524,7 @@ class JitApi:
     def index_key(self, kind, jit_key):
         """compile_topk_kernel's cache key (device, dtype, bucket, top_k, next_n, return_val,
         num_copy_bits, load_balance, large_occupancy, tie_break, deterministic, ordering) -> (op, key)
-        as in aot/_generated/index.json (the ordering is derived there: checked separately)."""
+        as in dsa_aot/_generated/index.json (the ordering is derived there: checked separately)."""
         _dev, dt, cols, top_k, next_n, rv, _bits, _lb, large, tb, det, _order = jit_key
         return "top_k", {"dtype": self.dtype_names.get(dt, repr(dt)), "cols": int(cols), "top_k": int(top_k), "next_n": int(next_n),
                          "return_val": bool(rv), "tie_break": int(tb), "deterministic": bool(det), "large": bool(large)}  # fmt: skip
@@ -595,7 +595,7 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_indexer_top_k"
+    OP_MODULE = "dsa_aot.ops.dsa_indexer_top_k"
     CACHES = ("_CACHE",)
 
     def call(self, spec, x):

@@ -2,7 +2,7 @@
 """JIT-vs-AOT parity of the DSA sparse score recompute (sparse_indexer_ and sparse_attn_score_recompute_wrapper), in two processes on one GPU machine.
 
     python ci/parity/dsa_score_recompute.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_score_recompute.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_score_recompute.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_score_recompute.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
 
 Both sides make the same public call with the same arguments::
@@ -11,7 +11,7 @@ Both sides make the same public call with the same arguments::
     sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=, topk_indices_global=, out=)
 
 JIT: ``cudnn.deepseek_sparse_attention.score_recompute.sparse_*_score_recompute_wrapper`` (on the H200 the
-SM90 path: the weights / LSE copied transposed, ``SparseScoreRecomputeSm90``); AOT: ``aot.dsa.sparse_*_score_recompute``
+SM90 path: the weights / LSE copied transposed, ``SparseScoreRecomputeSm90``); AOT: ``dsa_aot.dsa.sparse_*_score_recompute``
 and ``_into``. Indexer cases: H 64, top-k 512 / 1024 / 2048, local and global ids with 5 % empty (-1)
 slots, with ``topk_length`` (the slots past it -1), a prefill-sized case. Attention cases: H64 / H96 /
 H128, D512 / D576, each at its own softmax_scale (SM90 compiles one scale per cubin key upstream: each
@@ -299,7 +299,7 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_score_recompute"
+    OP_MODULE = "dsa_aot.ops.dsa_score_recompute"
 
     def __init__(self, dsa, runtime):
         super().__init__(dsa, runtime)

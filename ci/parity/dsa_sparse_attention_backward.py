@@ -2,11 +2,11 @@
 """JIT-vs-AOT parity of the DSA sparse attention backward op, in two processes on one GPU machine.
 
     python ci/parity/dsa_sparse_attention_backward.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_sparse_attention_backward.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_sparse_attention_backward.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_sparse_attention_backward.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
 
-``aot`` imports the ``aot`` package from the environment (the installed wheel, or
-``PYTHONPATH=<repo root>`` for a source checkout with a build in ``aot/_generated``).
+``dsa_aot`` imports the ``dsa_aot`` package from the environment (the installed wheel, or
+``PYTHONPATH=<repo root>`` for a source checkout with a build in ``dsa_aot/_generated``).
 
 Both sides make the same public call, with the same arguments::
 
@@ -16,7 +16,7 @@ Both sides make the same public call, with the same arguments::
 JIT: ``cudnn.deepseek_sparse_attention.sparse_attention_backward.sparse_attention_backward_wrapper`` (on
 SM90 it runs ``_interface_sm90.flash_attn_bwd_sm90``: zero the fp32 dKV accumulator and d_sink,
 preprocess (sum O*dO, LSE*log2e, d_sink), main, postprocess (fp32 dKV -> bf16)); AOT:
-``aot.dsa.sparse_attention_backward``. Default block_tile, non-deterministic (the only mode upstream's
+``dsa_aot.dsa.sparse_attention_backward``. Default block_tile, non-deterministic (the only mode upstream's
 SM90 has), default stream, attention sink always given.
 
 Cases (bf16): the seed repro S_q = S_kv = 2048, H64, D512, topk 512; S_q 1024, S_kv 4096, H in {64, 128}
@@ -27,7 +27,7 @@ no per-signature cache of either side can hide a lookup. ``--quick``: the seed r
 with and without ``topk_length``, H128 D576 topk 2048, the padded case.
 ``jit`` generates the inputs from fixed seeds (``tests/gpu/ref_sparse_attention.make_inputs`` when
 present: out / lse from an fp64 forward over the selected keys; else an equivalent generator here with
-an fp32 forward), saves them under D/inputs with the case list (D/inputs/cases.json, which ``aot``
+an fp32 forward), saves them under D/inputs with the case list (D/inputs/cases.json, which ``dsa_aot``
 follows; ``--quick`` and ``--only`` need only be given to ``jit``).
 
 Every call gets NaN-poisoned ``dq`` / ``dkv`` and a 0xFF-poisoned workspace (sized by each side's own
@@ -52,7 +52,7 @@ Also: no input modified on either side; both return the ``dq`` / ``dkv`` tensors
 S_q / S_kv included); both sides ran the same kernels (the AOT entries launched in the first call,
 in launch order, equal the JIT compile keys pre, main, post). Every cubin the JIT compiled
 (``flash_attn_bwd_sm90.compile_cache_pre`` / ``compile_cache`` / ``compile_cache_post``, taken from the
-host module's fatbin) must have the sha256 of the shipped ``aot/_generated/index.json`` entry (family
+host module's fatbin) must have the sha256 of the shipped ``dsa_aot/_generated/index.json`` entry (family
 dsa_sparse_attention_backward, ops pre_sm90 / main_sm90 / post_sm90, arch of the JIT device).
 """
 
@@ -335,7 +335,7 @@ def _extras(key, pairs):
 
 
 def index_key(kind, jit_key):
-    """cudnn's SM90 cache key -> (op, key dict) as in aot/_generated/index.json."""
+    """cudnn's SM90 cache key -> (op, key dict) as in dsa_aot/_generated/index.json."""
     if kind == "pre":
         dt, dv, tile_m, threads = jit_key
         return "pre_sm90", _extras({"dtype": _dtype_name(dt)}, (("head_dim_v", dv, HEAD_DIM_V), ("tile_m", tile_m, TILE_M), ("threads", threads, THREADS)))
@@ -448,7 +448,7 @@ WS_NAMES = ("sparse_attention_backward_workspace_bytes", "sparse_attention_backw
 
 class AotApi:
     def __init__(self, dsa, runtime):
-        from aot.runtime import index, loaded
+        from dsa_aot.runtime import index, loaded
 
         self.dsa, self.runtime, self.index, self.loaded = dsa, runtime, index, loaded
         self.op = dsa.sparse_attention_backward
@@ -465,7 +465,7 @@ class AotApi:
         return self.workspace_fn(spec["s_q"], spec["s_kv"], spec["d"], spec["h"], spec["topk"])
 
     def workspace_fn(self, s_q, s_kv, d, h, topk=512):
-        """The AOT workspace helper (None if aot.dsa has none); optional parameters filled when it takes them."""
+        """The AOT workspace helper (None if dsa_aot.dsa has none); optional parameters filled when it takes them."""
         if self.ws_fn is None:
             return None
         params = inspect.signature(self.ws_fn).parameters
@@ -534,18 +534,18 @@ def cmd_aot(args):
     import torch
 
     t0 = time.perf_counter()
-    import aot
-    import aot.dsa
-    import aot.runtime
+    import dsa_aot
+    import dsa_aot.dsa
+    import dsa_aot.runtime
 
     import_s = time.perf_counter() - t0
     in_dir, out_dir = os.path.join(args.dir, "inputs"), os.path.join(args.dir, "aot")
     cases_path = os.path.join(in_dir, "cases.json")
     if not os.path.exists(cases_path):
         raise SystemExit(f"missing {cases_path}: run `python {SCRIPT} jit --dir {args.dir}` first")
-    if not hasattr(aot.dsa, "sparse_attention_backward"):
-        raise SystemExit(f"{aot.dsa.__file__} has no sparse_attention_backward")
-    api = AotApi(aot.dsa, aot.runtime)
+    if not hasattr(dsa_aot.dsa, "sparse_attention_backward"):
+        raise SystemExit(f"{dsa_aot.dsa.__file__} has no sparse_attention_backward")
+    api = AotApi(dsa_aot.dsa, dsa_aot.runtime)
     with open(cases_path) as f:
         cases = [(n, s) for n, s in json.load(f) if selected(args, n)]
     os.makedirs(out_dir, exist_ok=True)
@@ -601,7 +601,7 @@ def compare_row(jr, ar, jo, ao, cubins, entries):
     if jr.get("key_error"):
         fails.append(jr["key_error"])
     if ar["ws_bytes"] is None:
-        fails.append("aot.dsa has no workspace function (" + " / ".join(WS_NAMES) + "): the AOT call ran without a workspace")
+        fails.append("dsa_aot.dsa has no workspace function (" + " / ".join(WS_NAMES) + "): the AOT call ran without a workspace")
     elif jr["ws_bytes"] != ar["ws_bytes"]:
         fails.append(f"workspace bytes JIT {jr['ws_bytes']} != AOT {ar['ws_bytes']}")
     same_kernels = sorted(map(key_str, jr["keys"])) == sorted(map(key_str, ar["keys"]))
@@ -630,7 +630,7 @@ def compare_workspace_grid(jm, am):
     if not jg:
         return ["the JIT side recorded no workspace grid"]
     if ag is None:
-        return ["aot.dsa has no workspace function (" + " / ".join(WS_NAMES) + ")"]
+        return ["dsa_aot.dsa has no workspace function (" + " / ".join(WS_NAMES) + ")"]
     want = {tuple(a): b for a, b in jg}
     got = {tuple(a): b for a, b in ag}
     bad = [f"(S_q, S_kv, D, H) = {a}: JIT {b}, AOT {got.get(a)}" for a, b in want.items() if got.get(a) != b]

@@ -3,7 +3,7 @@
 on one SM100 GPU machine (upstream has no SM90 kernel: on any other GPU each step says so and exits 2).
 
     python ci/parity/dsa_sparse_attention_forward.py jit --dir D      # cudnn + cutlass importable: writes D/jit.json
-    python ci/parity/dsa_sparse_attention_forward.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_sparse_attention_forward.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_sparse_attention_forward.py compare --dir D  # markdown table + D/parity.json; exit 1 on any mismatch
 
 Both sides call ``sparse_attention_forward(q, kv, topk_idxs, attn_sink=, topk_length=, softmax_scale=,
@@ -182,7 +182,7 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_sparse_attention_forward"
+    OP_MODULE = "dsa_aot.ops.dsa_sparse_attention_forward"
 
     def call(self, spec, x):
         return _call(self.dsa.sparse_attention_forward, spec, x)
@@ -190,7 +190,7 @@ class AotApi(SpiedAot):
     def call_into(self, spec, x, outs):
         import torch
 
-        from aot.policy.dsa_sparse_attention_forward import padded_topk
+        from dsa_aot.policy.dsa_sparse_attention_forward import padded_topk
 
         idx = x["topk_idxs"]
         kp = padded_topk(idx.shape[1])

@@ -2,11 +2,11 @@
 """JIT-vs-AOT parity of the DSA top-k index utilities (local_to_global, compactify), in two processes on one GPU machine.
 
     python ci/parity/dsa_topk_utils.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_topk_utils.py aot --dir D      # cutlass NOT importable: aot.dsa, writes D/aot.json
+    python ci/parity/dsa_topk_utils.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
     python ci/parity/dsa_topk_utils.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
 
-``aot`` imports the ``aot`` package from the environment (the installed wheel, or
-``PYTHONPATH=<repo root>`` for a source checkout with a build in ``aot/_generated``).
+``dsa_aot`` imports the ``dsa_aot`` package from the environment (the installed wheel, or
+``PYTHONPATH=<repo root>`` for a source checkout with a build in ``dsa_aot/_generated``).
 
 Both sides make the same public calls with the same arguments::
 
@@ -15,7 +15,7 @@ Both sides make the same public calls with the same arguments::
 
 JIT: ``cudnn.deepseek_sparse_attention.local_to_global_wrapper`` / ``compactify_wrapper`` (upstream's
 public wrappers: ``preserve_negative=False``, every negative id becomes -1; the in-place
-``preserve_negative`` form is upstream-internal and not shipped); AOT: ``aot.dsa.local_to_global`` /
+``preserve_negative`` form is upstream-internal and not shipped); AOT: ``dsa_aot.dsa.local_to_global`` /
 ``compactify``, and their ``_into`` forms.
 
 Cases: local_to_global on int32 and int64 ids, (B, S_q, K) ids with a fixed ``seqlen_k`` and THD ids
@@ -27,7 +27,7 @@ INT32_MIN, and -2**40 in int64). compactify at every top-k width the default man
 (512, 1024, 2048) on 8192 rows (whole 4-row CTAs) and 1001 rows (a last CTA of one row), rows that
 are all -1, all valid, or valid only at one end, and a 3-D (B, S, 2048) input, flattened as upstream
 does. ``--quick``: S_q 256 and 1001 rows only. ``jit`` generates the inputs from fixed seeds and saves
-them under D/inputs with the case list (D/inputs/cases.json, which ``aot`` follows; ``--quick`` and
+them under D/inputs with the case list (D/inputs/cases.json, which ``dsa_aot`` follows; ``--quick`` and
 ``--only`` need only be given to ``jit``).
 
 Per case and side: a first call (timed, synchronised; JIT: includes the compile when its compile key
@@ -45,7 +45,7 @@ output of both sides bitwise equal to the integer reference (``tests/gpu/ref_top
 the checkout has it, else an equivalent vectorised one here); the inputs untouched on both sides;
 both sides chose the same kernel (the AOT (op, key) lookup equals upstream's compile key); the JIT
 cubin of that key (``local_to_global_dsl._compile_cache`` / ``compactify._compile_cache``, taken from
-the host module's fatbin) has the sha256 of the shipped ``aot/_generated/index.json`` entry (family
+the host module's fatbin) has the sha256 of the shipped ``dsa_aot/_generated/index.json`` entry (family
 dsa_topk_utils, arch of the JIT device), as every cubin the JIT compiled must.
 """
 
@@ -371,7 +371,7 @@ class JitApi(CompileKeys):
 
     @staticmethod
     def index_key(kind, jit_key):
-        """cudnn's cache key -> (op, key dict) as in aot/_generated/index.json."""
+        """cudnn's cache key -> (op, key dict) as in dsa_aot/_generated/index.json."""
         if kind == "l2g":
             dtype, varlen, preserve = jit_key
             return "local_to_global", {"dtype": str(dtype).replace("torch.", ""), "varlen": bool(varlen), "preserve_negative": bool(preserve)}
@@ -401,7 +401,7 @@ def cmd_jit(args):
 
 
 class AotApi(SpiedAot):
-    OP_MODULE = "aot.ops.dsa_topk_utils"
+    OP_MODULE = "dsa_aot.ops.dsa_topk_utils"
     CACHES = ('_L2G', '_CMP',)
 
     def call(self, spec, x):

@@ -190,8 +190,8 @@ def loaded_cubin(fn):
 
     ``fn.__cubin__`` is bytes with some DSL library builds and a dump-file path with others.
     """
-    from aot.toolchain import ir
-    from aot.toolchain.cubin import extract_cubins_from_fatbin
+    from dsa_aot.toolchain import ir
+    from dsa_aot.toolchain.cubin import extract_cubins_from_fatbin
 
     host = fn.ir_module.operation.get_asm(print_generic_op_form=True)
     cubins = extract_cubins_from_fatbin(ir.attr_bytes(ir.parse_module(host).globals["kernels_binary"].props["value"]))
@@ -212,9 +212,9 @@ def _jsonable(v):
 
 
 def runtime_stats(aot_pkg=None):
-    """Whatever cubin-load statistics aot.runtime exposes (optional; probed defensively)."""
+    """Whatever cubin-load statistics dsa_aot.runtime exposes (optional; probed defensively)."""
     try:
-        runtime = importlib.import_module("aot.runtime")
+        runtime = importlib.import_module("dsa_aot.runtime")
     except Exception as exc:  # noqa: BLE001 - reported, not fatal
         return {"error": repr(exc)}
     found = {}
@@ -552,13 +552,13 @@ def cubin_report(jit_cubins, entries):
 def print_summary(jm, am, cubins, jit_rows, aot_rows, into_label=None):
     """The lines under a parity table: import and yardstick costs, cubin hashes and loads, and the
     medians over the cases both sides ran (warm host time; first calls that compiled / loaded)."""
-    print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, aot.dsa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
+    print(f"import: JIT cutlass+cudnn modules {jm.get('import_s', float('nan')):.2f} s, dsa_aot.dsa {am.get('import_s', float('nan')) * 1e3:.1f} ms")
     print(f"torch.add warm host us: JIT process {jm.get('torch_add_us', float('nan')):.1f}, AOT process {am.get('torch_add_us', float('nan')):.1f}")
     print(f"JIT cubins: {len(cubins)} compiled, {sum(c['ok'] for c in cubins)} with the shipped sha256")
     loads = (am.get("runtime_stats") or {}).get("load_stats")
     if isinstance(loads, dict) and loads and all(isinstance(v, (int, float)) for v in loads.values()):
         v = sorted(loads.values())
-        print(f"aot cubin loads (aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
+        print(f"aot cubin loads (dsa_aot.runtime.load_stats): {len(v)}, median {statistics.median(v):.2f} ms, max {v[-1]:.2f} ms, total {sum(v):.1f} ms")
     both = [(jit_rows[n], aot_rows[n]) for n in jit_rows if n in aot_rows and "warm_us" in jit_rows[n] and "warm_us" in aot_rows[n]]
     if both:
         jw, aw = statistics.median(j["warm_us"] for j, _ in both), statistics.median(a["warm_us"] for _, a in both)
@@ -605,7 +605,7 @@ def jit_cubins(tables, index_key):
 def jit_side(args, make_api, build_cases, make_inputs, run_case, describe, failed_row):
     """The ``jit`` subcommand the parity scripts share: keep the JIT's cubins, import cudnn's side
     (``make_api()``, timed), write the selected cases and their inputs (fixed seeds) under
-    ``<dir>/inputs`` for the ``aot`` step to follow, run ``run_case(name, spec, inputs, api, args,
+    ``<dir>/inputs`` for the ``dsa_aot`` step to follow, run ``run_case(name, spec, inputs, api, args,
     out_dir)`` for each (an exception fails its case only: ``failed_row(name, spec, exc, "jit")``),
     print ``describe(row)`` per case, and write ``<dir>/jit.json`` (rows, run metadata, the JIT's
     cubins: ``api.cubins()``)."""
@@ -718,7 +718,7 @@ class SpiedAot:
 
 
 def aot_side(args, script, family, make_api, run_case, describe, failed_row=None, inputs_of=lambda name, spec: name):
-    """The ``aot`` subcommand every parity script runs: block the JIT toolchain, import aot (timed), run
+    """The ``dsa_aot`` subcommand every parity script runs: block the JIT toolchain, import dsa_aot (timed), run
     ``run_case(name, spec, inputs, api, args, out_dir)`` for each selected case the ``jit`` step saved
     (inputs from ``<dir>/inputs/<inputs_of(name, spec)>.pt``), print ``describe(row)`` per case, and write
     ``<dir>/aot.json`` (rows, run metadata, the shipped index of ``family``). With ``failed_row``, an
@@ -728,12 +728,12 @@ def aot_side(args, script, family, make_api, run_case, describe, failed_row=None
     import torch
 
     t0 = time.perf_counter()
-    import aot
-    import aot.dsa
-    import aot.runtime
+    import dsa_aot
+    import dsa_aot.dsa
+    import dsa_aot.runtime
 
     import_s = time.perf_counter() - t0
-    api = make_api(aot.dsa, aot.runtime)
+    api = make_api(dsa_aot.dsa, dsa_aot.runtime)
     in_dir, out_dir = os.path.join(args.dir, "inputs"), os.path.join(args.dir, "aot")
     cases_path = os.path.join(in_dir, "cases.json")
     if not os.path.exists(cases_path):

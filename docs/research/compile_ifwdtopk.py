@@ -4,7 +4,7 @@ and lift / verify every host function.
 usage: CUTE_DSL_ARCH=sm_100a|sm_90a python compile_ifwdtopk.py <tag> [k=v ...]
 
   route=wrapper (default): api.indexer_forward_top_k_wrapper on CUDA-presenting CPU tensors under
-      aot.toolchain.fidelity.Upstream; records every cute.compile it makes (GEMM, stage 2, l2g).
+      dsa_aot.toolchain.fidelity.Upstream; records every cute.compile it makes (GEMM, stage 2, l2g).
       Which kernels really compile is chosen with up=gemm,s2,l2g (the others answer "cached" with a
       no-op stub, so the host control flow still runs to the end and every key is still seen).
   route=s2: compress_top_k_sm100.compress_stage2_topk alone (its gate is SM90+), for sm_90a.
@@ -37,9 +37,9 @@ import torch  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
-from aot.toolchain import lift  # noqa: E402
-from aot.toolchain.compile import _embedded_cubin  # noqa: E402
-from aot.toolchain.fidelity import Upstream  # noqa: E402
+from dsa_aot.toolchain import lift  # noqa: E402
+from dsa_aot.toolchain.compile import _embedded_cubin  # noqa: E402
+from dsa_aot.toolchain.fidelity import Upstream  # noqa: E402
 
 res = {"arch": ARCH, "cfg": cfg, "kernels": {}}
 
@@ -58,7 +58,7 @@ def dump(kname, name, fn):
         r["lift"] = "ok"
         if cfg["verify"]:
             try:
-                from aot.toolchain import verify
+                from dsa_aot.toolchain import verify
                 rep = verify.verify(host, fn.function_name, src, cub, samples=20)
                 r["verify"] = {k: v for k, v in rep.items() if k in ("verdict", "samples", "launches")} or str(rep)[:300]
             except Exception as e:  # noqa: BLE001

@@ -39,9 +39,9 @@ import torch  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
-from aot.toolchain import lift  # noqa: E402
-from aot.toolchain.compile import _embedded_cubin  # noqa: E402
-from aot.toolchain.fidelity import Upstream  # noqa: E402
+from dsa_aot.toolchain import lift  # noqa: E402
+from dsa_aot.toolchain.compile import _embedded_cubin  # noqa: E402
+from dsa_aot.toolchain.fidelity import Upstream  # noqa: E402
 
 res = {"arch": ARCH, "cfg": cfg}
 
@@ -64,7 +64,7 @@ def dump(name, fn):
         open(f"{HERE}/{tag}-{name}.launcher.py", "w").write(src)
         r["lift"] = "ok"
         try:
-            from aot.toolchain import verify
+            from dsa_aot.toolchain import verify
             rep = verify.verify(host, fn.function_name, src, cub, samples=20)
             r["verify"] = {k: v for k, v in rep.items() if k in ("verdict", "samples", "launches")} or str(rep)[:300]
         except Exception as e:  # noqa: BLE001

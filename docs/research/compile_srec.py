@@ -9,7 +9,7 @@ Each configuration is a dict: op (sidx | sattn | didx | dattn) and any of
   cu (THD: explicit cu_seqlens values [[cu_q], [cu_k]], else equal segments), dt (dense Q/K/W dtype, default bfloat16),
   offs_align (spec-side alignment of the SM90 offsets, default 4), up (run upstream, default 1), spec (default 1), tag.
 
-"upstream": cudnn's public *_wrapper, on CPU tensors presenting as CUDA (aot.toolchain.fidelity.Upstream: device
+"upstream": cudnn's public *_wrapper, on CPU tensors presenting as CUDA (dsa_aot.toolchain.fidelity.Upstream: device
             queries answer for the arch, cute.compile wrapped, compiled calls launch nothing); the interface's
             compile caches are swapped for recording ones, so every cute.compile upstream makes is seen: its
             kernel class, constructor state, argument reprs (the layouts to_cute_tensor produced), options, key.
@@ -40,8 +40,8 @@ import cutlass.cute as cute  # noqa: E402
 import cuda.bindings.driver as cuda_driver  # noqa: E402
 from cutlass.cute.runtime import make_fake_tensor  # noqa: E402
 
-from aot.toolchain.compile import _embedded_cubin  # noqa: E402
-from aot.toolchain.fidelity import Upstream  # noqa: E402
+from dsa_aot.toolchain.compile import _embedded_cubin  # noqa: E402
+from dsa_aot.toolchain.fidelity import Upstream  # noqa: E402
 
 from cudnn.deepseek_sparse_attention.score_recompute import api  # noqa: E402
 from cudnn.deepseek_sparse_attention.score_recompute import _interface_sm100 as I100  # noqa: E402
@@ -75,7 +75,7 @@ def cubin_of(fn) -> tuple[bytes, str]:
 
 
 def smem_of(cub: bytes):
-    from aot.toolchain.cubin import read_cubin
+    from dsa_aot.toolchain.cubin import read_cubin
 
     return [(k.name, k.registers, k.shared_bytes, k.stack_bytes, k.spill_stores) for k in read_cubin(cub).kernels]
 
@@ -385,7 +385,7 @@ def run_spec(c):
 
 
 def lift_verify(host, fname, cub):
-    from aot.toolchain import lift, verify
+    from dsa_aot.toolchain import lift, verify
 
     r = {}
     try:

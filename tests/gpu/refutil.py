@@ -56,8 +56,8 @@ def shipped_keys(family, fields, op=None, arch="sm_90a") -> list:
     """The GPU tests' entry lists: sorted distinct tuples of ``fields`` of the build's ``family`` entries
     (of ``op`` when given) for ``arch``; empty where there is no build (collection must not fail on a
     machine without one: each test file checks its list against the manifest)."""
-    from aot.errors import AotError
-    from aot.runtime.index import index
+    from dsa_aot.errors import AotError
+    from dsa_aot.runtime.index import index
 
     try:
         entries = index().entries

@@ -1,4 +1,4 @@
-"""The differentiable ops on the GPU: ``aot.csa.compressor`` and ``aot.dsa.sparse_attention``.
+"""The differentiable ops on the GPU: ``dsa_aot.csa.compressor`` and ``dsa_aot.dsa.sparse_attention``.
 
 CSA compressor (the shipped sm_90a entries on the H200, a case in every ratio-128 bucket and at
 ratio 2 and 4): the op's output and ``torch.autograd.grad`` of kv, score and ape against the fp64
@@ -31,22 +31,22 @@ import ref_csa  # noqa: E402 - tests/gpu is on sys.path (tests/conftest.py)
 import ref_sparse_attention as ref  # noqa: E402
 from test_csa_ops import Shape, _cuda_kernel_events, _seed, _three_segments, assert_bitwise, check_backward, check_forward, make_case  # noqa: E402
 
-import aot.library  # noqa: E402,F401 - registering the ops is no graph op: before torch.compile traces one
-from aot.errors import AotError, InputError, KernelNotFoundError  # noqa: E402
+import dsa_aot.library  # noqa: E402,F401 - registering the ops is no graph op: before torch.compile traces one
+from dsa_aot.errors import AotError, InputError, KernelNotFoundError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def csa():
-    import aot.csa
+    import dsa_aot.csa
 
-    return aot.csa
+    return dsa_aot.csa
 
 
 @pytest.fixture(scope="module")
 def dsa():
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 @pytest.fixture(autouse=True)
@@ -279,7 +279,7 @@ def test_sparse_attention_without_a_forward_kernel_raises_the_forwards_error(dsa
     with pytest.raises(AotError) as want:
         dsa.sparse_attention_forward(padded_q, x["kv"], x["topk_idxs"], attn_sink=padded_sink, topk_length=x["topk_length"])
     calls = {
-        "aot.dsa.sparse_attention": lambda: dsa.sparse_attention(leaves[0], leaves[1], x["topk_idxs"], leaves[2], topk_length=x["topk_length"]),
+        "dsa_aot.dsa.sparse_attention": lambda: dsa.sparse_attention(leaves[0], leaves[1], x["topk_idxs"], leaves[2], topk_length=x["topk_length"]),
         "torch.ops.dsa_aot.dsa_sparse_attention": lambda: torch.ops.dsa_aot.dsa_sparse_attention(leaves[0], leaves[1], x["topk_idxs"], leaves[2], None,
                                                                                                  x["topk_length"]),
     }

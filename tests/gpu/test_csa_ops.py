@@ -1,4 +1,4 @@
-"""aot.csa ops (AOT cubins, no JIT) against the float64 reference in ``ref_csa.py``.
+"""dsa_aot.csa ops (AOT cubins, no JIT) against the float64 reference in ``ref_csa.py``.
 
 Tolerances, per output dtype. Every comparison is against the float64 reference computed from the
 same bf16/fp32 inputs (upcasting them is exact), so the only differences are the kernels' own fp32
@@ -37,7 +37,7 @@ Why these numbers:
   computation passes this table with margin, so the table is not tighter than fp32 allows.
 
 Measured (2026-11-29, H200, this file run against cudnn 1.32.0's own JIT kernels for sm_90a through
-a stand-in for aot.csa, CSA_TEST_VERBOSE=1): bf16 outputs rel_norm 1.53e-3 .. 1.87e-3 over 219
+a stand-in for dsa_aot.csa, CSA_TEST_VERBOSE=1): bf16 outputs rel_norm 1.53e-3 .. 1.87e-3 over 219
 outputs, no elementwise violation; grad_ape 1.3e-7 .. 3.2e-7 over 81 outputs.
 
 NaN never passes: outputs are poisoned with NaN (deterministic workspace with 0xFF bytes) before
@@ -196,15 +196,15 @@ def make_case(ratio, coff, d, shape: Shape, seed):
 
 @pytest.fixture(scope="module")
 def csa():
-    import aot.csa
+    import dsa_aot.csa
 
-    return aot.csa
+    return dsa_aot.csa
 
 
 def _check_bucket(csa, op, table, bucket, nb_total):
     lo, hi = table[bucket]
     assert lo <= nb_total <= hi, f"test design: nb_total={nb_total} is not in the {op} {bucket} bucket {table[bucket]}"
-    from aot.policy.csa_compressor import bucket_of
+    from dsa_aot.policy.csa_compressor import bucket_of
 
     assert bucket_of(op, nb_total) == bucket, f"bucket_of({op!r}, {nb_total}) = {bucket_of(op, nb_total)!r} (expected {bucket!r})"
 

@@ -1,4 +1,4 @@
-"""aot.dsa.dense_attn_score_recompute on the GPU against the fp64 reference (``ref_score_recompute.dense_attn_ref``).
+"""dsa_aot.dsa.dense_attn_score_recompute on the GPU against the fp64 reference (``ref_score_recompute.dense_attn_ref``).
 
 Every shipped SM90 ``dense_attention_sm90`` entry (heads, dim, ratio, offsets) at two BSHD shapes: B 2,
 S_q 128 over S_k 64, and S_q 203 over S_k 77 (S_k % 4 != 0 and S_q odd: research §7 trap 7), each at its
@@ -36,9 +36,9 @@ def _entries():
 def dsa():
     if torch.cuda.get_device_capability(DEV)[0] != 9:
         pytest.skip("the sm_90a entries (and the SM90 workspace) need an SM90 GPU")
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _case(shape, heads, dim, ratio, offsets, seed, scale=None):
@@ -90,7 +90,7 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
         _check(den, want_den, f"replay {seed} denom")
 
 def test_refused_calls_write_nothing(dsa):
-    from aot.errors import InputError
+    from dsa_aot.errors import InputError
 
     if (64, 512, 4, False) not in _entries():
         pytest.skip("the build ships no H64 D512 ratio-4 entry")

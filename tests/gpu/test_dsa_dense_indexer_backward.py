@@ -1,4 +1,4 @@
-"""aot.dsa.dense_indexer_backward on the GPU against the fp64 reference (tests/gpu/ref_dense_indexer_backward.py).
+"""dsa_aot.dsa.dense_indexer_backward on the GPU against the fp64 reference (tests/gpu/ref_dense_indexer_backward.py).
 
 Every shipped SM90 entry pair (score-grad + GEMM, enumerated from the index by the GEMM's key: heads,
 varlen, ratio, offsets) at two shapes: BSHD B 2 (S_q 130 / 256: a partial and a full second K
@@ -61,9 +61,9 @@ def _need(varlen, ratio, offsets):
 
 @pytest.fixture(scope="module")
 def dsa():
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _s_k(n_q, ratio, full=True):
@@ -196,7 +196,7 @@ def test_empty_calls_zero_dk_without_launching(dsa):
     """No query rows (BSHD S_q 0, THD total_q 0): dK is zero, nothing launches. Ratio 3 ships no entry:
     even a call with nothing to launch is refused for it (KernelNotFoundError naming the bucket), as it
     would be with rows."""
-    from aot.errors import KernelNotFoundError
+    from dsa_aot.errors import KernelNotFoundError
 
     k = torch.randn(2, 5, 128, device=DEV).bfloat16()
     f32 = dict(dtype=torch.float32, device=DEV)
@@ -228,7 +228,7 @@ def test_empty_calls_zero_dk_without_launching(dsa):
 
 def test_refused_calls_write_nothing(dsa):
     """Each refusal raises before any write: the outputs, the workspace and index_score keep their bits."""
-    from aot.errors import InputError, KernelNotFoundError
+    from dsa_aot.errors import InputError, KernelNotFoundError
 
     _need(False, 4, False)
     _need(True, 4, False)

@@ -1,4 +1,4 @@
-"""aot.dsa.dense_indexer_score_recompute on the GPU against the fp64 reference of the indexer's logits
+"""dsa_aot.dsa.dense_indexer_score_recompute on the GPU against the fp64 reference of the indexer's logits
 and their LSE (tests/gpu/ref_indexer_forward.py: the same ratio-causal scores the indexer forward
 computes, ``lse_of`` their log-sum-exp).
 
@@ -42,9 +42,9 @@ def _entries():
 def dsa():
     if torch.cuda.get_device_capability(DEV)[0] != 9:
         pytest.skip("the sm_90a entries (and the SM90 workspace) need an SM90 GPU")
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _double(scale):
@@ -115,7 +115,7 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
         _check(den, ref.lse_of(want), f"replay {seed} denom")
 
 def test_refused_calls_write_nothing(dsa):
-    from aot.errors import InputError, KernelNotFoundError
+    from dsa_aot.errors import InputError, KernelNotFoundError
 
     if (64, 4, False, 1.0) not in _entries():
         pytest.skip("the build ships no H64 ratio-4 entry at scale 1.0")

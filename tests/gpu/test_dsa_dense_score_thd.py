@@ -39,9 +39,9 @@ OFFSETS = [0, 5, 0, 0, 9]
 def dsa():
     if torch.cuda.get_device_capability(DEV)[0] != 9:
         pytest.skip("SM90 THD is the per-segment form of the sm_90a entries: an SM90 GPU")
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _shipped(attention, offsets):
@@ -147,7 +147,7 @@ def test_host_bounds_capture_and_replay_on_new_values(dsa, attention):
 
 
 def test_device_bounds_under_capture_are_refused_before_any_write(dsa):
-    from aot.errors import InputError
+    from dsa_aot.errors import InputError
 
     if not _shipped(False, False):
         pytest.skip("the build ships no H64 ratio-4 indexer entry")

@@ -1,4 +1,4 @@
-"""aot.dsa.indexer_backward (AOT cubins, no JIT) against the float64 reference in ``ref_indexer.py``.
+"""dsa_aot.dsa.indexer_backward (AOT cubins, no JIT) against the float64 reference in ``ref_indexer.py``.
 
 Runs whatever path the GPU selects: on the H200 that is the SM90 twin pipeline (zero fp32 dK,
 ScoreGradSm90, IndexerBackwardSm90, bf16 cast), the same runtime path (lifted launchers with TMA
@@ -30,9 +30,9 @@ SHAPES = ((1, 96, 4096), (2, 37, 2500))
 
 @pytest.fixture(scope="module")
 def dsa():
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _sm90():
@@ -149,7 +149,7 @@ def test_cuda_graph_capture_and_replay(dsa):
 
 
 def test_bad_inputs_refused_before_attn_score_is_touched(dsa):
-    from aot.errors import InputError
+    from dsa_aot.errors import InputError
 
     x = _inputs(1, 16, 1024, 64, 512, False, seed=41)
     attn = x["attn_score"].clone()
@@ -182,7 +182,7 @@ def test_bad_inputs_refused_before_attn_score_is_touched(dsa):
 @pytest.mark.skipif("not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9")
 def test_sm90_refuses_what_only_sm100_ships(dsa):
     """H32, deterministic and sm100_v2 are SM100 kernels: on SM90 the op says so, like upstream."""
-    from aot.errors import InputError
+    from dsa_aot.errors import InputError
 
     for H, kw in ((32, {}), (64, {"deterministic": True}), (64, {"backend": "sm100_v2"})):
         x = _inputs(1, 8, 1024, H, 512, False, seed=51)
@@ -203,7 +203,7 @@ def test_empty_query_rows(dsa):
 
 def test_stream_helper_names_the_launch_stream():
     """The wrapper's torch ops (bf16 cast, zeroing) must run on the stream the kernels ran on."""
-    from aot.ops._support import alloc_on as _alloc_on
+    from dsa_aot.ops._support import alloc_on as _alloc_on
 
     side = torch.cuda.Stream()
     with _alloc_on(0, 0):

@@ -45,7 +45,7 @@ def _check(got, want, bound, what):
 
 
 def _case(precision, w_dtype, heads, ratio, varlen, offsets, lse, s_q, s_k, seed, sm_scale=0.37):
-    import aot.dsa
+    import dsa_aot.dsa
 
     fp8 = precision == "fp8"
     wdt = getattr(torch, w_dtype)
@@ -70,8 +70,8 @@ def _case(precision, w_dtype, heads, ratio, varlen, offsets, lse, s_q, s_k, seed
     q, k, w = q.to(DEV), k.to(DEV), w.to(DEV)
     scores = torch.full(want.shape, math.nan, dtype=torch.float32, device=DEV)
     lse_t = torch.full(want.shape[:-1], math.nan, dtype=torch.float32, device=DEV) if lse else None
-    aot.dsa.indexer_forward_into(scores, lse_t, q, k, w, **kw)
-    out = aot.dsa.indexer_forward(q, k, w, return_lse=lse, **kw)
+    dsa_aot.dsa.indexer_forward_into(scores, lse_t, q, k, w, **kw)
+    out = dsa_aot.dsa.indexer_forward(q, k, w, return_lse=lse, **kw)
     torch.cuda.synchronize()
     what = f"{precision} W {w_dtype} H{heads} ratio {ratio} THD {varlen} offsets {offsets} S_q {s_q} S_k {s_k}"
     bound = BOUND[precision]
@@ -98,7 +98,7 @@ def test_the_entry_list_covers_the_manifest():
 
 
 def test_the_first_call_captures_in_a_cuda_graph_and_replays_on_new_values():
-    import aot.dsa
+    import dsa_aot.dsa
 
     gen = generator(11)
     q, k, w, _, _ = ref.random_inputs((2, 64), (2, 40), 64, gen)
@@ -109,7 +109,7 @@ def test_the_first_call_captures_in_a_cuda_graph_and_replays_on_new_values():
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         with torch.cuda.graph(g, stream=s):
-            aot.dsa.indexer_forward_into(scores, lse, q, k, w, ratio=4, sm_scale=0.5)
+            dsa_aot.dsa.indexer_forward_into(scores, lse, q, k, w, ratio=4, sm_scale=0.5)
     assert torch.isnan(scores).all()  # captured, not run
     q2, k2, w2, _, _ = ref.random_inputs((2, 64), (2, 40), 64, generator(12))
     q.copy_(q2.to(DEV)), k.copy_(k2.to(DEV)), w.copy_(w2.to(DEV))
@@ -121,19 +121,19 @@ def test_the_first_call_captures_in_a_cuda_graph_and_replays_on_new_values():
 
 
 def test_empty_calls():
-    import aot.dsa
+    import dsa_aot.dsa
 
     q, k, w, _, _ = ref.random_inputs((2, 0), (2, 16), 64, generator(1))
-    out = aot.dsa.indexer_forward(q.to(DEV), k.to(DEV), w.to(DEV), return_lse=True)
+    out = dsa_aot.dsa.indexer_forward(q.to(DEV), k.to(DEV), w.to(DEV), return_lse=True)
     assert out["scores"].shape == (2, 0, 16) and out["lse"].shape == (2, 0)
     q, k, w, _, _ = ref.random_inputs((2, 8), (2, 0), 64, generator(1))
-    out = aot.dsa.indexer_forward(q.to(DEV), k.to(DEV), w.to(DEV), return_lse=True)
+    out = dsa_aot.dsa.indexer_forward(q.to(DEV), k.to(DEV), w.to(DEV), return_lse=True)
     torch.cuda.synchronize()
     assert out["scores"].shape == (2, 8, 0) and torch.isinf(out["lse"]).all() and (out["lse"] < 0).all()  # no key: -inf, no launch
 
 
 def test_strided_inputs_are_staged_as_upstream():
-    import aot.dsa
+    import dsa_aot.dsa
 
     gen = generator(5)
     q, k, w, _, _ = ref.random_inputs((2, 33), (2, 70), 32, gen)
@@ -141,14 +141,14 @@ def test_strided_inputs_are_staged_as_upstream():
     qt = q.transpose(0, 1).contiguous().transpose(0, 1).to(DEV)  # strided: batch is not the outer dim in memory
     wt = torch.empty(2, 33, 64, dtype=w.dtype, device=DEV)[..., ::2]
     wt.copy_(w)
-    out = aot.dsa.indexer_forward(qt, k.to(DEV), wt)
+    out = dsa_aot.dsa.indexer_forward(qt, k.to(DEV), wt)
     torch.cuda.synchronize()
     _check(out["scores"].cpu().double(), want, BOUND["bf16"], "strided")
 
 
 def test_refused_calls_write_nothing():
-    import aot.dsa
-    from aot.errors import InputError, KernelNotFoundError
+    import dsa_aot.dsa
+    from dsa_aot.errors import InputError, KernelNotFoundError
 
     q, k, w, _, _ = ref.random_inputs((2, 16), (2, 8), 64, generator(2))
     q, k, w = q.to(DEV), k.to(DEV), w.to(DEV)
@@ -159,15 +159,15 @@ def test_refused_calls_write_nothing():
     ]
     for kw in bad:
         with pytest.raises(InputError):
-            aot.dsa.indexer_forward_into(scores, None, q, k, w, **kw)
+            dsa_aot.dsa.indexer_forward_into(scores, None, q, k, w, **kw)
     with pytest.raises(InputError):  # k with two KV heads
-        aot.dsa.indexer_forward_into(scores, None, q, k.expand(2, 8, 2, 128).contiguous(), w)
+        dsa_aot.dsa.indexer_forward_into(scores, None, q, k.expand(2, 8, 2, 128).contiguous(), w)
     with pytest.raises(InputError):  # scores of the wrong shape
-        aot.dsa.indexer_forward_into(scores[:, :, :4], None, q, k, w)
+        dsa_aot.dsa.indexer_forward_into(scores[:, :, :4], None, q, k, w)
     with pytest.raises(InputError):  # the tuning knobs upstream refuses on SM90
-        aot.dsa.indexer_forward(q, k, w, m_block_size=64)
+        dsa_aot.dsa.indexer_forward(q, k, w, m_block_size=64)
     with pytest.raises(KernelNotFoundError):  # a ratio the build does not ship
-        aot.dsa.indexer_forward_into(scores, None, q, k, w, ratio=3)
+        dsa_aot.dsa.indexer_forward_into(scores, None, q, k, w, ratio=3)
     torch.cuda.synchronize()
     assert torch.isnan(scores).all()
 
@@ -176,15 +176,15 @@ def test_a_padded_scores_buffer_and_a_staged_out():
     """``_into`` takes a (..., ceil4(S_k)) buffer (the SM100 layout, accepted on SM90 too): the first
     S_k columns are the scores, the rest -inf; the allocating form's ``out`` that is not contiguous
     is filled through a buffer of its own and copied back, its neighbours untouched."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     q, k, w, _, _ = ref.random_inputs((2, 40), (2, 37), 64, generator(21))
     want = ref.scores_bshd(q, k, w, 4, 0.3)
     q, k, w = q.to(DEV), k.to(DEV), w.to(DEV)
     buf = torch.full((2, 40, 40), math.nan, device=DEV)
-    aot.dsa.indexer_forward_into(buf, None, q, k, w, ratio=4, sm_scale=0.3)
+    dsa_aot.dsa.indexer_forward_into(buf, None, q, k, w, ratio=4, sm_scale=0.3)
     big = torch.full((2, 40, 50), 7.0, device=DEV)
-    out = aot.dsa.indexer_forward(q, k, w, ratio=4, sm_scale=0.3, out=big[..., 3:40])["scores"]
+    out = dsa_aot.dsa.indexer_forward(q, k, w, ratio=4, sm_scale=0.3, out=big[..., 3:40])["scores"]
     torch.cuda.synchronize()
     _check(buf[..., :37].cpu().double(), want, BOUND["bf16"], "padded _into")
     assert torch.isinf(buf[..., 37:]).all() and (buf[..., 37:] < 0).all()

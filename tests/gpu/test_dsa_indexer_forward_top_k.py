@@ -53,7 +53,7 @@ def _scores(dense, offs, ratio, width):
 
 
 def _run(segs, dense, offs, varlen, ratio, top_k, softmax, deterministic, global_ids, with_offsets):
-    import aot.ops.dsa_indexer_forward_top_k as op
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
     cand, cbo = ref.compact(dense, ratio, offs)
     rows = sum(s for s, _ in segs)
@@ -106,7 +106,7 @@ def test_tail_selects_each_rows_top_k(ratio, threads, which, top_k, offsets, sof
     shape = (THD if varlen else BSHD)[threads][which]
     gen = generator(hash((ratio, threads, which, top_k, offsets, softmax, deterministic, varlen)) & 0xFFFF)
     segs, dense, offs = _problem(shape, varlen, ratio, offsets, deterministic, gen)
-    from aot.policy.dsa_indexer_forward_top_k import stage2_threads
+    from dsa_aot.policy.dsa_indexer_forward_top_k import stage2_threads
 
     rows = sum(s for s, _ in segs)
     assert stage2_threads(rows, max(k for _, k in segs)) == threads  # the shape reaches the entry it is meant to
@@ -124,7 +124,7 @@ def test_tail_selects_each_rows_top_k(ratio, threads, which, top_k, offsets, sof
 
 
 def test_tail_captures_in_a_cuda_graph_and_replays_on_new_candidates():
-    import aot.ops.dsa_indexer_forward_top_k as op
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
     gen = generator(5)
     segs, dense, offs = _problem((2, 256, 1024), False, 4, True, False, gen)
@@ -155,7 +155,7 @@ def test_tail_captures_in_a_cuda_graph_and_replays_on_new_candidates():
 
 
 def test_empty_calls_launch_nothing_and_leave_outputs_alone():
-    import aot.ops.dsa_indexer_forward_top_k as op
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
     for b, s_q in ((0, 16), (2, 0)):
         idx = torch.full((b, s_q, 512), 7, dtype=torch.int32, device=DEV)
@@ -166,26 +166,26 @@ def test_empty_calls_launch_nothing_and_leave_outputs_alone():
 
 
 def test_the_fused_op_refuses_sm90_before_anything_runs():
-    import aot.dsa
-    from aot.errors import InputError
+    import dsa_aot.dsa
+    from dsa_aot.errors import InputError
 
     q = torch.randn(1, 64, 64, 128, device=DEV).bfloat16()
     k = torch.randn(1, 16, 1, 128, device=DEV).bfloat16()
     w = torch.randn(1, 64, 64, device=DEV).bfloat16()
     with pytest.raises(InputError, match="SM100 only"):
-        aot.dsa.indexer_forward_top_k(q, k, w, 512)
+        dsa_aot.dsa.indexer_forward_top_k(q, k, w, 512)
     idx = torch.full((1, 64, 512), 7, dtype=torch.int32, device=DEV)
     val = torch.full((1, 64, 512), 1.0, device=DEV)
-    cand = torch.full((aot.dsa.compress_topk_cand_buffer_size(1, 64, 16, 4),), 3.0, device=DEV)
+    cand = torch.full((dsa_aot.dsa.compress_topk_cand_buffer_size(1, 64, 16, 4),), 3.0, device=DEV)
     with pytest.raises(InputError, match="SM100 only"):
-        aot.dsa.indexer_forward_top_k_into(idx, val, None, None, cand, q, k, w, 512)
+        dsa_aot.dsa.indexer_forward_top_k_into(idx, val, None, None, cand, q, k, w, 512)
     torch.cuda.synchronize()
     assert (idx == 7).all() and (val == 1.0).all() and (cand == 3.0).all()
 
 
 def test_a_top_k_the_build_lacks_names_the_bucket_before_any_write():
-    import aot.ops.dsa_indexer_forward_top_k as op
-    from aot.errors import KernelNotFoundError
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
+    from dsa_aot.errors import KernelNotFoundError
 
     idx = torch.full((1, 8, 700), 7, dtype=torch.int32, device=DEV)
     val = torch.full((1, 8, 700), 1.0, device=DEV)

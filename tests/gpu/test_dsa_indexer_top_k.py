@@ -37,15 +37,15 @@ def _inputs(rows, cols, dtype=torch.float32, seed=0, next_n=1, levels=None):
 
 def _run(x, lens, top_k, **kw):
     """The _into form into poisoned outputs (every element must be written), then the allocating form."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     rows = x.shape[0]
     rv = kw.get("return_val", True)
     idx = torch.full((rows, top_k), 0x7EADBEEF, dtype=torch.int32, device=DEV)
     val = torch.full((rows, top_k), float("nan"), dtype=x.dtype, device=DEV) if rv else None
-    ws = torch.empty(aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
-    aot.dsa.indexer_top_k_into(idx, val, x, lens, top_k, workspace=ws, **kw)
-    out = aot.dsa.indexer_top_k(x, lens, top_k, **kw)
+    ws = torch.empty(dsa_aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
+    dsa_aot.dsa.indexer_top_k_into(idx, val, x, lens, top_k, workspace=ws, **kw)
+    out = dsa_aot.dsa.indexer_top_k(x, lens, top_k, **kw)
     torch.cuda.synchronize()
     assert (out["values"] is None) == (not rv)
     return idx, val, out
@@ -137,7 +137,7 @@ def test_deterministic_with_ties_keeps_the_smaller_ids_and_repeats():
 def test_rows_past_the_int32_scratch_are_launched_in_chunks():
     """fp32, 65536 columns: 2 x 65536 scratch words per row, so 16384 rows fit one launch; 16392 rows
     take two (16384 + 8), as upstream's loop launches them."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     rows, cols = 16392, 65536
     g = torch.Generator(device=DEV).manual_seed(21)
@@ -145,8 +145,8 @@ def test_rows_past_the_int32_scratch_are_launched_in_chunks():
     lens = torch.randint(2000, 3000, (rows,), generator=g, dtype=torch.int32, device=DEV)
     idx = torch.full((rows, 2048), 0x7EADBEEF, dtype=torch.int32, device=DEV)
     val = torch.full((rows, 2048), float("nan"), device=DEV)
-    ws = torch.empty(aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
-    plan = aot.dsa.IndexerTopK(idx, val, x, lens, 2048, deterministic=True, workspace=ws)
+    ws = torch.empty(dsa_aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
+    plan = dsa_aot.dsa.IndexerTopK(idx, val, x, lens, 2048, deterministic=True, workspace=ws)
     assert "l1.fire()" in plan.source and "l2" not in plan.source  # two launches
     plan.execute(idx, val, x, lens, ws)
     torch.cuda.synchronize()
@@ -156,18 +156,18 @@ def test_rows_past_the_int32_scratch_are_launched_in_chunks():
 
 
 def test_the_first_call_captures_in_a_cuda_graph_and_replays_on_new_values():
-    import aot.dsa
-    import aot.ops.dsa_indexer_top_k as op
+    import dsa_aot.dsa
+    import dsa_aot.ops.dsa_indexer_top_k as op
 
     op._CACHE.clear()
     x, lens = _inputs(96, 32768, seed=30)
     idx = torch.full((96, 2048), -1, dtype=torch.int32, device=DEV)
     val = torch.full((96, 2048), float("nan"), device=DEV)
-    ws = torch.empty(aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
+    ws = torch.empty(dsa_aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
     s = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
-        aot.dsa.indexer_top_k_into(idx, val, x, lens, 2048, deterministic=True, workspace=ws)
+        dsa_aot.dsa.indexer_top_k_into(idx, val, x, lens, 2048, deterministic=True, workspace=ws)
     for seed in (31, 32):
         nx, nl = _inputs(96, 32768, seed=seed)
         x.copy_(nx)
@@ -180,39 +180,39 @@ def test_the_first_call_captures_in_a_cuda_graph_and_replays_on_new_values():
 
 
 def test_empty_calls():
-    import aot.dsa
+    import dsa_aot.dsa
 
-    none = aot.dsa.indexer_top_k(torch.empty((0, 4096), device=DEV), torch.empty((0,), dtype=torch.int32, device=DEV), 2048)
+    none = dsa_aot.dsa.indexer_top_k(torch.empty((0, 4096), device=DEV), torch.empty((0,), dtype=torch.int32, device=DEV), 2048)
     assert none["indices"].shape == (0, 2048) and none["values"].shape == (0, 2048)
-    cols0 = aot.dsa.indexer_top_k(torch.empty((3, 0), device=DEV), torch.zeros((3,), dtype=torch.int32, device=DEV), 16)
+    cols0 = dsa_aot.dsa.indexer_top_k(torch.empty((3, 0), device=DEV), torch.zeros((3,), dtype=torch.int32, device=DEV), 16)
     torch.cuda.synchronize()
     assert (cols0["indices"] == -1).all() and (cols0["values"] == float("-inf")).all()
 
 
 def test_strided_and_misaligned_inputs_are_staged_as_upstream():
-    import aot.dsa
+    import dsa_aot.dsa
 
     x, lens = _inputs(64, 8192, seed=40)
     strided = x.t().contiguous().t()  # same values, column-major
     shifted = torch.empty(x.numel() + 1, device=DEV)[1:].view(x.shape).copy_(x)  # 4 bytes off 32-byte alignment
-    want = aot.dsa.indexer_top_k(x, lens, 2048, deterministic=True)
+    want = dsa_aot.dsa.indexer_top_k(x, lens, 2048, deterministic=True)
     for y in (strided, shifted):
-        got = aot.dsa.indexer_top_k(y, lens, 2048, deterministic=True)
+        got = dsa_aot.dsa.indexer_top_k(y, lens, 2048, deterministic=True)
         assert torch.equal(got["indices"], want["indices"]) and torch.equal(got["values"], want["values"])
 
 
 def test_refused_calls_write_nothing():
-    import aot.dsa
-    from aot.errors import InputError, KernelNotFoundError
+    import dsa_aot.dsa
+    from dsa_aot.errors import InputError, KernelNotFoundError
 
     x, lens = _inputs(8, 4096, seed=50)
     idx = torch.full((8, 2048), 7, dtype=torch.int32, device=DEV)
     val = torch.full((8, 2048), 7.0, device=DEV)
-    ws = torch.empty(aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
+    ws = torch.empty(dsa_aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=DEV)
 
     def refused(exc, match, *a, **k):
         with pytest.raises(exc, match=match):
-            aot.dsa.indexer_top_k_into(*a, **k)
+            dsa_aot.dsa.indexer_top_k_into(*a, **k)
 
     refused(InputError, "top_k", idx, val, x, lens, 4096, workspace=ws)
     refused(InputError, "tie_break", idx, val, x, lens, 2048, tie_break=3, workspace=ws)

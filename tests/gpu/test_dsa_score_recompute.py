@@ -1,4 +1,4 @@
-"""aot.dsa.sparse_indexer_score_recompute on the GPU against the fp64 reference (tests/gpu/ref_score_recompute.py).
+"""dsa_aot.dsa.sparse_indexer_score_recompute on the GPU against the fp64 reference (tests/gpu/ref_score_recompute.py).
 
 Every shipped SM90 ``sparse_indexer_sm90`` entry (enumerated from the index: heads, topk, length,
 topk_global) at two shapes, B 2: S_q 64 with S_k 4096 (every row sees more keys than topk), and S_q
@@ -55,9 +55,9 @@ def _need(topk, length, glob):
 def dsa():
     if torch.cuda.get_device_capability(DEV)[0] != 9:
         pytest.skip("the sm_90a entries (and the SM90 workspace) need an SM90 GPU")
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _inputs(shape, topk, length, glob, seed):
@@ -172,7 +172,7 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
 
 def test_refused_calls_write_nothing(dsa):
     """Each refusal raises before any write: the output, the workspace and the inputs keep their bits."""
-    from aot.errors import InputError, KernelNotFoundError
+    from dsa_aot.errors import InputError, KernelNotFoundError
 
     _need(512, False, False)
     _need(512, True, False)

@@ -1,4 +1,4 @@
-"""aot.dsa.sparse_attention_backward (AOT cubins, no JIT) against the fp64 reference ``ref_sparse_attention.py``.
+"""dsa_aot.dsa.sparse_attention_backward (AOT cubins, no JIT) against the fp64 reference ``ref_sparse_attention.py``.
 
 On the H200 this is upstream's SM90 pipeline from the shipped SM90 cubins: clear the fp32 dKV
 accumulator and d_sink, preprocess (sum dO*O, log2 LSE, d_sink), main (TMA, a run-time fast-divmod
@@ -28,9 +28,9 @@ SHAPES = ((77, 2100), (130, 3000))
 
 @pytest.fixture(scope="module")
 def dsa():
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _x(S_q, S_kv, H, D, topk, tlen, seed, invalid_frac=0.05):
@@ -122,7 +122,7 @@ def test_cuda_graph_capture_and_replay(dsa):
 
 
 def test_bad_inputs_are_refused_before_anything_is_written(dsa):
-    from aot.errors import InputError
+    from dsa_aot.errors import InputError
 
     x = _x(64, 1024, 64, 512, 512, False, seed=21)
     dq = torch.zeros_like(x["q"])

@@ -1,4 +1,4 @@
-"""aot.dsa.sparse_attn_score_recompute on the GPU against the fp64 reference (tests/gpu/ref_score_recompute.py).
+"""dsa_aot.dsa.sparse_attn_score_recompute on the GPU against the fp64 reference (tests/gpu/ref_score_recompute.py).
 
 Every shipped SM90 ``sparse_attention_sm90`` entry (enumerated from the index: heads, dim, topk, length,
 topk_global) at two shapes, B 2: S_q 64 with S_k 4096 (every row sees more keys than topk), and S_q 203
@@ -52,9 +52,9 @@ def _need(*entry):
 def dsa():
     if torch.cuda.get_device_capability(DEV)[0] != 9:
         pytest.skip("the sm_90a entries (and the SM90 workspace) need an SM90 GPU")
-    import aot.dsa
+    import dsa_aot.dsa
 
-    return aot.dsa
+    return dsa_aot.dsa
 
 
 def _inputs(shape, heads, dim, topk, length, glob, seed, scale=None):
@@ -135,7 +135,7 @@ def test_the_into_form_captures_in_a_cuda_graph_and_replays_on_new_values(dsa):
 
 
 def test_refused_calls_write_nothing(dsa):
-    from aot.errors import InputError, KernelNotFoundError
+    from dsa_aot.errors import InputError, KernelNotFoundError
 
     _need(64, 512, 512, False, False)
     x = _inputs((2, 16, 600), 64, 512, 512, False, False, seed=41)
@@ -167,7 +167,7 @@ def test_refused_calls_write_nothing(dsa):
 
 
 def test_the_training_form_normalises_pads_and_matches_the_reference(dsa):
-    """aot.dsa.sparse_attention_score_recompute (upstream's training.sparse_attention_score_recompute): ids
+    """dsa_aot.dsa.sparse_attention_score_recompute (upstream's training.sparse_attention_score_recompute): ids
     outside [0, S_kv) and slots past the clamped length become -1 (positions kept), rows padded to 512 slots,
     one batch-1 launch, the target sliced back to K columns: against the fp64 target of those slots."""
     _need(64, 512, 512, False, False)

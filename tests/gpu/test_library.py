@@ -10,7 +10,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-import aot.library  # noqa: E402,F401 - registers torch.ops.dsa_aot
+import dsa_aot.library  # noqa: E402,F401 - registers torch.ops.dsa_aot
 from test_runtime_safety import OPS as CALLS, same  # noqa: E402
 
 NS = {"csa_forward": "csa_", "csa_backward": "csa_", "indexer_backward": "dsa_", "sparse_backward": "dsa_", "local_to_global": "dsa_", "compactify": "dsa_",

@@ -99,7 +99,7 @@ def test_a_plan_captured_in_a_cuda_graph_replays_on_new_inputs(op):
 
 
 def test_one_plan_from_8_threads_each_with_its_tensors_and_stream():
-    import aot.csa
+    import dsa_aot.csa
 
     setups = [OPS["csa_backward"](0, seed=13) for _ in range(8)]
     new = []
@@ -114,7 +114,7 @@ def test_one_plan_from_8_threads_each_with_its_tensors_and_stream():
         want.append([o.clone() for o in outs])
         _poison(outs)
     plan, _ = _plan(*new[0][:3])
-    assert isinstance(plan, aot.csa.CompressorBackward)
+    assert isinstance(plan, dsa_aot.csa.CompressorBackward)
     streams = [torch.cuda.Stream() for _ in new]
 
     def work(i):

@@ -10,7 +10,7 @@
   on GPU 0 is refused.
 * The first call of each op inside CUDA-graph capture (nothing loaded before): captured, replayed,
   equal to an eager run.
-* 2,000 malformed calls: each raises an aot.errors exception and leaves the NaN-poisoned outputs and
+* 2,000 malformed calls: each raises an dsa_aot.errors exception and leaves the NaN-poisoned outputs and
   every input as they were.
 """
 
@@ -44,105 +44,105 @@ def _poisoned(t):
 
 
 def csa_forward(dev, seed, nb=300):
-    import aot.csa
+    import dsa_aot.csa
 
     cu, cuc = ref_csa.random_segments(4, nb, generator(seed))
     x = ref_csa.random_inputs(cu, cuc, 4, 2, 128, generator(seed), device=f"cuda:{dev}")
     out = torch.full((x["total_comp"], 128), float("nan"), dtype=torch.bfloat16, device=f"cuda:{dev}")
     args = (out, x["kv"], x["score"], x["ape"], x["cu_seqlens"], x["cu_seqlens_comp"])
-    return aot.csa.compressor_forward_into, args, dict(ratio=4, coff=2), (out,), (True,)
+    return dsa_aot.csa.compressor_forward_into, args, dict(ratio=4, coff=2), (out,), (True,)
 
 
 def csa_backward(dev, seed, nb=300):
-    import aot.csa
+    import dsa_aot.csa
 
     cu, cuc = ref_csa.random_segments(4, nb, generator(seed))
     x = ref_csa.random_inputs(cu, cuc, 4, 2, 128, generator(seed), device=f"cuda:{dev}")
     gkv, gs, gape = _poisoned(x["kv"]), _poisoned(x["score"]), _poisoned(x["ape"])
-    ws = torch.empty(aot.csa.backward_workspace_bytes(x["total_comp"], 4, 128, 2, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    ws = torch.empty(dsa_aot.csa.backward_workspace_bytes(x["total_comp"], 4, 128, 2, dev), dtype=torch.uint8, device=f"cuda:{dev}")
     args = (gkv, gs, gape, x["kv"], x["score"], x["ape"], x["cu_seqlens"], x["cu_seqlens_comp"], x["grad_out"])
-    return aot.csa.compressor_backward_into, args, dict(ratio=4, coff=2, deterministic=True, workspace=ws), (gkv, gs, gape), (True, True, True)
+    return dsa_aot.csa.compressor_backward_into, args, dict(ratio=4, coff=2, deterministic=True, workspace=ws), (gkv, gs, gape), (True, True, True)
 
 
 def indexer_backward(dev, seed, s_q=64, s_k=1024):
-    import aot.dsa
+    import dsa_aot.dsa
 
     x = ref_indexer.make_inputs(1, s_q, s_k, 64, 128, 512, device=f"cuda:{dev}", seed=seed, invalid_frac=0.05)
     dq, dw, dk = _poisoned(x["index_q"]), _poisoned(x["weights"]), _poisoned(x["index_k"])
-    ws = torch.empty(aot.dsa.indexer_backward_workspace_bytes(1, s_k, 128), dtype=torch.uint8, device=f"cuda:{dev}")
+    ws = torch.empty(dsa_aot.dsa.indexer_backward_workspace_bytes(1, s_k, 128), dtype=torch.uint8, device=f"cuda:{dev}")
     args = (dq, dw, dk, x["index_q"], x["weights"], x["index_k"], x["attn_score"], x["index_score"], x["topk_indices"], x["grad_loss"])
     # attn_score is overwritten: each call gets a fresh copy (see _fresh)
-    return aot.dsa.indexer_backward_into, args, dict(sm_scale=0.7, loss_coeff=1.3, workspace=ws), (dq, dw, dk), (True, False, False)
+    return dsa_aot.dsa.indexer_backward_into, args, dict(sm_scale=0.7, loss_coeff=1.3, workspace=ws), (dq, dw, dk), (True, False, False)
 
 
 def sparse_backward(dev, seed, s_q=64, s_kv=1024):
-    import aot.dsa
+    import dsa_aot.dsa
 
     x = ref_sparse_attention.make_inputs(s_q, s_kv, 64, 512, 512, device=f"cuda:{dev}", seed=seed, invalid_frac=0.05)
     dq, dkv, d_sink = _poisoned(x["q"]), _poisoned(x["kv"]), _poisoned(x["attn_sink"])
-    ws = torch.empty(aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, 512, 64), dtype=torch.uint8, device=f"cuda:{dev}")
+    ws = torch.empty(dsa_aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, 512, 64), dtype=torch.uint8, device=f"cuda:{dev}")
     args = (dq, dkv, d_sink, x["q"], x["kv"], x["out"], x["dout"], x["lse"], x["attn_sink"], x["topk_idxs"])
-    return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=x["softmax_scale"], workspace=ws), (dq, dkv, d_sink), (True, False, False)
+    return dsa_aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=x["softmax_scale"], workspace=ws), (dq, dkv, d_sink), (True, False, False)
 
 
 def local_to_global(dev, seed, s_q=64, k=2048):
-    import aot.dsa
+    import dsa_aot.dsa
     import ref_topk_utils
 
     local = ref_topk_utils.random_ids((2, s_q, k), 4096, generator(seed)).to(f"cuda:{dev}")
     out = torch.full((2, s_q, k), -1, dtype=torch.int32, device=f"cuda:{dev}")  # poisoned as _poisoned does ints
-    return aot.dsa.local_to_global_into, (out, local), dict(seqlen_k=4096), (out,), (True,)
+    return dsa_aot.dsa.local_to_global_into, (out, local), dict(seqlen_k=4096), (out,), (True,)
 
 
 def compactify(dev, seed, rows=256, cols=2048):
-    import aot.dsa
+    import dsa_aot.dsa
     import ref_topk_utils
 
     ids = ref_topk_utils.random_ids((rows, cols), 1 << 20, generator(seed)).to(f"cuda:{dev}")
     out, n = torch.full((rows, cols), -1, dtype=torch.int32, device=f"cuda:{dev}"), torch.full((rows,), -1, dtype=torch.int32, device=f"cuda:{dev}")
-    return aot.dsa.compactify_into, (out, n, ids), {}, (out, n), (True, True)
+    return dsa_aot.dsa.compactify_into, (out, n, ids), {}, (out, n), (True, True)
 
 
 def indexer_top_k(dev, seed, rows=200, cols=65536):
-    import aot.dsa
+    import dsa_aot.dsa
 
     g = generator(seed)
     x = torch.randn((rows, cols), generator=g).to(f"cuda:{dev}")
     lens = torch.randint(1, cols + 1, (rows,), generator=g, dtype=torch.int32).to(f"cuda:{dev}")
     idx = torch.full((rows, 2048), -1, dtype=torch.int32, device=f"cuda:{dev}")
     val = torch.full((rows, 2048), float("nan"), device=f"cuda:{dev}")
-    ws = torch.empty(aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=f"cuda:{dev}")
+    ws = torch.empty(dsa_aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=f"cuda:{dev}")
     # deterministic: the ids come out ascending, so a run is bitwise comparable with another
-    return aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=2048, deterministic=True, workspace=ws), (idx, val), (True, True)
+    return dsa_aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=2048, deterministic=True, workspace=ws), (idx, val), (True, True)
 
 
 def indexer_forward(dev, seed, b=2, s_q=256, s_k=64):
-    import aot.dsa
+    import dsa_aot.dsa
     import ref_indexer_forward
 
     q, k, w, _, _ = ref_indexer_forward.random_inputs((b, s_q), (b, s_k), 64, generator(seed))
     q, k, w = q.to(f"cuda:{dev}"), k.to(f"cuda:{dev}"), w.to(f"cuda:{dev}")
     scores = torch.full((b, s_q, s_k), float("nan"), device=f"cuda:{dev}")
     lse = torch.full((b, s_q), float("nan"), device=f"cuda:{dev}")
-    return aot.dsa.indexer_forward_into, (scores, lse, q, k, w), dict(ratio=4, sm_scale=0.3), (scores, lse), (True, True)
+    return dsa_aot.dsa.indexer_forward_into, (scores, lse, q, k, w), dict(ratio=4, sm_scale=0.3), (scores, lse), (True, True)
 
 
 def dense_indexer_backward(dev, seed, s_q=256, s_k=128):
     """Key counts a multiple of 128: no tail K block (upstream's SM90 race, docs/research/dense-indexer-backward.md)."""
-    import aot.dsa
+    import dsa_aot.dsa
     import ref_dense_indexer_backward
 
     x = ref_dense_indexer_backward.make_inputs(2, s_q, s_k, 64, ratio=4, sm_scale=0.6, device=f"cuda:{dev}", seed=seed)
     dq, dw, dk = _poisoned(x["index_q"]), _poisoned(x["weights"]), _poisoned(x["index_k"])
-    ws = torch.empty(aot.dsa.dense_indexer_backward_workspace_bytes(x["index_k"].shape), dtype=torch.uint8, device=f"cuda:{dev}")
+    ws = torch.empty(dsa_aot.dsa.dense_indexer_backward_workspace_bytes(x["index_k"].shape), dtype=torch.uint8, device=f"cuda:{dev}")
     args = (dq, dw, dk, x["index_q"], x["weights"], x["index_k"], x["attn_score"], x["attn_l1norm"], x["index_score"], x["index_lse"],
             x["grad_loss"])
     # index_score is overwritten: each call gets a fresh copy (see _call)
-    return aot.dsa.dense_indexer_backward_into, args, dict(sm_scale=0.6, loss_coeff=1.3, ratio=4, workspace=ws), (dq, dw, dk), (True, False, False)
+    return dsa_aot.dsa.dense_indexer_backward_into, args, dict(sm_scale=0.6, loss_coeff=1.3, ratio=4, workspace=ws), (dq, dw, dk), (True, False, False)
 
 
 def sparse_indexer_score_recompute(dev, seed, s_q=64, s_k=1000):
-    import aot.dsa
+    import dsa_aot.dsa
 
     g = generator(seed)
     b, h, topk = 2, 64, 512
@@ -151,12 +151,12 @@ def sparse_indexer_score_recompute(dev, seed, s_q=64, s_k=1000):
     w = (torch.randn(b, s_q, h, generator=g) / 8).bfloat16().to(f"cuda:{dev}")
     ids = torch.rand(b * s_q, s_k, generator=g).topk(topk, dim=-1).indices.int().view(b, s_q, topk).to(f"cuda:{dev}")
     out = torch.full((b, s_q, topk), float("nan"), device=f"cuda:{dev}")
-    ws = torch.empty(aot.dsa.sparse_indexer_score_recompute_workspace_bytes(w.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
-    return aot.dsa.sparse_indexer_score_recompute_into, (out, q, k, w, ids), dict(workspace=ws), (out,), (True,)
+    ws = torch.empty(dsa_aot.dsa.sparse_indexer_score_recompute_workspace_bytes(w.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    return dsa_aot.dsa.sparse_indexer_score_recompute_into, (out, q, k, w, ids), dict(workspace=ws), (out,), (True,)
 
 
 def sparse_attn_score_recompute(dev, seed, s_q=64, s_k=1000):
-    import aot.dsa
+    import dsa_aot.dsa
 
     g = generator(seed)
     b, h, d, topk = 2, 64, 512, 512
@@ -165,33 +165,33 @@ def sparse_attn_score_recompute(dev, seed, s_q=64, s_k=1000):
     lse = (torch.rand(b, s_q, h, generator=g) * 2 + 6).to(f"cuda:{dev}")
     ids = torch.rand(b * s_q, s_k, generator=g).topk(topk, dim=-1).indices.int().view(b, s_q, topk).to(f"cuda:{dev}")
     out = torch.full((b, s_q, topk), float("nan"), device=f"cuda:{dev}")
-    ws = torch.empty(aot.dsa.sparse_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    ws = torch.empty(dsa_aot.dsa.sparse_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
     # the scale by keyword: the positional arguments are the call's tensors (what a plan takes)
-    return aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, ids), dict(softmax_scale=d**-0.5, workspace=ws), (out,), (True,)
+    return dsa_aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, ids), dict(softmax_scale=d**-0.5, workspace=ws), (out,), (True,)
 
 
 def dense_indexer_score_recompute(dev, seed, s_q=128, s_k=96):
-    import aot.dsa
+    import dsa_aot.dsa
     import ref_indexer_forward
 
     q, k, w, _, _ = ref_indexer_forward.random_inputs((2, s_q), (2, s_k), 64, generator(seed))
     q, k, w = q.to(f"cuda:{dev}"), k.to(f"cuda:{dev}"), w.to(f"cuda:{dev}")
     out = torch.full((2, s_q, s_k), float("nan"), device=f"cuda:{dev}")
     den = torch.full((2, s_q), float("nan"), device=f"cuda:{dev}")
-    ws = torch.empty(aot.dsa.dense_indexer_score_recompute_workspace_bytes(w.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
-    return aot.dsa.dense_indexer_score_recompute_into, (out, den, q, k, w), dict(ratio=4, workspace=ws), (out, den), (True, True)
+    ws = torch.empty(dsa_aot.dsa.dense_indexer_score_recompute_workspace_bytes(w.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    return dsa_aot.dsa.dense_indexer_score_recompute_into, (out, den, q, k, w), dict(ratio=4, workspace=ws), (out, den), (True, True)
 
 
 def dense_attn_score_recompute(dev, seed, s_q=128, s_k=96):
-    import aot.dsa
+    import dsa_aot.dsa
     import ref_score_recompute
 
     q, k, lse, scale = ref_score_recompute.make_dense_attn_inputs(2, s_q, s_k, 64, 512, 4, seed=seed)
     q, k, lse = q.to(f"cuda:{dev}"), k.to(f"cuda:{dev}"), lse.to(f"cuda:{dev}")
     out = torch.full((2, s_q, s_k), float("nan"), device=f"cuda:{dev}")
     den = torch.full((2, s_q), float("nan"), device=f"cuda:{dev}")
-    ws = torch.empty(aot.dsa.dense_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
-    return aot.dsa.dense_attn_score_recompute_into, (out, den, q, k, lse), dict(softmax_scale=scale, ratio=4, workspace=ws), (out, den), (True, True)
+    ws = torch.empty(dsa_aot.dsa.dense_attn_score_recompute_workspace_bytes(lse.shape, dev), dtype=torch.uint8, device=f"cuda:{dev}")
+    return dsa_aot.dsa.dense_attn_score_recompute_into, (out, den, q, k, lse), dict(softmax_scale=scale, ratio=4, workspace=ws), (out, den), (True, True)
 
 
 OPS = {"csa_forward": csa_forward, "csa_backward": csa_backward, "indexer_backward": indexer_backward, "sparse_backward": sparse_backward,
@@ -284,7 +284,7 @@ def test_an_op_runs_on_its_tensors_device_whatever_the_current_device(op, curren
 @needs_two
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_a_stream_of_another_gpu_is_refused(op):
-    from aot.errors import InputError
+    from dsa_aot.errors import InputError
 
     fn, args, kw, outs, _ = OPS[op](0, seed=3)
     s1 = torch.cuda.Stream(device=1)
@@ -306,7 +306,7 @@ def test_the_first_call_inside_graph_capture_is_captured(op):
 import sys, torch
 sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[2])]!r}
 import test_runtime_safety as t
-import aot.runtime.index as ix
+import dsa_aot.runtime.index as ix
 fn, args, kw, outs, exact = t.OPS[{op!r}](0, seed=11)
 ref = t.OPS[{op!r}](0, seed=11)
 assert not ix._INDEX or not ix._INDEX._loaded
@@ -335,8 +335,8 @@ _ELEMENT_ALIGNED = {"indexer_top_k": ("indices", "values", "seq_lens"), "dense_i
 
 def test_2000_malformed_calls_change_nothing():
     """Malformed variants of every op's valid call (as tests/unit/ops/test_fuzz.py on the CPU, here on
-    the GPU): each raises an aot.errors class; the poisoned outputs and the inputs stay as they were."""
-    from aot.errors import AotError
+    the GPU): each raises an dsa_aot.errors class; the poisoned outputs and the inputs stay as they were."""
+    from dsa_aot.errors import AotError
 
     rng = random.Random(7)
     bad_scalars = {"ratio": [3, 4.0, None], "coff": [3, 2.0], "sm_scale": [1e39, float("nan")], "loss_coeff": [float("inf")],

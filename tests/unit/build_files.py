@@ -10,7 +10,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 def lifted_entries(root, names):
     """Copies of tests/data/<name> under root/entries, lifted and verified by the build's own stage: their dirs."""
-    from aot.toolchain import build
+    from dsa_aot.toolchain import build
 
     dirs = []
     for name in names:

@@ -15,8 +15,8 @@ CSA_ENTRY = "csa_compressor.dape_reduce.split.sm_90a"
 @pytest.fixture
 def one_entry_build(tmp_path):
     """A build directory holding the CSA dAPE-reduce entry of tests/data (its launcher lifted here): (Index, entry)."""
-    from aot.runtime.index import Index
-    from aot.toolchain import lift
+    from dsa_aot.runtime.index import Index
+    from dsa_aot.toolchain import lift
 
     src = DATA / CSA_ENTRY
     meta = json.loads((src / "meta.json").read_text())
@@ -27,7 +27,7 @@ def one_entry_build(tmp_path):
     (tmp_path / "cubins" / f"{sha}.cubin").write_bytes(cubin)
     launcher = lift.lift((src / "host.mlir").read_text(), meta["host_function"]).encode()
     (tmp_path / "launchers" / "l.py").write_bytes(launcher)
-    from aot.toolchain.cubin import read_cubin
+    from dsa_aot.toolchain.cubin import read_cubin
 
     kernels = read_cubin(cubin).kernels
     entry = {"id": CSA_ENTRY, "family": "csa_compressor", "op": "dape_reduce", "key": {"split": True}, "arch": "sm_90a",
@@ -41,8 +41,8 @@ def one_entry_build(tmp_path):
 def packed(tmp_path):
     """packed(name, ...) -> Index of a build made by the real stages (lift, verify, pack) from tests/data/<name>, ...
     (the build directory: ``tmp_path / "gen"``)."""
-    from aot.runtime.index import Index
-    from aot.toolchain import pack
+    from dsa_aot.runtime.index import Index
+    from dsa_aot.toolchain import pack
 
     def make(*names):
         pack.pack(lifted_entries(tmp_path, names), tmp_path / "gen")
@@ -358,7 +358,7 @@ offsets = false
 def _real_build(tmp_path_factory, name, manifest, samples):
     """A real build (compile, lift, verify, pack; no fidelity) of ``manifest``: its directory."""
     pytest.importorskip("cutlass")
-    from aot.toolchain import build
+    from dsa_aot.toolchain import build
 
     root = tmp_path_factory.mktemp(name)
     (root / "m.toml").write_text(manifest)

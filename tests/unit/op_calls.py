@@ -28,30 +28,30 @@ def _csa_inputs(dev, nb, ratio=4, d=128, coff=2):
 
 
 def csa_forward(dev, stream, nb=32):
-    import aot.csa
+    import dsa_aot.csa
 
     ratio, d, coff = 4, 128, 2
     kv, score, ape, cu, cuc = _csa_inputs(dev, nb, ratio, d, coff)
     out = _t((nb, d), torch.bfloat16, dev)
-    return aot.csa.compressor_forward_into, (out, kv, score, ape, cu, cuc), dict(ratio=ratio, coff=coff, stream=stream), (out,)
+    return dsa_aot.csa.compressor_forward_into, (out, kv, score, ape, cu, cuc), dict(ratio=ratio, coff=coff, stream=stream), (out,)
 
 
 def csa_backward(dev, stream, nb=32, deterministic=True):
-    import aot.csa
+    import dsa_aot.csa
 
     ratio, d, coff = 4, 128, 2
     tokens = ratio * nb
     kv, score, ape, cu, cuc = _csa_inputs(dev, nb, ratio, d, coff)
     go = _t((nb, d), torch.bfloat16, dev)
     gkv, gs, gape = _t((tokens, coff * d), torch.bfloat16, dev), _t((tokens, coff * d), torch.bfloat16, dev), _t((ratio, coff * d), torch.float32, dev)
-    ws = _t((aot.csa.backward_workspace_bytes(nb, ratio, d, coff),), torch.uint8, dev) if deterministic else None
+    ws = _t((dsa_aot.csa.backward_workspace_bytes(nb, ratio, d, coff),), torch.uint8, dev) if deterministic else None
     kw = dict(ratio=ratio, coff=coff, stream=stream, deterministic=deterministic, workspace=ws)
     outs = (gkv, gs, gape) + ((ws,) if ws is not None else ())
-    return aot.csa.compressor_backward_into, (gkv, gs, gape, kv, score, ape, cu, cuc, go), kw, outs
+    return dsa_aot.csa.compressor_backward_into, (gkv, gs, gape, kv, score, ape, cu, cuc, go), kw, outs
 
 
 def indexer_backward(dev, stream, s_q=8, s_k=256):
-    import aot.dsa
+    import dsa_aot.dsa
 
     b, h, d, topk = 1, 64, 128, 128
     q, w, k = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev), _t((b, s_k, d), torch.bfloat16, dev)
@@ -60,11 +60,11 @@ def indexer_backward(dev, stream, s_q=8, s_k=256):
     gl = _t((1,), torch.float32, dev)
     dq, dw, dk = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev), _t((b, s_k, d), torch.float32, dev)
     args = (dq, dw, dk, q, w, k, att, isc, idx, gl)
-    return aot.dsa.indexer_backward_into, args, dict(sm_scale=0.1, loss_coeff=1.0, stream=stream), (dq, dw, dk, att)
+    return dsa_aot.dsa.indexer_backward_into, args, dict(sm_scale=0.1, loss_coeff=1.0, stream=stream), (dq, dw, dk, att)
 
 
 def sparse_backward(dev, stream, s_q=16, s_kv=256):
-    import aot.dsa
+    import dsa_aot.dsa
 
     h, d, topk = 64, 512, 128
     q, kv = _t((s_q, h, d), torch.bfloat16, dev), _t((s_kv, d), torch.bfloat16, dev)
@@ -72,59 +72,59 @@ def sparse_backward(dev, stream, s_q=16, s_kv=256):
     lse, sink = _t((s_q, h), torch.float32, dev), _t((h,), torch.float32, dev)
     idx = _t((s_q, topk), torch.int32, dev, fill=3)
     dq, dkv, d_sink = _t((s_q, h, d), torch.bfloat16, dev), _t((s_kv, d), torch.bfloat16, dev), _t((h,), torch.float32, dev)
-    ws = _t((aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h),), torch.uint8, dev)
+    ws = _t((dsa_aot.dsa.sparse_attention_backward_workspace_bytes(s_q, s_kv, d, h),), torch.uint8, dev)
     args = (dq, dkv, d_sink, q, kv, out, dout, lse, sink, idx)
-    return aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=0.05, stream=stream, workspace=ws), (dq, dkv, d_sink, ws)
+    return dsa_aot.dsa.sparse_attention_backward_into, args, dict(softmax_scale=0.05, stream=stream, workspace=ws), (dq, dkv, d_sink, ws)
 
 
 def local_to_global(dev, stream, b=2, s_q=8, k=128):
-    import aot.dsa
+    import dsa_aot.dsa
 
     idx, out = _t((b, s_q, k), torch.int32, dev, fill=5), _t((b, s_q, k), torch.int32, dev)
-    return aot.dsa.local_to_global_into, (out, idx), dict(seqlen_k=4096, stream=stream), (out,)
+    return dsa_aot.dsa.local_to_global_into, (out, idx), dict(seqlen_k=4096, stream=stream), (out,)
 
 
 def compactify(dev, stream, rows=16, cols=128):
-    import aot.dsa
+    import dsa_aot.dsa
 
     idx, out, length = _t((rows, cols), torch.int32, dev, fill=-1), _t((rows, cols), torch.int32, dev), _t((rows,), torch.int32, dev)
-    return aot.dsa.compactify_into, (out, length, idx), dict(stream=stream), (out, length)
+    return dsa_aot.dsa.compactify_into, (out, length, idx), dict(stream=stream), (out, length)
 
 
 def indexer_top_k(dev, stream, rows=8, cols=4000):
-    import aot.dsa
+    import dsa_aot.dsa
 
     top_k = 128
     x, lens = _t((rows, cols), torch.float32, dev), _t((rows,), torch.int32, dev, fill=cols)
     idx, val = _t((rows, top_k), torch.int32, dev), _t((rows, top_k), torch.float32, dev)
-    ws = _t((aot.dsa.indexer_top_k_workspace_bytes(x),), torch.uint8, dev)
-    return aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=top_k, stream=stream, workspace=ws), (idx, val, ws)
+    ws = _t((dsa_aot.dsa.indexer_top_k_workspace_bytes(x),), torch.uint8, dev)
+    return dsa_aot.dsa.indexer_top_k_into, (idx, val, x, lens), dict(top_k=top_k, stream=stream, workspace=ws), (idx, val, ws)
 
 
 def indexer_forward(dev, stream, s_q=8, s_k=40):
-    import aot.dsa
+    import dsa_aot.dsa
 
     b, h, d = 2, 64, 128
     q, k, w = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_k, 1, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev)
     scores, lse = _t((b, s_q, s_k), torch.float32, dev), _t((b, s_q), torch.float32, dev)
-    return aot.dsa.indexer_forward_into, (scores, lse, q, k, w), dict(ratio=4, sm_scale=0.1, stream=stream), (scores, lse)
+    return dsa_aot.dsa.indexer_forward_into, (scores, lse, q, k, w), dict(ratio=4, sm_scale=0.1, stream=stream), (scores, lse)
 
 
 def fused_top_k(dev, stream, b=2, s_q=256, s_k=65, top_k=512):
     """The fused indexer top-k, BSHD (SM100 only: the sm100 build, a capability-10.0 stand-in)."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     h, d = 64, 128
     q, k, w = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_k, 1, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev)
     idx, val, sm = _t((b, s_q, top_k), torch.int32, dev), _t((b, s_q, top_k), torch.float32, dev), _t((b, s_q, top_k), torch.float32, dev)
-    cand = _t((aot.dsa.compress_topk_cand_buffer_size(b, s_q, s_k, 4),), torch.float32, dev)
-    return (aot.dsa.indexer_forward_top_k_into, (idx, val, sm, None, cand, q, k, w, top_k), dict(sm_scale=0.1, stream=stream),
+    cand = _t((dsa_aot.dsa.compress_topk_cand_buffer_size(b, s_q, s_k, 4),), torch.float32, dev)
+    return (dsa_aot.dsa.indexer_forward_top_k_into, (idx, val, sm, None, cand, q, k, w, top_k), dict(sm_scale=0.1, stream=stream),
             (idx, val, sm, cand))
 
 
 def fused_top_k_thd(dev, stream, top_k=512):
     """The fused indexer top-k, THD: two segments (300 / 300 queries over 90 / 180 keys), every value given."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     h, d, tq, tk = 64, 128, 600, 270
     q, k, w = _t((tq, h, d), torch.bfloat16, dev), _t((tk, 1, d), torch.bfloat16, dev), _t((tq, h), torch.bfloat16, dev)
@@ -133,14 +133,14 @@ def fused_top_k_thd(dev, stream, top_k=512):
     cbo = _t((3,), torch.int64, dev)
     idx, val, sm = _t((tq, top_k), torch.int32, dev), _t((tq, top_k), torch.float32, dev), _t((tq, top_k), torch.float32, dev)
     cand = _t((40000,), torch.float32, dev)
-    return (aot.dsa.indexer_forward_top_k_into, (idx, val, sm, None, cand, q, k, w, top_k),
+    return (dsa_aot.dsa.indexer_forward_top_k_into, (idx, val, sm, None, cand, q, k, w, top_k),
             dict(cand_batch_offsets=cbo, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=180, stream=stream), (idx, val, sm, cand))
 
 
 def dense_indexer_backward(dev, stream, s_q=8, s_k=3, varlen=False, dk_dtype=torch.float32):
     """The dense indexer backward (H64, ratio 4), BSHD (B 2) or THD (two segments of s_q / s_q - 3 queries over s_k / s_k - 1 keys);
     fp32 d_index_k (a bf16 one takes the fp32 workspace and a torch cast)."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     h, d = 64, 128
     if varlen:
@@ -153,11 +153,11 @@ def dense_indexer_backward(dev, stream, s_q=8, s_k=3, varlen=False, dk_dtype=tor
     att, den, isc, lse = _t(score, torch.float32, dev), _t(lead, torch.float32, dev), _t(score, torch.float32, dev), _t(lead, torch.float32, dev)
     gl = _t((1,), torch.float32, dev)
     dq, dw, dk = _t(q.shape, torch.bfloat16, dev), _t(w.shape, torch.bfloat16, dev), _t(k.shape, dk_dtype, dev)
-    need = aot.dsa.dense_indexer_backward_workspace_bytes(k.shape, dk_dtype)
+    need = dsa_aot.dsa.dense_indexer_backward_workspace_bytes(k.shape, dk_dtype)
     ws = _t((need,), torch.uint8, dev) if need else None
     kw.update(sm_scale=0.1, loss_coeff=0.5, ratio=4, stream=stream, workspace=ws)
     outs = (dq, dw, dk, isc) + ((ws,) if ws is not None else ())
-    return aot.dsa.dense_indexer_backward_into, (dq, dw, dk, q, w, k, att, den, isc, lse, gl), kw, outs
+    return dsa_aot.dsa.dense_indexer_backward_into, (dq, dw, dk, q, w, k, att, den, isc, lse, gl), kw, outs
 
 
 def dense_indexer_backward_thd(dev, stream, s_q=8):
@@ -166,30 +166,30 @@ def dense_indexer_backward_thd(dev, stream, s_q=8):
 
 def sparse_indexer_score_recompute(dev, stream, s_q=8, s_k=300, length=False):
     """The sparse indexer score recompute (H64, top-k 512, local ids), B 2; on SM90 with its workspace."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     b, h, d, topk = 2, 64, 128, 512
     q, k, w = _t((b, s_q, h, d), torch.bfloat16, dev), _t((b, s_k, d), torch.bfloat16, dev), _t((b, s_q, h), torch.bfloat16, dev)
     idx, out = _t((b, s_q, topk), torch.int32, dev, fill=-1), _t((b, s_q, topk), torch.float32, dev)
     ln = _t((b, s_q), torch.int32, dev, fill=7) if length else None
-    need = aot.dsa.sparse_indexer_score_recompute_workspace_bytes(w.shape, dev)
+    need = dsa_aot.dsa.sparse_indexer_score_recompute_workspace_bytes(w.shape, dev)
     ws = _t((need,), torch.uint8, dev) if need else None
-    return (aot.dsa.sparse_indexer_score_recompute_into, (out, q, k, w, idx, ln), dict(stream=stream, workspace=ws),
+    return (dsa_aot.dsa.sparse_indexer_score_recompute_into, (out, q, k, w, idx, ln), dict(stream=stream, workspace=ws),
             (out,) + ((ws,) if ws is not None else ()))
 
 
 def sparse_attn_score_recompute(dev, stream, s_q=8, s_k=300, length=False, heads=64):
     """The sparse attention score recompute (D512, top-k 512, local ids, softmax_scale 512**-0.5), B 2; on SM90
     with its workspace."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     b, d, topk = 2, 512, 512
     q, k, lse = _t((b, s_q, heads, d), torch.bfloat16, dev), _t((b, s_k, d), torch.bfloat16, dev), _t((b, s_q, heads), torch.float32, dev)
     idx, out = _t((b, s_q, topk), torch.int32, dev, fill=-1), _t((b, s_q, topk), torch.float32, dev)
     ln = _t((b, s_q), torch.int32, dev, fill=7) if length else None
-    need = aot.dsa.sparse_attn_score_recompute_workspace_bytes(lse.shape, dev)
+    need = dsa_aot.dsa.sparse_attn_score_recompute_workspace_bytes(lse.shape, dev)
     ws = _t((need,), torch.uint8, dev) if need else None
-    return (aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, idx, 512**-0.5, ln), dict(stream=stream, workspace=ws),
+    return (dsa_aot.dsa.sparse_attn_score_recompute_into, (out, q, k, lse, idx, 512**-0.5, ln), dict(stream=stream, workspace=ws),
             (out,) + ((ws,) if ws is not None else ()))
 
 
@@ -197,7 +197,7 @@ def _dense_score(dev, stream, attention, s_q, s_k, varlen):
     """A dense score recompute's ``_into`` call, bf16 H64 ratio 4, B 2 (THD: segments of S_q and S_k rows, SM100
     only; on SM90 with its workspace): the indexer's (D128, weights, scale 1.0) or the attention's (D512, an fp32
     LSE, softmax_scale 512**-0.5)."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     b, h, d = 2, 64, 512 if attention else 128
     lead, k_lead = ((b * s_q,), (b * s_k,)) if varlen else ((b, s_q), (b, s_k))
@@ -207,10 +207,10 @@ def _dense_score(dev, stream, attention, s_q, s_k, varlen):
     kw = dict(ratio=4, stream=stream)
     if varlen:
         kw.update(cu_seqlens_q=_t((b + 1,), torch.int32, dev), cu_seqlens_k=_t((b + 1,), torch.int32, dev), max_seqlen_q=s_q, max_seqlen_k=s_k)
-    sizer = aot.dsa.dense_attn_score_recompute_workspace_bytes if attention else aot.dsa.dense_indexer_score_recompute_workspace_bytes
+    sizer = dsa_aot.dsa.dense_attn_score_recompute_workspace_bytes if attention else dsa_aot.dsa.dense_indexer_score_recompute_workspace_bytes
     need = 0 if varlen else sizer(aux.shape, dev)
     ws = _t((need,), torch.uint8, dev) if need else None
-    fn = aot.dsa.dense_attn_score_recompute_into if attention else aot.dsa.dense_indexer_score_recompute_into
+    fn = dsa_aot.dsa.dense_attn_score_recompute_into if attention else dsa_aot.dsa.dense_indexer_score_recompute_into
     return fn, (out, den, q, k, aux) + ((512**-0.5,) if attention else ()), dict(kw, workspace=ws), (out, den) + ((ws,) if ws is not None else ())
 
 
@@ -233,7 +233,7 @@ def _dense_score_mx(dev, stream, attention, precision, s_q, s_k, varlen, heads, 
     """A block-scaled dense score ``_into`` call, ratio 4, B 2, one KV head: q / k e4m3 (mxfp8) or e2m1 pairs
     (mxfp4, last dim dim / 2), e8m0 scales in upstream's packed shapes (ceil4(dim / 32) columns; THD: segments of
     S_q and S_k rows, each padded to 128 scale rows, with their padded offsets and the maxima)."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     b, h = 2, heads
     d = dim // 2 if precision == "mxfp4" else dim
@@ -256,7 +256,7 @@ def _dense_score_mx(dev, stream, attention, precision, s_q, s_k, varlen, heads, 
                   cu_seqlens_k_scale_padded=cuda_tensor(torch.tensor([0, rows_k, 2 * rows_k], dtype=torch.int32), dev))
     else:
         kw.update(q_scale=raw((b, rows_q, cols), torch.float8_e8m0fnu), k_scale=raw((b, rows_k, cols), torch.float8_e8m0fnu))
-    fn = aot.dsa.dense_attn_score_recompute_into if attention else aot.dsa.dense_indexer_score_recompute_into
+    fn = dsa_aot.dsa.dense_attn_score_recompute_into if attention else dsa_aot.dsa.dense_indexer_score_recompute_into
     return fn, (out, den, q, k, aux) + ((512**-0.5,) if attention else ()), kw, (out, den)
 
 
@@ -280,19 +280,19 @@ SM100_FAMILIES = {"fused_top_k": fused_top_k, "fused_top_k_thd": fused_top_k_thd
 
 def plan_class(fn):
     """The plan class of an ``_into`` op (its tensors in the op's order)."""
-    import aot.csa
-    import aot.dsa
+    import dsa_aot.csa
+    import dsa_aot.dsa
 
-    return {aot.csa.compressor_forward_into: aot.csa.CompressorForward, aot.csa.compressor_backward_into: aot.csa.CompressorBackward,
-            aot.dsa.indexer_backward_into: aot.dsa.IndexerBackward,
-            aot.dsa.sparse_attention_backward_into: aot.dsa.SparseAttentionBackward,
-            aot.dsa.local_to_global_into: aot.dsa.LocalToGlobal, aot.dsa.compactify_into: aot.dsa.Compactify,
-            aot.dsa.indexer_top_k_into: aot.dsa.IndexerTopK, aot.dsa.indexer_forward_into: aot.dsa.IndexerForward,
-            aot.dsa.dense_indexer_backward_into: aot.dsa.DenseIndexerBackward,
-            aot.dsa.sparse_indexer_score_recompute_into: aot.dsa.SparseIndexerScoreRecompute,
-            aot.dsa.sparse_attn_score_recompute_into: aot.dsa.SparseAttnScoreRecompute,
-            aot.dsa.dense_indexer_score_recompute_into: aot.dsa.DenseIndexerScoreRecompute,
-            aot.dsa.dense_attn_score_recompute_into: aot.dsa.DenseAttnScoreRecompute}[fn]
+    return {dsa_aot.csa.compressor_forward_into: dsa_aot.csa.CompressorForward, dsa_aot.csa.compressor_backward_into: dsa_aot.csa.CompressorBackward,
+            dsa_aot.dsa.indexer_backward_into: dsa_aot.dsa.IndexerBackward,
+            dsa_aot.dsa.sparse_attention_backward_into: dsa_aot.dsa.SparseAttentionBackward,
+            dsa_aot.dsa.local_to_global_into: dsa_aot.dsa.LocalToGlobal, dsa_aot.dsa.compactify_into: dsa_aot.dsa.Compactify,
+            dsa_aot.dsa.indexer_top_k_into: dsa_aot.dsa.IndexerTopK, dsa_aot.dsa.indexer_forward_into: dsa_aot.dsa.IndexerForward,
+            dsa_aot.dsa.dense_indexer_backward_into: dsa_aot.dsa.DenseIndexerBackward,
+            dsa_aot.dsa.sparse_indexer_score_recompute_into: dsa_aot.dsa.SparseIndexerScoreRecompute,
+            dsa_aot.dsa.sparse_attn_score_recompute_into: dsa_aot.dsa.SparseAttnScoreRecompute,
+            dsa_aot.dsa.dense_indexer_score_recompute_into: dsa_aot.dsa.DenseIndexerScoreRecompute,
+            dsa_aot.dsa.dense_attn_score_recompute_into: dsa_aot.dsa.DenseAttnScoreRecompute}[fn]
 
 
 def _scalars_by_name(make):

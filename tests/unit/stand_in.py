@@ -167,7 +167,7 @@ class Driver:
 def install(monkeypatch, index, devices=2, capability=CAPABILITY, sm_count=SM_COUNT) -> Driver:
     """Put a stand-in driver in place of cuda-python for the runtime (and its per-process caches):
     ``devices`` GPUs of ``capability`` (default 9.0, the H200's; (10, 0) for an SM100 build)."""
-    from aot.runtime import device, driver, index as index_mod, loaded
+    from dsa_aot.runtime import device, driver, index as index_mod, loaded
 
     d = Driver(devices, capability, sm_count)
     d.param_sizes = {(e["sha256"], k): v for e in index.entries for k, v in e["params"].items()}

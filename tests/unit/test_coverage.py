@@ -25,10 +25,10 @@ def test_every_cudnn_dsa_name_is_in_the_readme_coverage_table():
 def test_every_shipped_op_the_table_names_exists():
     import re
 
-    import aot.csa
-    import aot.dsa
+    import dsa_aot.csa
+    import dsa_aot.dsa
 
     table = _table()
-    for ns, mod in (("csa", aot.csa), ("dsa", aot.dsa)):
-        for name in re.findall(rf"`aot\.{ns}\.(\w+)", table):
-            assert hasattr(mod, name), f"README names aot.{ns}.{name}, which does not exist"
+    for ns, mod in (("csa", dsa_aot.csa), ("dsa", dsa_aot.dsa)):
+        for name in re.findall(rf"`dsa_aot\.{ns}\.(\w+)", table):
+            assert hasattr(mod, name), f"README names dsa_aot.{ns}.{name}, which does not exist"

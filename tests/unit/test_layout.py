@@ -1,12 +1,12 @@
 """The package is split by when code runs, and the split is enforced here.
 
-  aot.policy     pure rules: standard library only
-  aot.runtime    run time: standard library, cuda-python and the policy; never the toolchain or the ops
-  aot.ops        run time: torch, the runtime and the policy
-  aot.toolchain  build time: the policy (and itself); never the run-time ops or runtime
+  dsa_aot.policy     pure rules: standard library only
+  dsa_aot.runtime    run time: standard library, cuda-python and the policy; never the toolchain or the ops
+  dsa_aot.ops        run time: torch, the runtime and the policy
+  dsa_aot.toolchain  build time: the policy (and itself); never the run-time ops or runtime
   kernels/*.py   build time: the policy only
 
-``aot.errors`` (the root exception, stdlib only) may be imported by every layer.
+``dsa_aot.errors`` (the root exception, stdlib only) may be imported by every layer.
 """
 
 import ast
@@ -17,18 +17,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 ALLOWED = {
-    "aot.policy": {"aot.policy"},
-    "aot.runtime": {"aot.runtime", "aot.policy"},
-    "aot.ops": {"aot.ops", "aot.runtime", "aot.policy"},
-    "aot.toolchain": {"aot.toolchain", "aot.policy"},
-    "kernels": {"aot.policy"},
+    "dsa_aot.policy": {"dsa_aot.policy"},
+    "dsa_aot.runtime": {"dsa_aot.runtime", "dsa_aot.policy"},
+    "dsa_aot.ops": {"dsa_aot.ops", "dsa_aot.runtime", "dsa_aot.policy"},
+    "dsa_aot.toolchain": {"dsa_aot.toolchain", "dsa_aot.policy"},
+    "kernels": {"dsa_aot.policy"},
 }
 THIRD_PARTY = {  # what a layer may import outside aot (the standard library aside)
-    "aot.policy": set(),
-    "aot.runtime": {"cuda"},
-    "aot.ops": {"torch", "cuda"},
+    "dsa_aot.policy": set(),
+    "dsa_aot.runtime": {"cuda"},
+    "dsa_aot.ops": {"torch", "cuda"},
 }
-EVERYWHERE = {"aot", "aot.errors"}
+EVERYWHERE = {"dsa_aot", "dsa_aot.errors"}
 
 
 def _layer(rel: str) -> str:
@@ -57,7 +57,7 @@ def _imports(path: Path, root: Path = ROOT):
 
 
 def _files(root):
-    for p in sorted((root / "aot").rglob("*.py")):
+    for p in sorted((root / "dsa_aot").rglob("*.py")):
         if "_generated" not in p.parts:
             yield p
     yield from sorted((root / "kernels").glob("*.py"))
@@ -69,10 +69,10 @@ def _violations(root: Path) -> list:
         rel = str(path.relative_to(root))
         layer = _layer(rel)
         if layer not in ALLOWED:
-            continue  # aot/__init__.py, aot/__main__.py, the namespaces aot/csa.py, aot/dsa.py, aot/errors.py: checked below
+            continue  # dsa_aot/__init__.py, dsa_aot/__main__.py, the namespaces dsa_aot/csa.py, dsa_aot/dsa.py, dsa_aot/errors.py: checked below
         for line, mod in _imports(path, root):
             top = mod.split(".")[0]
-            if top == "aot":
+            if top == "dsa_aot":
                 if mod in EVERYWHERE or any(mod == a or mod.startswith(a + ".") for a in ALLOWED[layer]):
                     continue
                 bad.append(f"{rel}:{line} imports {mod} ({layer} may import {sorted(ALLOWED[layer])})")
@@ -88,8 +88,8 @@ def test_imports_point_from_run_time_to_policy_and_never_into_the_toolchain():
 
 def test_public_namespaces_import_only_the_ops_and_the_policy():
     for name in ("csa.py", "dsa.py", "errors.py", "library.py", "__init__.py"):
-        for line, mod in _imports(ROOT / "aot" / name):
-            assert not mod.startswith(("aot.toolchain", "aot.runtime")), f"aot/{name}:{line} imports {mod}"
+        for line, mod in _imports(ROOT / "dsa_aot" / name):
+            assert not mod.startswith(("dsa_aot.toolchain", "dsa_aot.runtime")), f"dsa_aot/{name}:{line} imports {mod}"
 
 
 def test_the_check_catches_wrong_imports(tmp_path):
@@ -97,16 +97,16 @@ def test_the_check_catches_wrong_imports(tmp_path):
     runtime importing torch are each reported."""
     import shutil
 
-    shutil.copytree(ROOT / "aot", tmp_path / "aot", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
+    shutil.copytree(ROOT / "dsa_aot", tmp_path / "dsa_aot", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
     shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     assert _violations(tmp_path) == []
-    (tmp_path / "aot" / "policy" / "probe.py").write_text("from ..runtime import index\n")
-    (tmp_path / "kernels" / "probe.py").write_text("import aot.ops.csa_compressor\n")
-    (tmp_path / "aot" / "runtime" / "probe.py").write_text("import torch\n")
+    (tmp_path / "dsa_aot" / "policy" / "probe.py").write_text("from ..runtime import index\n")
+    (tmp_path / "kernels" / "probe.py").write_text("import dsa_aot.ops.csa_compressor\n")
+    (tmp_path / "dsa_aot" / "runtime" / "probe.py").write_text("import torch\n")
     assert sorted(_violations(tmp_path)) == [
-        "aot/policy/probe.py:1 imports aot.runtime (aot.policy may import ['aot.policy'])",
-        "aot/runtime/probe.py:1 imports torch (aot.runtime may import the standard library and ['cuda'])",
-        "kernels/probe.py:1 imports aot.ops.csa_compressor (kernels may import ['aot.policy'])",
+        "dsa_aot/policy/probe.py:1 imports dsa_aot.runtime (dsa_aot.policy may import ['dsa_aot.policy'])",
+        "dsa_aot/runtime/probe.py:1 imports torch (dsa_aot.runtime may import the standard library and ['cuda'])",
+        "kernels/probe.py:1 imports dsa_aot.ops.csa_compressor (kernels may import ['dsa_aot.policy'])",
     ]
 
 
@@ -122,10 +122,10 @@ sys.meta_path.insert(0, Block())
 
 def test_run_time_imports_no_toolchain_and_does_nothing_at_import():
     code = BLOCK + """
-import aot, aot.runtime, aot.runtime.index, aot.runtime.loaded, aot.runtime.driver, aot.csa, aot.dsa, aot.policy.families
+import dsa_aot, dsa_aot.runtime, dsa_aot.runtime.index, dsa_aot.runtime.loaded, dsa_aot.runtime.driver, dsa_aot.csa, dsa_aot.dsa, dsa_aot.policy.families
 assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch', 'cuda') for m in sys.modules), sorted(sys.modules)
-assert not any(m.startswith('aot.toolchain') for m in sys.modules), sorted(m for m in sys.modules if m.startswith('aot'))
-assert aot.runtime.index._INDEX is None
+assert not any(m.startswith('dsa_aot.toolchain') for m in sys.modules), sorted(m for m in sys.modules if m.startswith('dsa_aot'))
+assert dsa_aot.runtime.index._INDEX is None
 print('ok')
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -135,12 +135,12 @@ print('ok')
 def test_every_registered_family_has_each_piece_of_the_recipe():
     """docs/adding-a-family.md: a family is its spec, policy and op modules, a parity script and a
     bench, and buckets in the default manifest. The GPU run (ci/gpu-run.sh) loops over the registry."""
-    from aot.policy.families import FAMILIES
+    from dsa_aot.policy.families import FAMILIES
 
     manifest = (ROOT / "manifests" / "default.toml").read_text()
     missing = []
     for family in FAMILIES:
-        for path in (f"kernels/{family}.py", f"aot/policy/{family}.py", f"aot/ops/{family}.py", f"ci/parity/{family}.py", f"bench/{family}.py"):
+        for path in (f"kernels/{family}.py", f"dsa_aot/policy/{family}.py", f"dsa_aot/ops/{family}.py", f"ci/parity/{family}.py", f"bench/{family}.py"):
             if not (ROOT / path).is_file():
                 missing.append(path)
         if f'family = "{family}"' not in manifest:

@@ -1,4 +1,4 @@
-// Test kernels for aot/cubin.py: each exercises one piece of cubin metadata.
+// Test kernels for dsa_aot/cubin.py: each exercises one piece of cubin metadata.
 struct P4200 { int v[1050]; };
 
 __device__ __noinline__ float callee(const float* a, int n, int i) {

@@ -1,4 +1,4 @@
-"""The differentiable ops without a GPU: ``aot.csa.compressor`` and ``aot.dsa.sparse_attention``.
+"""The differentiable ops without a GPU: ``dsa_aot.csa.compressor`` and ``dsa_aot.dsa.sparse_attention``.
 
 Exported and registered as ``torch.ops.dsa_aot.*`` with an autograd formula; forward and backward
 trace into one graph (make_fx, and torch.compile(fullgraph=True) down to the op's own checks); every
@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import stand_in
-from aot.errors import AotError, InputError, KernelNotFoundError
+from dsa_aot.errors import AotError, InputError, KernelNotFoundError
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
 STREAM = 0x5A00  # torch's "current stream" on the stand-in device
@@ -28,13 +28,13 @@ STREAM = 0x5A00  # torch's "current stream" on the stand-in device
 
 
 def test_the_differentiable_ops_are_exported_and_registered_with_an_autograd_formula():
-    import aot.csa
-    import aot.dsa
-    import aot.library  # noqa: F401 - registers torch.ops.dsa_aot
-    from aot.ops import csa_compressor, dsa_sparse_attention_forward
+    import dsa_aot.csa
+    import dsa_aot.dsa
+    import dsa_aot.library  # noqa: F401 - registers torch.ops.dsa_aot
+    from dsa_aot.ops import csa_compressor, dsa_sparse_attention_forward
 
-    assert aot.csa.compressor is csa_compressor.compressor and "compressor" in aot.csa.__all__
-    assert aot.dsa.sparse_attention is dsa_sparse_attention_forward.sparse_attention and "sparse_attention" in aot.dsa.__all__
+    assert dsa_aot.csa.compressor is csa_compressor.compressor and "compressor" in dsa_aot.csa.__all__
+    assert dsa_aot.dsa.sparse_attention is dsa_sparse_attention_forward.sparse_attention and "sparse_attention" in dsa_aot.dsa.__all__
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in ("csa_compressor", "dsa_sparse_attention"):
         op = getattr(torch.ops.dsa_aot, name).default
@@ -63,16 +63,16 @@ def _targets(g):
 def test_forward_and_backward_trace_into_one_graph():
     """make_fx over fake tensors of the op and torch.autograd.grad: the op, then its backward op (the
     autograd formula), each one node; the fakes give the shapes (the index rows padded to 128 slots)."""
-    import aot.csa
-    import aot.dsa
+    import dsa_aot.csa
+    import dsa_aot.dsa
 
     def csa(kv, score, ape, cu, cuc, go):
-        out = aot.csa.compressor(kv, score, ape, cu, cuc, ratio=4, coff=2, total_comp=32, deterministic=True)
+        out = dsa_aot.csa.compressor(kv, score, ape, cu, cuc, ratio=4, coff=2, total_comp=32, deterministic=True)
         assert out.shape == (32, 128) and out.dtype == BF16
         return torch.autograd.grad(out, (kv, score, ape), go)
 
     def sparse(q, kv, idx, sink, length, do):
-        r = aot.dsa.sparse_attention(q, kv, idx, sink, softmax_scale=0.05, topk_length=length)
+        r = dsa_aot.dsa.sparse_attention(q, kv, idx, sink, softmax_scale=0.05, topk_length=length)
         assert [tuple(t.shape) for t in r.values()] == [(8, 16, 512), (8, 16), (8, 16)]
         saved = torch.ops.dsa_aot.dsa_sparse_attention(q, kv, idx, sink, 0.05, length)[3:]
         assert [tuple(t.shape) for t in saved] == [(8, 128), (8,)]
@@ -106,35 +106,35 @@ def test_torch_compile_fullgraph_reaches_the_ops_own_checks(compiled_graphs):
     """torch.compile(fullgraph=True) of a function calling the op (total_comp given, and None: a
     data-dependent size): one graph holding the op (its backward graph, once compiled, the backward
     op: make_fx above traces both); running it on CPU tensors is the op's own InputError."""
-    import aot.csa
-    import aot.dsa
-    import aot.library  # noqa: F401 - registering is no graph op: it comes first (the next test)
+    import dsa_aot.csa
+    import dsa_aot.dsa
+    import dsa_aot.library  # noqa: F401 - registering is no graph op: it comes first (the next test)
 
     graphs, backend = compiled_graphs
     kv, score, ape, cu, cuc = (t.detach().zero_().requires_grad_(t.requires_grad) for t in _fake_csa())
     for total in (32, None):
         graphs.clear()
-        f = torch.compile(lambda *a: aot.csa.compressor(*a, total_comp=total, deterministic=True), fullgraph=True, backend=backend)
+        f = torch.compile(lambda *a: dsa_aot.csa.compressor(*a, total_comp=total, deterministic=True), fullgraph=True, backend=backend)
         with pytest.raises(InputError, match="expected cuda"):
             f(kv, score, ape, cu, cuc)
         # the backward graph is compiled at the first backward (here only when a size is data-dependent)
         assert graphs[0][0] == "dsa_aot.csa_compressor.default" and graphs[1:] in ([], [["dsa_aot.csa_compressor_backward.default"]]), graphs
     q, kv, idx, sink, length = (t.detach().zero_().requires_grad_(t.requires_grad) for t in _fake_sparse())
     graphs.clear()
-    f = torch.compile(lambda *a: aot.dsa.sparse_attention(*a)["out"], fullgraph=True, backend=backend)
+    f = torch.compile(lambda *a: dsa_aot.dsa.sparse_attention(*a)["out"], fullgraph=True, backend=backend)
     with pytest.raises(InputError, match="expected a CUDA tensor"):
         f(q, kv, idx, sink)
     assert graphs[0][0] == "dsa_aot.dsa_sparse_attention.default" and graphs[1:] in ([], [["dsa_aot.dsa_sparse_attention_backward.default"]]), graphs
 
 
 def test_a_first_call_inside_torch_compile_says_to_register_the_ops_first(compiled_graphs, monkeypatch):
-    import aot.csa
-    import aot.ops.library as library
+    import dsa_aot.csa
+    import dsa_aot.ops.library as library
 
     monkeypatch.setattr(library, "_LIB", None)  # as in a process that has not registered them yet
     monkeypatch.setattr(library, "_OPS", {})
-    f = torch.compile(lambda *a: aot.csa.compressor(*a, total_comp=32), fullgraph=True, backend=compiled_graphs[1])
-    with pytest.raises(Exception, match="import aot.library"):
+    f = torch.compile(lambda *a: dsa_aot.csa.compressor(*a, total_comp=32), fullgraph=True, backend=compiled_graphs[1])
+    with pytest.raises(Exception, match="import dsa_aot.library"):
         f(*(t.detach().zero_() for t in _fake_csa()))
 
 
@@ -147,7 +147,7 @@ def on_stand_in(monkeypatch):
     that present as CUDA ones, and so do ``empty_like``, ``zeros_like`` and ``full_like`` of such a
     tensor; torch's current device is 0 and its current stream :data:`STREAM`. Returns the list of the
     tensors the factories made (what :func:`_record` masks)."""
-    import aot.ops._support as support
+    import dsa_aot.ops._support as support
 
     made = []
 
@@ -225,19 +225,19 @@ def test_compressor_launches_what_the_forward_and_backward_launch(env, on_stand_
     compressor_backward launches (the main kernel; the fixed-order dAPE reduction too when
     deterministic): the same kernels, grids, stream and bytes, but for the pointers of what each
     allocates. Gradients go to kv, score and ape."""
-    import aot.csa
+    import dsa_aot.csa
 
     made = on_stand_in
     ins = _csa_inputs()
     go = _t((40, 128), BF16)
-    out, fwd, fwd_sets = _record(env, made, lambda: aot.csa.compressor(*ins, total_comp=40, deterministic=deterministic))
+    out, fwd, fwd_sets = _record(env, made, lambda: dsa_aot.csa.compressor(*ins, total_comp=40, deterministic=deterministic))
     assert out.requires_grad and out.shape == (40, 128) and len(fwd) == 1 and fwd[0][1][7] == STREAM
     grads, bwd, bwd_sets = _record(env, made, lambda: torch.autograd.grad(out, ins[:3], go))
     assert [(g.shape, g.dtype) for g in grads] == [(t.shape, t.dtype) for t in ins[:3]]
 
     plain = [t.detach() for t in ins]
-    _, want_fwd, want_fwd_sets = _record(env, made, lambda: aot.csa.compressor_forward(*plain, total_comp=40))
-    _, want_bwd, want_bwd_sets = _record(env, made, lambda: aot.csa.compressor_backward(*plain, go, deterministic=deterministic))
+    _, want_fwd, want_fwd_sets = _record(env, made, lambda: dsa_aot.csa.compressor_forward(*plain, total_comp=40))
+    _, want_bwd, want_bwd_sets = _record(env, made, lambda: dsa_aot.csa.compressor_backward(*plain, go, deterministic=deterministic))
     assert fwd == want_fwd and fwd_sets == want_fwd_sets
     assert bwd == want_bwd and bwd_sets == want_bwd_sets and (len(bwd) > 1) == deterministic  # + the dAPE reduction
 
@@ -254,30 +254,30 @@ def test_compressor_launches_what_the_forward_and_backward_launch(env, on_stand_
     (dict(cu_seqlens=[0, 163]), "cu_seqlens: a list (expected Tensor)"),
 ], ids=lambda x: "" if isinstance(x, str) else next(iter(x)))
 def test_malformed_compressor_calls_raise_input_error_before_anything_runs(env, bad, want):
-    import aot.csa
+    import dsa_aot.csa
 
     kv, score, ape, cu, cuc = _csa_inputs()
     args = dict(kv=kv, score=score, ape=ape, cu_seqlens=cu, cu_seqlens_comp=cuc, ratio=4, head_dim=None, coff=2, total_comp=40, deterministic=True)
     env.launches.clear()
     env.memsets.clear()
     with pytest.raises(InputError) as e:
-        aot.csa.compressor(**dict(args, **bad))
+        dsa_aot.csa.compressor(**dict(args, **bad))
     assert want in str(e.value) and not env.launches and not env.memsets
 
 
 def test_compressor_grads_only_where_asked(env, on_stand_in):
-    import aot.csa
+    import dsa_aot.csa
 
     kv, score, ape, cu, cuc = _csa_inputs(grad=False)
     score.requires_grad_(True)
-    out = aot.csa.compressor(kv, score, ape, cu, cuc, total_comp=40)
+    out = dsa_aot.csa.compressor(kv, score, ape, cu, cuc, total_comp=40)
     (g,) = torch.autograd.grad(out, (score,), _t((40, 128), BF16))
     assert g.shape == score.shape
     with torch.no_grad():
-        assert not aot.csa.compressor(*_csa_inputs(), total_comp=40).requires_grad
+        assert not dsa_aot.csa.compressor(*_csa_inputs(), total_comp=40).requires_grad
 
 
-# --- aot.dsa.sparse_attention -------------------------------------------------------------------------
+# --- dsa_aot.dsa.sparse_attention -------------------------------------------------------------------------
 
 
 def _sparse_inputs(s_q=8, h=64, d=512, s_kv=300, k=100, sink=True, length=False, seed=0):
@@ -308,15 +308,15 @@ def _safe(ids, lengths, s_kv, padded):
 def test_sparse_attention_on_an_sm90_device_raises_the_forwards_own_error(env):
     """Upstream has no SM90 forward kernel: the op raises what the forward raises for the call it would
     make (not a fallback), through the registered torch op too, before anything runs."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     for h, length in ((64, False), (16, True)):
         q, kv, idx, sink, tl = _sparse_inputs(h=h, length=length)
         with pytest.raises(AotError) as want:
-            aot.dsa.sparse_attention_forward(_t((8, 64, 512), BF16), kv, idx, attn_sink=_t((64,), F32), topk_length=tl)
+            dsa_aot.dsa.sparse_attention_forward(_t((8, 64, 512), BF16), kv, idx, attn_sink=_t((64,), F32), topk_length=tl)
         env.launches.clear()
         env.memsets.clear()
-        for f in (lambda: aot.dsa.sparse_attention(q, kv, idx, sink, topk_length=tl), lambda: torch.ops.dsa_aot.dsa_sparse_attention(q, kv, idx, sink)):
+        for f in (lambda: dsa_aot.dsa.sparse_attention(q, kv, idx, sink, topk_length=tl), lambda: torch.ops.dsa_aot.dsa_sparse_attention(q, kv, idx, sink)):
             with pytest.raises(type(want.value)) as got:
                 f()
             assert str(got.value) == str(want.value) and "SM100 only" in str(got.value)
@@ -344,8 +344,8 @@ def _bad_sparse_calls():
 
 
 def test_malformed_sparse_attention_calls_raise_input_error_before_anything_runs(sm100_env, monkeypatch):
-    import aot.dsa
-    import aot.ops.dsa_topk_utils as tk
+    import dsa_aot.dsa
+    import dsa_aot.ops.dsa_topk_utils as tk
 
     monkeypatch.setattr(tk, "_CMP", {})
     env = sm100_env
@@ -353,7 +353,7 @@ def test_malformed_sparse_attention_calls_raise_input_error_before_anything_runs
     env.launches.clear()
     for name, (over, want) in cases.items():
         with pytest.raises(InputError) as e:
-            aot.dsa.sparse_attention(**dict(good, **over))
+            dsa_aot.dsa.sparse_attention(**dict(good, **over))
         assert want in str(e.value), (name, str(e.value))
         assert not env.launches and not env.memsets, name
 
@@ -361,19 +361,19 @@ def test_malformed_sparse_attention_calls_raise_input_error_before_anything_runs
 def test_a_missing_entry_is_the_forwards_or_compactifys_own_error(sm100_env, monkeypatch):
     """The SM100 build has the forward for H64 D512 only and compactify for rows of 128 slots: another
     call is a KernelNotFoundError naming the bucket to add, before anything runs (never a fallback)."""
-    import aot.dsa
-    import aot.ops.dsa_topk_utils as tk
+    import dsa_aot.dsa
+    import dsa_aot.ops.dsa_topk_utils as tk
 
     monkeypatch.setattr(tk, "_CMP", {})
     env = sm100_env
     env.launches.clear()
     q, kv, idx, sink, tl = _sparse_inputs(d=576, length=True, k=128)
     with pytest.raises(KernelNotFoundError, match="dsa_sparse_attention_forward/fwd") as e:
-        aot.dsa.sparse_attention(q, kv, idx, sink, topk_length=tl)
+        dsa_aot.dsa.sparse_attention(q, kv, idx, sink, topk_length=tl)
     assert "\n  dim = 576\n" in str(e.value)
     q, kv, idx, sink, tl = _sparse_inputs(length=True, k=100)
     with pytest.raises(KernelNotFoundError, match="dsa_topk_utils/compactify .*'cols': 100"):
-        aot.dsa.sparse_attention(q, kv, idx, sink, topk_length=tl)
+        dsa_aot.dsa.sparse_attention(q, kv, idx, sink, topk_length=tl)
     assert not env.launches and not env.memsets
 
 
@@ -382,8 +382,8 @@ def sparse_forward(sm100_env, on_stand_in, monkeypatch):
     """The op's implementation on the SM100 stand-in (called directly: inside a dispatched torch op a
     tensor subclass does not reach the implementation's own torch calls), with the forward op it calls
     and compactify calls recorded."""
-    import aot.ops.dsa_sparse_attention_forward as fwd
-    import aot.ops.dsa_topk_utils as tk
+    import dsa_aot.ops.dsa_sparse_attention_forward as fwd
+    import dsa_aot.ops.dsa_topk_utils as tk
 
     monkeypatch.setattr(tk, "_CMP", {})
     calls = []
@@ -408,7 +408,7 @@ def test_sparse_attention_forward_normalises_pads_and_launches_the_forward(spars
     """H64, 100 slots, no lengths: ids outside [0, S_kv) become -1, the rows are padded with -1 to 128
     slots, and the one launch is the forward's on exactly those rows (sparse_attention_forward_into on
     the op's own tensors launches the same bytes)."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     env, impl, calls = sparse_forward
     q, kv, idx, sink, _ = _sparse_inputs(k=100)
@@ -420,7 +420,7 @@ def test_sparse_attention_forward_normalises_pads_and_launches_the_forward(spars
     assert args[0] is q and args[1] is kv and args[2] is safe and kw == dict(attn_sink=sink, topk_length=None, softmax_scale=0.05)
     got = [(L.kernel, L.dims, L.params) for L in env.launches]
     env.launches.clear()
-    aot.dsa.sparse_attention_forward_into(out, ml, lse, None, q, kv, safe, attn_sink=sink, softmax_scale=0.05)
+    dsa_aot.dsa.sparse_attention_forward_into(out, ml, lse, None, q, kv, safe, attn_sink=sink, softmax_scale=0.05)
     assert len(got) == 1 and got == [(L.kernel, L.dims, L.params) for L in env.launches] and not env.memsets
 
 
@@ -463,8 +463,8 @@ def test_sparse_attention_backward_launches_what_the_backward_op_launches(env, o
     tensors, the sink -inf when there was none; gradients only where asked, none without dout."""
     import types
 
-    import aot.dsa
-    from aot.ops.dsa_sparse_attention_forward import _sparse_attention_grad
+    import dsa_aot.dsa
+    from dsa_aot.ops.dsa_sparse_attention_forward import _sparse_attention_grad
 
     made = on_stand_in
     q, kv, _, sink, _ = _sparse_inputs(s_q=16, k=128)
@@ -477,7 +477,7 @@ def test_sparse_attention_backward_launches_what_the_backward_op_launches(env, o
 
         def direct():
             s = given_sink if given_sink is not None else torch.full((64,), -math.inf, dtype=F32, device=q.device)
-            return aot.dsa.sparse_attention_backward(q, kv, out, dout, lse, s, safe, 0.05)
+            return dsa_aot.dsa.sparse_attention_backward(q, kv, out, dout, lse, s, safe, 0.05)
 
         want, want_launches, want_sets = _record(env, made, direct)
         assert got == want_launches and got_sets == want_sets and len(got) == 3  # preprocess, main, postprocess

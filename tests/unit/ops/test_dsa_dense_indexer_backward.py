@@ -1,4 +1,4 @@
-"""aot.ops.dsa_dense_indexer_backward without a GPU: what a call records (zero the fp32 dK, score-grad,
+"""dsa_aot.ops.dsa_dense_indexer_backward without a GPU: what a call records (zero the fp32 dK, score-grad,
 GEMM; the bf16 cast), the grids upstream launches, the refusals, the workspace size against cudnn's
 plan, and the SM100 path through the real lifted host functions (a capability-10.0 stand-in)."""
 
@@ -9,7 +9,7 @@ import torch
 
 import op_calls
 import stand_in
-from aot.errors import InputError, KernelNotFoundError
+from dsa_aot.errors import InputError, KernelNotFoundError
 
 
 @pytest.fixture
@@ -18,9 +18,9 @@ def torch_steps(monkeypatch):
     tensors: no CUDA stream or capture state to enter on a CPU-only torch."""
     import contextlib
 
-    import aot.ops._support as support
-    import aot.ops.dsa_dense_indexer_backward as op
-    import aot.ops.dsa_indexer_backward as ib
+    import dsa_aot.ops._support as support
+    import dsa_aot.ops.dsa_dense_indexer_backward as op
+    import dsa_aot.ops.dsa_indexer_backward as ib
 
     for mod in (op, ib, support):  # (_support.max_lengths reads the THD maxima)
         monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
@@ -79,7 +79,7 @@ def test_calls_with_nothing_to_do_launch_nothing_and_zero_the_outputs(env, torch
 
 
 def test_refusals_name_every_problem_before_anything_runs(env):
-    import aot.dsa
+    import dsa_aot.dsa
 
     fn, args, kw, writes = op_calls.dense_indexer_backward(0, env.new_stream(0))
     before = [stand_in.contents(t) for t in writes]
@@ -115,19 +115,19 @@ def test_refusals_name_every_problem_before_anything_runs(env):
     with pytest.raises(KernelNotFoundError, match="ratio = 3"):  # a ratio the build does not ship: the bucket to add
         fn(*args, **{**kw, "ratio": 3})
     with pytest.raises(InputError, match=r"index_q: expected a CUDA tensor \(B, S_q, H, 128\)"):
-        aot.dsa.dense_indexer_backward(args[3][0], *args[4:11])
+        dsa_aot.dsa.dense_indexer_backward(args[3][0], *args[4:11])
     assert not env.launches and not env.memsets
     assert [stand_in.contents(t) for t in writes] == before
 
 
 def test_the_allocating_form_reads_thd_maxima_and_allocates_like_the_inputs(env, torch_steps):
-    import aot.dsa
+    import dsa_aot.dsa
 
     stream = env.new_stream(0)
     _, args, kw, _ = op_calls.dense_indexer_backward(0, stream, varlen=True)
     kw = {k: v for k, v in kw.items() if k not in ("max_seqlen_q", "max_seqlen_k", "workspace")}
     env.launches.clear()
-    out = aot.dsa.dense_indexer_backward(*args[3:], d_index_k=args[2], **kw)  # fp32 d_index_k given: no workspace (a CPU torch cannot allocate one)
+    out = dsa_aot.dsa.dense_indexer_backward(*args[3:], d_index_k=args[2], **kw)  # fp32 d_index_k given: no workspace (a CPU torch cannot allocate one)
     assert set(out.keys()) == {"d_index_q", "d_weights", "d_index_k"} and out["d_index_k"] is args[2]
     assert out["d_index_q"].shape == args[3].shape and out["d_weights"].shape == args[4].shape
     assert env.launches[0].dims[:2] == (8, 2)  # max_seqlen_q read from cu_seqlens_q (segments of 8 and 5)
@@ -136,7 +136,7 @@ def test_the_allocating_form_reads_thd_maxima_and_allocates_like_the_inputs(env,
 def test_workspace_bytes_equal_upstream_plan():
     """Against cudnn's own DenseIndexerBackward.scratch_workspace_bytes (its plan object needs no GPU)."""
     api = pytest.importorskip("cudnn.deepseek_sparse_attention.indexer_backward.api")
-    import aot.dsa
+    import dsa_aot.dsa
 
     for b, s_q, s_k in ((1, 4, 1), (2, 3, 1000), (3, 5, 33)):
         q, w = torch.zeros(b, s_q, 64, 128, dtype=torch.bfloat16), torch.zeros(b, s_q, 64, dtype=torch.bfloat16)
@@ -144,9 +144,9 @@ def test_workspace_bytes_equal_upstream_plan():
         for dt in (torch.bfloat16, torch.float32):
             dk = torch.zeros(b, s_k, 128, dtype=dt)
             plan = api.DenseIndexerBackward(q, w, k, q, w, dk, sc, dn, sc, dn)
-            assert aot.dsa.dense_indexer_backward_workspace_bytes(k.shape, dt) == plan.scratch_workspace_bytes(), (b, s_k, dt)
+            assert dsa_aot.dsa.dense_indexer_backward_workspace_bytes(k.shape, dt) == plan.scratch_workspace_bytes(), (b, s_k, dt)
     with pytest.raises(InputError):
-        aot.dsa.dense_indexer_backward_workspace_bytes((2, -1, 128))
+        dsa_aot.dsa.dense_indexer_backward_workspace_bytes((2, -1, 128))
 
 
 @pytest.mark.parametrize("varlen", [False, True])
@@ -167,8 +167,8 @@ def test_the_sm100_calls_feed_the_lifted_host_functions_in_upstreams_order(sm100
     through the lifted host functions, launch upstream's grids; swapped raw scores / target is caught."""
     import json
 
-    import aot.ops.dsa_dense_indexer_backward as op
-    from aot.toolchain import verify
+    import dsa_aot.ops.dsa_dense_indexer_backward as op
+    from dsa_aot.toolchain import verify
 
     index = json.loads((sm100_build / "index.json").read_text())
     entries = [e for e in index["entries"] if e["family"] == "dsa_dense_indexer_backward"]

@@ -1,4 +1,4 @@
-"""aot.ops.dsa_indexer_forward without a GPU: what a call records (the -inf fill, then one launch), the
+"""dsa_aot.ops.dsa_indexer_forward without a GPU: what a call records (the -inf fill, then one launch), the
 refusals, and the SM100 call convention against real lifted host functions (no SM100 GPU runs it
 here; ci/check_sm100_calls.py runs the same check over every shipped SM100 entry at wheel build)."""
 
@@ -12,7 +12,7 @@ import torch
 
 import op_calls
 import stand_in
-from aot.errors import InputError, KernelNotFoundError
+from dsa_aot.errors import InputError, KernelNotFoundError
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "indexer_forward_sm100"
@@ -40,7 +40,7 @@ def test_empty_calls_launch_nothing(env):
 
 
 def test_refusals_name_every_problem_before_anything_runs(env):
-    import aot.dsa
+    import dsa_aot.dsa
 
     fn, args, kw, writes = op_calls.indexer_forward(0, env.new_stream(0))
     scores, lse, q, k, w = args
@@ -67,9 +67,9 @@ def test_refusals_name_every_problem_before_anything_runs(env):
     with pytest.raises(InputError, match="overlaps"):
         fn(scores, scores.view(-1)[: lse.numel()].view(lse.shape), q, k, w, **kw)
     with pytest.raises(InputError, match="m_block_size"):
-        aot.dsa.indexer_forward(q, k, w, m_block_size=64)
+        dsa_aot.dsa.indexer_forward(q, k, w, m_block_size=64)
     with pytest.raises(InputError, match="SM90 only|SM100"):
-        aot.dsa.indexer_forward(q, k, w, cu_seqlens_q_scale_padded=stand_in.cuda_tensor(torch.zeros(3, dtype=torch.int32)))
+        dsa_aot.dsa.indexer_forward(q, k, w, cu_seqlens_q_scale_padded=stand_in.cuda_tensor(torch.zeros(3, dtype=torch.int32)))
     assert not env.launches and not env.memsets
 
 
@@ -93,7 +93,7 @@ def chk():
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DATA.iterdir()))
 def test_sm100_call_feeds_the_lifted_host_function(name, chk):
-    from aot.toolchain import verify
+    from dsa_aot.toolchain import verify
 
     d = DATA / name
     meta = json.loads((d / "meta.json").read_text())
@@ -102,7 +102,7 @@ def test_sm100_call_feeds_the_lifted_host_function(name, chk):
     for s_q, s_k in ((252, 63), (1, 4096), (4096, 1024)):
         assert chk.check_indexer_forward(ns, key, s_q, s_k) == []
     # a call convention that drops the scale (or passes q where k belongs) is caught
-    import aot.ops.dsa_indexer_forward as op_mod
+    import dsa_aot.ops.dsa_indexer_forward as op_mod
 
     real = op_mod._record
 
@@ -122,7 +122,7 @@ def test_sm100_takes_the_padded_scores_buffer_and_launches_the_lifted_host_funct
     """On an SM100 device (stand-in, capability 10.0): a (B, S_q, S_k) scores buffer with S_k % 4 != 0
     is refused with the padded shape to use; the padded buffer is filled with -inf whole and bound with
     its 16-byte row stride; the launch goes through the real lifted host function (upstream's grid)."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     env = sm100_env
     st = env.new_stream(0)
@@ -132,15 +132,15 @@ def test_sm100_takes_the_padded_scores_buffer_and_launches_the_lifted_host_funct
     env.launches.clear()
     env.memsets.clear()
     with pytest.raises(InputError, match=r"pass a \(2, 20, 40\) fp32 buffer"):
-        aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, s_q, s_k)), None, q, k, w, ratio=4, stream=st)
+        dsa_aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, s_q, s_k)), None, q, k, w, ratio=4, stream=st)
     with pytest.raises(InputError, match="SM90 only"):
-        aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, s_q, 40)), stand_in.cuda_tensor(torch.zeros(b, s_q)), q, k, w, ratio=4, stream=st)
+        dsa_aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, s_q, 40)), stand_in.cuda_tensor(torch.zeros(b, s_q)), q, k, w, ratio=4, stream=st)
     with pytest.raises(InputError, match="S_k \\* ratio"):  # SM100's geometry rule: S_q <= S_k * ratio + ratio - 1
-        aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, 200, 4)), None, stand_in.cuda_tensor(torch.zeros(b, 200, h, 128, dtype=torch.bfloat16)),
+        dsa_aot.dsa.indexer_forward_into(stand_in.cuda_tensor(torch.zeros(b, 200, 4)), None, stand_in.cuda_tensor(torch.zeros(b, 200, h, 128, dtype=torch.bfloat16)),
                                      stand_in.cuda_tensor(torch.zeros(b, 2, 1, 128, dtype=torch.bfloat16)), stand_in.cuda_tensor(torch.zeros(b, 200, h, dtype=torch.bfloat16)), stream=st)
     assert not env.launches and not env.memsets
     scores = stand_in.cuda_tensor(torch.zeros(b, s_q, 40))
-    aot.dsa.indexer_forward_into(scores, None, q, k, w, ratio=4, sm_scale=0.25, stream=st)
+    dsa_aot.dsa.indexer_forward_into(scores, None, q, k, w, ratio=4, sm_scale=0.25, stream=st)
     assert [(m[0], m[1], m[4]) for m in env.memsets] == [(scores.data_ptr(), scores.numel() * 4, 0xFF800000)]
     (launch,) = env.launches
     assert launch.dims[:3] == (-(-s_q * h // 128), 1, b)  # upstream's CLC grid: the whole problem

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import stand_in
-from aot.errors import InputError
+from dsa_aot.errors import InputError
 
 
 def test_a_bshd_call_launches_gemm_stage2_and_local_to_global(sm100_env):
-    import aot.ops.dsa_indexer_forward_top_k as op
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
     env = sm100_env
     st = env.new_stream(0)
@@ -43,7 +43,7 @@ def test_a_windowed_call_runs_each_window_on_views_with_the_plans_offset_tables(
     stage 2 on that window's rows (q, w and the outputs at the window's first row, k cut at its last
     key), causal offsets rs for every batch and slabs b * pbf from a table the plan's memsets write,
     then one local-to-global over all rows."""
-    import aot.ops.dsa_indexer_forward_top_k as op
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
     env = sm100_env
     st = env.new_stream(0)
@@ -91,7 +91,7 @@ def test_a_windowed_call_runs_each_window_on_views_with_the_plans_offset_tables(
 
 
 def policy_g(n, ratio):
-    from aot.policy.dsa_indexer_forward_top_k import cand_floats
+    from dsa_aot.policy.dsa_indexer_forward_top_k import cand_floats
 
     return cand_floats(n, ratio)
 
@@ -100,7 +100,7 @@ def test_a_thd_call_binds_segments_batch_offsets_and_the_outputs_as_upstream_vie
     """THD: one GEMM over the segments (cu_seqlens, the longest segments as S_q / S_k, the caller's batch
     offsets), stage 2 over (total_q, 1, top_k) views with grid (total_q, 1), local-to-global with
     cu_seqlens (seqlen_k 0)."""
-    import aot.ops.dsa_indexer_forward_top_k as op
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
     env = sm100_env
     st = env.new_stream(0)
@@ -140,8 +140,8 @@ def test_the_gemm_call_feeds_the_lifted_host_function_in_upstreams_order(name, s
     with causal offsets, THD bf16 fp32-W with LSE): the op's argument list equals upstream's order written
     down in the checker and runs through the lifted host function; a call convention that swaps the
     causal and the batch offsets (or q and k) is caught."""
-    import aot.ops.dsa_indexer_forward_top_k as op
-    from aot.toolchain import verify
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
+    from dsa_aot.toolchain import verify
 
     chk = sm100_calls
     meta = json.loads((DATA / name / "meta.json").read_text())

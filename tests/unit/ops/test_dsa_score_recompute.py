@@ -1,4 +1,4 @@
-"""aot.ops.dsa_score_recompute (the sparse indexer's and the sparse attention's) without a GPU: on SM90
+"""dsa_aot.ops.dsa_score_recompute (the sparse indexer's and the sparse attention's) without a GPU: on SM90
 the weights / LSE copied transposed into the workspace before the one launch, the attention's scale
 where each arch's kernel reads it, the arguments in upstream's order through the lifted host functions
 of both arches, the grids, the refusals, and a plan that refuses other shapes."""
@@ -10,7 +10,7 @@ import torch
 
 import op_calls
 import stand_in
-from aot.errors import InputError, KernelNotFoundError
+from dsa_aot.errors import InputError, KernelNotFoundError
 
 
 def _ptr_in(t, blob) -> bool:
@@ -39,7 +39,7 @@ def test_sm90_copies_the_weights_transposed_then_launches_once(env, torch_steps,
 
 
 def test_refusals_name_every_problem_before_anything_runs(env, torch_steps):
-    import aot.dsa
+    import dsa_aot.dsa
 
     fn, args, kw, writes = op_calls.sparse_indexer_score_recompute(0, env.new_stream(0))
     before = [stand_in.contents(t) for t in writes]
@@ -61,27 +61,27 @@ def test_refusals_name_every_problem_before_anything_runs(env, torch_steps):
     with pytest.raises(KernelNotFoundError, match="topk = 1024"):  # the small build ships top-k 512 only: the bucket to add
         fn(stand_in.cuda_tensor(torch.zeros(2, 8, 1024)), *args[1:4], ids, None, **kw)
     with pytest.raises(InputError, match="4-D|\\(B, S_q, H, 128\\)"):
-        aot.dsa.sparse_indexer_score_recompute(args[1][0], *args[2:5])
+        dsa_aot.dsa.sparse_indexer_score_recompute(args[1][0], *args[2:5])
     assert not env.launches
     assert [stand_in.contents(t) for t in writes] == before
 
 
 def test_workspace_bytes_follow_the_device_arch(env):
-    import aot.dsa
+    import dsa_aot.dsa
 
-    assert aot.dsa.sparse_indexer_score_recompute_workspace_bytes((3, 5, 64), 0) == 1920  # the bf16 (B, H, S_q) copy
-    assert aot.dsa.sparse_indexer_score_recompute_workspace_bytes((1, 1, 10), 0) == 128  # rounded to 128 bytes
+    assert dsa_aot.dsa.sparse_indexer_score_recompute_workspace_bytes((3, 5, 64), 0) == 1920  # the bf16 (B, H, S_q) copy
+    assert dsa_aot.dsa.sparse_indexer_score_recompute_workspace_bytes((1, 1, 10), 0) == 128  # rounded to 128 bytes
     with pytest.raises(InputError):
-        aot.dsa.sparse_indexer_score_recompute_workspace_bytes((3, 5), 0)
+        dsa_aot.dsa.sparse_indexer_score_recompute_workspace_bytes((3, 5), 0)
 
 
 @pytest.mark.parametrize("length", [False, True])
 def test_sm100_launches_once_through_the_lifted_host_function_without_a_workspace(sm100_env, length):
-    import aot.dsa
+    import dsa_aot.dsa
 
     stream = sm100_env.new_stream(0)
     fn, args, kw, _ = op_calls.sparse_indexer_score_recompute(0, stream, s_q=9, length=length)
-    assert kw["workspace"] is None and aot.dsa.sparse_indexer_score_recompute_workspace_bytes(args[3].shape, 0) == 0
+    assert kw["workspace"] is None and dsa_aot.dsa.sparse_indexer_score_recompute_workspace_bytes(args[3].shape, 0) == 0
     sm100_env.launches.clear()
     fn(*args, **kw)
     (launch,) = sm100_env.launches
@@ -97,8 +97,8 @@ def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls)
     reach the kernel are caught."""
     import json
 
-    import aot.ops.dsa_score_recompute as op
-    from aot.toolchain import verify
+    import dsa_aot.ops.dsa_score_recompute as op
+    from dsa_aot.toolchain import verify
 
     index = json.loads((sm100_build / "index.json").read_text())
     entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"].startswith("sparse")]
@@ -159,11 +159,11 @@ def test_sm90_attention_copies_the_lse_transposed_and_passes_the_scale_per_call(
 
 @pytest.mark.parametrize("heads,length,dropped", [(64, False, False), (64, True, False), (128, True, True)])
 def test_sm100_attention_reads_the_scale_and_drops_topk_length_where_upstream_does(sm100_env, heads, length, dropped):
-    import aot.dsa
+    import dsa_aot.dsa
 
     stream = sm100_env.new_stream(0)
     fn, args, kw, _ = op_calls.sparse_attn_score_recompute(0, stream, s_q=9, length=length, heads=heads)
-    assert kw["workspace"] is None and aot.dsa.sparse_attn_score_recompute_workspace_bytes(args[3].shape, 0) == 0
+    assert kw["workspace"] is None and dsa_aot.dsa.sparse_attn_score_recompute_workspace_bytes(args[3].shape, 0) == 0
     launch = _params_of(sm100_env, fn, args, kw)
     assert launch.dims[3] == 384 and launch.dims[7] == stream
     assert struct.pack("<f", args[5]) in launch.params
@@ -175,7 +175,7 @@ def test_sm100_attention_reads_the_scale_and_drops_topk_length_where_upstream_do
 
 
 def test_attention_refusals_name_every_problem_before_anything_runs(env, torch_steps):
-    import aot.dsa
+    import dsa_aot.dsa
 
     fn, args, kw, writes = op_calls.sparse_attn_score_recompute(0, env.new_stream(0))
     out, q, k, lse, idx, scale, ln = args
@@ -200,27 +200,27 @@ def test_attention_refusals_name_every_problem_before_anything_runs(env, torch_s
     with pytest.raises(InputError, match="workspace: missing"):
         fn(*args, **{**kw, "workspace": None})
     with pytest.raises(InputError, match="4-D|\\(B, S_q, H, 512 or 576\\)"):
-        aot.dsa.sparse_attn_score_recompute(q[0], k, lse, idx, scale)
+        dsa_aot.dsa.sparse_attn_score_recompute(q[0], k, lse, idx, scale)
     assert not env.launches
     assert [stand_in.contents(t) for t in writes] == before
 
 
 def test_attention_workspace_bytes_follow_the_device_arch(env):
-    import aot.dsa
+    import dsa_aot.dsa
 
-    assert aot.dsa.sparse_attn_score_recompute_workspace_bytes((3, 5, 64), 0) == 3840  # the fp32 (B, H, S_q) copy
-    assert aot.dsa.sparse_attn_score_recompute_workspace_bytes((1, 1, 10), 0) == 128
+    assert dsa_aot.dsa.sparse_attn_score_recompute_workspace_bytes((3, 5, 64), 0) == 3840  # the fp32 (B, H, S_q) copy
+    assert dsa_aot.dsa.sparse_attn_score_recompute_workspace_bytes((1, 1, 10), 0) == 128
     with pytest.raises(InputError, match="lse_shape"):
-        aot.dsa.sparse_attn_score_recompute_workspace_bytes((3, 5), 0)
+        dsa_aot.dsa.sparse_attn_score_recompute_workspace_bytes((3, 5), 0)
 
 
 def test_training_form_normalises_pads_and_slices_as_upstream(env, torch_steps, monkeypatch):
-    """aot.dsa.sparse_attention_score_recompute: ids outside [0, S_kv) and slots past the clamped length
+    """dsa_aot.dsa.sparse_attention_score_recompute: ids outside [0, S_kv) and slots past the clamped length
     become -1 (positions kept), the rows are padded with -1 to 512 slots, one batch-1 launch with local ids
     and no topk_length, the target sliced back to K columns; refusals before any launch."""
-    import aot.dsa
+    import dsa_aot.dsa
 
-    import aot.ops._support as support
+    import dsa_aot.ops._support as support
 
     stream = env.new_stream(0)
     monkeypatch.setattr(support, "_raw_stream", lambda dev: stream)  # torch's current stream, as the stand-in has it
@@ -237,7 +237,7 @@ def test_training_form_normalises_pads_and_slices_as_upstream(env, torch_steps, 
     ids = torch.randint(-3, s_kv + 20, (s_q, k), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
     length = torch.tensor([0, 1, 5, 499, 500, 600, -2, 250], dtype=torch.int32)
     env.launches.clear()
-    r = aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(ids), topk_length=stand_in.cuda_tensor(length))
+    r = dsa_aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(ids), topk_length=stand_in.cuda_tensor(length))
     (launch,) = env.launches
     assert launch.dims[:3] == (s_q, 1, 1) and launch.dims[7] == stream, "one batch of S_q rows, on torch's current stream"
     assert r["target"].shape == (s_q, k) and r["target"].dtype == torch.float32
@@ -247,11 +247,11 @@ def test_training_form_normalises_pads_and_slices_as_upstream(env, torch_steps, 
     assert struct.pack("<f", d**-0.5 * 1.4426950408889634) in launch.params, "the default scale 1/sqrt(D)"
     env.launches.clear()
     with pytest.raises(InputError, match="lse"):
-        aot.dsa.sparse_attention_score_recompute(q, kv, stand_in.cuda_tensor(torch.zeros(s_q, h, dtype=torch.bfloat16)), stand_in.cuda_tensor(ids))
+        dsa_aot.dsa.sparse_attention_score_recompute(q, kv, stand_in.cuda_tensor(torch.zeros(s_q, h, dtype=torch.bfloat16)), stand_in.cuda_tensor(ids))
     with pytest.raises(InputError, match="softmax_scale"):
-        aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(ids), softmax_scale=-1.0)
+        dsa_aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(ids), softmax_scale=-1.0)
     with pytest.raises(KernelNotFoundError, match="topk = 640"):  # K 600 pads to 640: not in the small build
-        aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(torch.zeros(s_q, 600, dtype=torch.int32)))
+        dsa_aot.dsa.sparse_attention_score_recompute(q, kv, lse, stand_in.cuda_tensor(torch.zeros(s_q, 600, dtype=torch.int32)))
     assert not env.launches
 
 
@@ -298,7 +298,7 @@ def test_sm100_dense_indexer_passes_the_scale_and_runs_thd_natively(sm100_env, v
 
 
 def test_dense_indexer_refusals_before_anything_runs(env, torch_steps):
-    import aot.dsa
+    import dsa_aot.dsa
 
     fn, args, kw, writes = op_calls.dense_indexer_score_recompute(0, env.new_stream(0))
     out, den, q, k, w = args
@@ -309,10 +309,10 @@ def test_dense_indexer_refusals_before_anything_runs(env, torch_steps):
         fn(*args, **{**kw, "sm_scale": 0.5})
     with pytest.raises(InputError, match="THD on SM90 in a plan"):  # as upstream's plan classes
         cu = stand_in.cuda_tensor(torch.tensor([0, 8, 16], dtype=torch.int32))
-        aot.dsa.DenseIndexerScoreRecompute(out.view(16, 40), den.view(16), q.view(16, 64, 128), k.view(80, 1, 128), w.view(16, 64), cu, cu,
+        dsa_aot.dsa.DenseIndexerScoreRecompute(out.view(16, 40), den.view(16), q.view(16, 64, 128), k.view(80, 1, 128), w.view(16, 64), cu, cu,
                                            ratio=4, max_seqlen_q=8, max_seqlen_k=40, workspace=kw["workspace"])
     with pytest.raises(InputError, match="precision='mxfp8'"):
-        aot.dsa.dense_indexer_score_recompute(q, k, w, precision="mxfp8")
+        dsa_aot.dsa.dense_indexer_score_recompute(q, k, w, precision="mxfp8")
     with pytest.raises(InputError) as e:
         fn(out, den, q, k, stand_in.cuda_tensor(torch.zeros(w.shape)), ratio=0, sm_scale=float("inf"), workspace=kw["workspace"])
     for want in ("weights: dtype torch.float32", "ratio=0", "sm_scale=inf"):
@@ -332,8 +332,8 @@ def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_
     block-scaled, swapped q / k scales or scale-padded offsets are caught."""
     import json
 
-    import aot.ops.dsa_score_recompute as op
-    from aot.toolchain import verify
+    import dsa_aot.ops.dsa_score_recompute as op
+    from dsa_aot.toolchain import verify
 
     index = json.loads((sm100_build / "index.json").read_text())
     entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == op_name]
@@ -379,7 +379,7 @@ def test_sm100_block_scaled_dense_indexer_launches_once_with_its_scales(sm100_en
     """The block-scaled SM100 call: out filled with -inf, then one launch of upstream's 384-thread kernel on the
     caller's stream, its grid (ceil(S_q * H / 128), 1, B), every tensor (the scales and, THD, their padded
     offsets too) and the scale in the parameters; the allocating form and the plan launch the same."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     env = sm100_env
     stream = env.new_stream(0)
@@ -400,12 +400,12 @@ def test_sm100_block_scaled_dense_indexer_launches_once_with_its_scales(sm100_en
     want = launch.params
     # the allocating form (upstream's wrapper surface) into the same outputs: the same launch
     env.launches.clear()
-    r = aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, sm_scale=0.37, **{n: v for n, v in kw.items() if n != "stream"},
+    r = dsa_aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, sm_scale=0.37, **{n: v for n, v in kw.items() if n != "stream"},
                                               stream=stream)
     assert r["out"] is out and r["denom"] is den
     assert [L.params for L in env.launches] == [want]
     # the plan (the functional op's tensors, its scales by name)
-    plan = aot.dsa.DenseIndexerScoreRecompute(*args, sm_scale=0.37, **{n: v for n, v in kw.items() if n != "stream"})
+    plan = dsa_aot.dsa.DenseIndexerScoreRecompute(*args, sm_scale=0.37, **{n: v for n, v in kw.items() if n != "stream"})
     env.launches.clear()
     plan.execute(*args, stream=stream, **{n: v for n, v in kw.items() if n in type(plan)._tensors})
     assert [L.params for L in env.launches] == [want]
@@ -416,8 +416,8 @@ def test_sm100_block_scaled_dense_indexer_launches_once_with_its_scales(sm100_en
 def test_sm90_refuses_the_block_scaled_dense_indexer(env, torch_steps, monkeypatch, precision, varlen):
     """Upstream's block-scaled dense indexer is SM100 only (NotImplementedError on SM90): an InputError saying so,
     before anything runs; a THD call's device cu_seqlens are not read back for it."""
-    import aot.dsa
-    import aot.ops.dsa_score_recompute as op
+    import dsa_aot.dsa
+    import dsa_aot.ops.dsa_score_recompute as op
 
     def no_read_back(*a, **k):
         raise AssertionError("cu_seqlens read back for a call that is refused")
@@ -428,7 +428,7 @@ def test_sm90_refuses_the_block_scaled_dense_indexer(env, torch_steps, monkeypat
     env.launches.clear()
     env.memsets.clear()
     for call in (lambda: fn(*args, **kw),
-                 lambda: aot.dsa.dense_indexer_score_recompute(*args[2:], **{n: v for n, v in kw.items() if n != "max_seqlen_q"})):
+                 lambda: dsa_aot.dsa.dense_indexer_score_recompute(*args[2:], **{n: v for n, v in kw.items() if n != "max_seqlen_q"})):
         with pytest.raises(InputError) as e:
             call()
         assert "SM100 only" in str(e.value) and "THD on SM90 in a plan" not in str(e.value), str(e.value)
@@ -441,7 +441,7 @@ def test_sm100_block_scaled_dense_indexer_refusals(sm100_env, torch_steps):
     dtype or packed shape, THD without the scale-padded offsets (and BSHD with them), q heads other than 32 / 64
     or more than one KV head, Q / K not of the precision's dtype, mxfp4 with a last dim of 128, scales with bf16,
     an unknown precision, sf_vec_size 16, a heads count the build does not ship."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     env = sm100_env
     stream = env.new_stream(0)
@@ -481,7 +481,7 @@ def test_sm100_block_scaled_dense_indexer_refusals(sm100_env, torch_steps):
     with pytest.raises(InputError, match="one KV head"):
         fn(*h_kv2, **kw)
     with pytest.raises(InputError, match="sf_vec_size=16"):
-        aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, sf_vec_size=16, **{n: v for n, v in kw.items() if n != "stream"})
+        dsa_aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, sf_vec_size=16, **{n: v for n, v in kw.items() if n != "stream"})
     h32 = op_calls.dense_indexer_score_recompute_mx(0, stream, "mxfp8", heads=32)
     with pytest.raises(KernelNotFoundError, match="heads = 32"):  # the sm100 build ships H64: the bucket to add
         h32[0](*h32[1], **h32[2])
@@ -546,7 +546,7 @@ def test_sm100_mxfp8_dense_attention_zeroes_then_launches_once_with_its_scales(s
     upstream zeroes it (D128 H64; not D512 H64), then one launch on the caller's stream of upstream's kernel (384
     threads; D128 H64: 640), every tensor (the scales and, THD, their padded offsets too) and the scale in the
     parameters; the allocating form and the plan launch the same."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     env = sm100_env
     stream = env.new_stream(0)
@@ -568,10 +568,10 @@ def test_sm100_mxfp8_dense_attention_zeroes_then_launches_once_with_its_scales(s
     want = launch.params
     extra = {n: v for n, v in kw.items() if n != "stream"}
     env.launches.clear()
-    r = aot.dsa.dense_attn_score_recompute(q, k, lse, scale, out=out, denom_out=den, stream=stream, **extra)
+    r = dsa_aot.dsa.dense_attn_score_recompute(q, k, lse, scale, out=out, denom_out=den, stream=stream, **extra)
     assert r["out"] is out and r["denom"] is den
     assert [L.params for L in env.launches] == [want]
-    plan = aot.dsa.DenseAttnScoreRecompute(out, den, q, k, lse, softmax_scale=scale, **extra)
+    plan = dsa_aot.dsa.DenseAttnScoreRecompute(out, den, q, k, lse, softmax_scale=scale, **extra)
     env.launches.clear()
     plan.execute(out, den, q, k, lse, stream=stream, **{n: v for n, v in kw.items() if n in type(plan)._tensors})
     assert [L.params for L in env.launches] == [want]
@@ -581,7 +581,7 @@ def test_sm100_mxfp8_dense_attention_zeroes_then_launches_once_with_its_scales(s
 def test_sm100_mxfp8_dense_attention_takes_upstreams_k_block_bucket(sm100_env, torch_steps, monkeypatch, varlen):
     """At D512 the call runs the 128-wide K block entry below 4096 keys (S_k in BSHD, max_seqlen_k in THD) and the
     256-wide one from 4096, as upstream's dispatch picks: S_k 4095 vs 4096 are two entries, two launches."""
-    import aot.ops.dsa_score_recompute as op
+    import dsa_aot.ops.dsa_score_recompute as op
 
     real, keys = op.launcher, []
 
@@ -643,8 +643,8 @@ def test_sm100_mxfp8_dense_attention_refusals(sm100_env, torch_steps):
 def test_sm90_refuses_the_mxfp8_dense_attention(env, torch_steps, monkeypatch, varlen):
     """Upstream's mxfp8 dense attention is SM100 only (NotImplementedError on SM90): an InputError saying so,
     before anything runs; a THD call's device cu_seqlens are not read back for it."""
-    import aot.dsa
-    import aot.ops.dsa_score_recompute as op
+    import dsa_aot.dsa
+    import dsa_aot.ops.dsa_score_recompute as op
 
     def no_read_back(*a, **k):
         raise AssertionError("cu_seqlens read back for a call that is refused")
@@ -655,7 +655,7 @@ def test_sm90_refuses_the_mxfp8_dense_attention(env, torch_steps, monkeypatch, v
     env.launches.clear()
     env.memsets.clear()
     for call in (lambda: fn(*args, **kw),
-                 lambda: aot.dsa.dense_attn_score_recompute(*args[2:], **{n: v for n, v in kw.items() if n != "max_seqlen_q"})):
+                 lambda: dsa_aot.dsa.dense_attn_score_recompute(*args[2:], **{n: v for n, v in kw.items() if n != "max_seqlen_q"})):
         with pytest.raises(InputError) as e:
             call()
         assert "SM100 only" in str(e.value) and "THD on SM90 in a plan" not in str(e.value), str(e.value)
@@ -671,16 +671,16 @@ _SEGS = ((0, 8, 0, 40), (13, 7, 45, 25))  # (q_start, S_q, k_start, S_k) of the 
 
 
 def _thd_call(env, attention, cu_q=_CU_Q, cu_k=_CU_K, max_k=40):
-    import aot.dsa
+    import dsa_aot.dsa
 
     h, d = 64, 512 if attention else 128
     q = stand_in.cuda_tensor(torch.randn(20, h, d).to(torch.bfloat16))
     k = stand_in.cuda_tensor(torch.randn(70, 1, d).to(torch.bfloat16))
     aux = stand_in.cuda_tensor(torch.randn(20, h).to(torch.float32 if attention else torch.bfloat16))
     out, den = stand_in.cuda_tensor(torch.full((20, max_k), 7.0)), stand_in.cuda_tensor(torch.full((20,), 7.0))
-    sizer = aot.dsa.dense_attn_score_recompute_workspace_bytes if attention else aot.dsa.dense_indexer_score_recompute_workspace_bytes
+    sizer = dsa_aot.dsa.dense_attn_score_recompute_workspace_bytes if attention else dsa_aot.dsa.dense_indexer_score_recompute_workspace_bytes
     ws = stand_in.cuda_tensor(torch.randint(0, 255, (sizer(aux.shape, 0, cu_q, cu_k),), dtype=torch.uint8))
-    fn = aot.dsa.dense_attn_score_recompute_into if attention else aot.dsa.dense_indexer_score_recompute_into
+    fn = dsa_aot.dsa.dense_attn_score_recompute_into if attention else dsa_aot.dsa.dense_indexer_score_recompute_into
     args = (out, den, q, k, aux) + ((512**-0.5,) if attention else ())
     return fn, args, dict(ratio=4, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, workspace=ws, stream=env.new_stream(0))
 
@@ -693,7 +693,7 @@ def test_sm90_thd_launches_once_per_segment_from_host_bounds(env, torch_steps, a
     denominators there; ``out`` filled with -inf, each scores region too, the no-key segment's ``denom``
     rows -inf (indexer) or 0 (attention); the regions copied into the packed outputs after the launches.
     The bounds as lists, CPU tensors, or device tensors read back: the same launches."""
-    from aot.policy import dsa_score_recompute as pol
+    from dsa_aot.policy import dsa_score_recompute as pol
 
     def as_form(cu):
         t = torch.tensor(cu, dtype=torch.int32)
@@ -742,13 +742,13 @@ def test_sm90_thd_offsets_point_at_each_segments_entry(env, torch_steps):
 def test_sm90_thd_allocating_form_takes_the_maxima_from_the_host_bounds(env, torch_steps):
     """No max_seqlen given and device bounds: read back once (upstream's sync), the maxima from them, the
     caller's buffers used (allocation is the GPU tests')."""
-    import aot.dsa
+    import dsa_aot.dsa
 
     fn, args, kw = _thd_call(env, False)
     out, den, q, k, w = args
     env.launches.clear()
     cu = [stand_in.cuda_tensor(torch.tensor(c, dtype=torch.int32)) for c in (_CU_Q, _CU_K)]
-    r = aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, ratio=4, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1],
+    r = dsa_aot.dsa.dense_indexer_score_recompute(q, k, w, out=out, denom_out=den, ratio=4, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1],
                                               stream=kw["stream"], workspace=kw["workspace"])
     assert r["out"] is out and r["denom"] is den
     assert len(env.launches) == 2

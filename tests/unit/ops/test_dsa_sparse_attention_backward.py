@@ -1,4 +1,4 @@
-"""aot.ops.dsa_sparse_attention_backward without a GPU: input refusal, and the SM100 call convention
+"""dsa_aot.ops.dsa_sparse_attention_backward without a GPU: input refusal, and the SM100 call convention
 against the real lifted host functions (no SM100 GPU runs it here)."""
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aot.errors import InputError
+from dsa_aot.errors import InputError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SM100_SPARSE = (
@@ -17,13 +17,13 @@ SM100_SPARSE = (
 
 def test_sparse_attention_reports_every_bad_input_before_anything_runs():
     torch = pytest.importorskip("torch")
-    import aot.dsa
+    import dsa_aot.dsa
 
     q = torch.zeros(8, 64, 256, dtype=torch.bfloat16)
     kv = torch.zeros(16, 256, dtype=torch.bfloat16)
     out = torch.zeros(8, 64, 512, dtype=torch.float16)
     with pytest.raises(InputError) as ei:
-        aot.dsa.sparse_attention_backward_into(q.clone(), kv.clone(), torch.zeros(64), q, kv, out, out, torch.zeros(8, 64), torch.zeros(64),
+        dsa_aot.dsa.sparse_attention_backward_into(q.clone(), kv.clone(), torch.zeros(64), q, kv, out, out, torch.zeros(8, 64), torch.zeros(64),
                                                torch.zeros(8, 100, dtype=torch.int64), block_tile=32, q_cluster_mode="x")
     msg = str(ei.value)
     for want in ("head dim D=256", "out: dtype torch.float16", "topk_idxs: dtype torch.int64", "block_tile=32", "q_cluster_mode='x'", "(expected cuda"):
@@ -46,8 +46,8 @@ def test_sparse_attention_sm100_call_feeds_the_lifted_host_function(name, sm100_
     """No SM100 GPU here: the op's SM100 call runs the real lifted launcher (with the JIT host code's
     own checks) in place of the driver (ci/check_sm100_calls.py, which the wheel build runs over every
     shipped SM100 entry). A call convention that drops an argument or a tensor is caught."""
-    import aot.ops.dsa_sparse_attention_backward as sparse
-    from aot.toolchain import lift, verify
+    import dsa_aot.ops.dsa_sparse_attention_backward as sparse
+    from dsa_aot.toolchain import lift, verify
 
     chk = sm100_calls
     d = DATA / name

@@ -1,4 +1,4 @@
-"""aot.ops.dsa_sparse_attention_forward without a GPU (and without SM100: upstream has no SM90 kernel):
+"""dsa_aot.ops.dsa_sparse_attention_forward without a GPU (and without SM100: upstream has no SM90 kernel):
 the refusal on another arch, input checks, and the SM100 call convention against real lifted host
 functions (ci/check_sm100_calls.py runs the same check over every shipped entry at wheel build)."""
 
@@ -10,34 +10,34 @@ import pytest
 import torch
 
 import stand_in
-from aot.errors import InputError
+from dsa_aot.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "sparse_forward_sm100"
 
 
 def test_an_sm90_device_is_refused_before_anything_runs(env):
-    import aot.dsa
+    import dsa_aot.dsa
 
     q = stand_in.cuda_tensor(torch.zeros(4, 64, 512, dtype=torch.bfloat16))
     kv = stand_in.cuda_tensor(torch.zeros(100, 512, dtype=torch.bfloat16))
     idx = stand_in.cuda_tensor(torch.zeros(4, 64, dtype=torch.int32))
     env.launches.clear()
     env.memsets.clear()
-    for fn in (aot.dsa.sparse_attention_forward, lambda *a, **k: aot.dsa.sparse_attention_forward_into(None, None, None, None, *a, **k)):
+    for fn in (dsa_aot.dsa.sparse_attention_forward, lambda *a, **k: dsa_aot.dsa.sparse_attention_forward_into(None, None, None, None, *a, **k)):
         with pytest.raises(InputError, match="SM100 only"):
             fn(q, kv, idx)
     assert not env.launches and not env.memsets
 
 
 def test_bad_inputs_are_named():
-    import aot.dsa
+    import dsa_aot.dsa
 
     with pytest.raises(InputError) as e:
-        aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.float32), torch.zeros(3), torch.zeros(4, 64))
+        dsa_aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.float32), torch.zeros(3), torch.zeros(4, 64))
     assert "q: expected a (S_q, H, D) bfloat16 or float16" in str(e.value)
     with pytest.raises(InputError, match="on cpu"):
-        aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.bfloat16), torch.zeros(3), torch.zeros(4, 64))
+        dsa_aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.bfloat16), torch.zeros(3), torch.zeros(4, 64))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def chk():
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DATA.iterdir()))
 def test_sm100_call_feeds_the_lifted_host_function(name, chk):
-    from aot.toolchain import verify
+    from dsa_aot.toolchain import verify
 
     d = DATA / name
     key = json.loads((d / "meta.json").read_text())["key"]
@@ -59,7 +59,7 @@ def test_sm100_call_feeds_the_lifted_host_function(name, chk):
         if k >= key["indexer_topk"]:
             assert chk.check_sparse_forward(ns, key, s_q, s_kv, k) == []
     # a call convention that passes kv where q belongs is caught
-    import aot.ops.dsa_sparse_attention_forward as op_mod
+    import dsa_aot.ops.dsa_sparse_attention_forward as op_mod
 
     real = op_mod._record
 
@@ -81,7 +81,7 @@ def test_sm100_call_runs_the_lifted_host_function(sm100_env):
     problem gets upstream's fills (out 0, max_logits -inf, lse and lse_indexer +inf) and no launch."""
     import struct
 
-    import aot.dsa
+    import dsa_aot.dsa
 
     env = sm100_env
     stream = env.new_stream(0)
@@ -95,17 +95,17 @@ def test_sm100_call_runs_the_lifted_host_function(sm100_env):
     env.launches.clear()
     env.memsets.clear()
     with pytest.raises(InputError, match="pad the rows with -1 to 512"):
-        aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, 500), torch.int32), attn_sink=sink, indexer_topk=512, stream=stream)
+        dsa_aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, 500), torch.int32), attn_sink=sink, indexer_topk=512, stream=stream)
     with pytest.raises(InputError, match="softmax_scale"):
-        aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, k), torch.int32), attn_sink=sink, indexer_topk=512, softmax_scale=-1.0, stream=stream)
+        dsa_aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, k), torch.int32), attn_sink=sink, indexer_topk=512, softmax_scale=-1.0, stream=stream)
     assert not env.launches and not env.memsets
-    aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, k), torch.int32), attn_sink=sink, indexer_topk=512, softmax_scale=0.05,
+    dsa_aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, kv, t((s_q, k), torch.int32), attn_sink=sink, indexer_topk=512, softmax_scale=0.05,
                                           stream=stream)
     (launch,) = env.launches
     assert launch.dims[:3] == (s_q, 1, 1) and launch.dims[7] == stream and struct.pack("<f", 0.05) in launch.params
     assert not env.memsets
     env.launches.clear()
-    aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, t((0, 512), torch.bfloat16), t((s_q, k), torch.int32), attn_sink=sink,
+    dsa_aot.dsa.sparse_attention_forward_into(out, ml, lse, li, q, t((0, 512), torch.bfloat16), t((s_q, k), torch.int32), attn_sink=sink,
                                           indexer_topk=512, stream=stream)
     assert not env.launches
     assert [(m[1], m[4]) for m in env.memsets] == [(out.numel() * 2, 0), (ml.numel() * 4, 0xFF800000), (lse.numel() * 4, 0x7F800000),

@@ -1,11 +1,11 @@
-"""Malformed calls of every public op: each raises an aot.errors exception and changes nothing.
+"""Malformed calls of every public op: each raises an dsa_aot.errors exception and changes nothing.
 
 More than 10,000 calls, each a valid call (tests/unit/op_calls.py, on the small build and the stand-in
 driver) with one or two arguments made wrong: a tensor's dtype, rank, shape, layout, contiguity,
 alignment or device; an output or the workspace aliasing an input; a scalar of the wrong type or out
 of range (fp32 overflow, NaN, bools, floats for ints, unhashable lists); a bad stream (a number out of
 range, a string, a stream of another device, a handle the driver does not know). Every call must
-raise an aot.errors class, launch and memset nothing, and leave every tensor it was given byte for
+raise an dsa_aot.errors class, launch and memset nothing, and leave every tensor it was given byte for
 byte as it was. The count per exception class is printed.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 import op_calls
 import stand_in
-from aot.errors import AotError
+from dsa_aot.errors import AotError
 
 # values no parameter of that name accepts
 BAD = {
@@ -118,8 +118,8 @@ def _malformed(fn, bound, outputs, env, rng):
 
 def _cases(env):
     """(public function, valid bound arguments, names of the arguments it writes) for every public op."""
-    import aot.csa
-    import aot.dsa
+    import dsa_aot.csa
+    import dsa_aot.dsa
 
     out = []
     for family, make in op_calls.FAMILIES.items():
@@ -129,15 +129,15 @@ def _cases(env):
         names = {n for n, v in bound.items() if any(v is w for w in writes)}
         out.append((fn, bound, names))
         # the allocating form of the same call: the outputs (and workspace) left to the op
-        alloc = getattr(aot.csa if family.startswith("csa") else aot.dsa, fn.__name__[: -len("_into")])
+        alloc = getattr(dsa_aot.csa if family.startswith("csa") else dsa_aot.dsa, fn.__name__[: -len("_into")])
         params = inspect.signature(alloc).parameters
         abound = {n: v for n, v in bound.items() if n in params and not (n in names and params[n].default is None)}
         if family == "csa_forward":
             abound["total_comp"] = bound["out"].shape[0]
         out.append((alloc, abound, names & set(abound)))
-    out.append((aot.csa.backward_workspace_bytes, {"total_comp": 16, "ratio": 4, "head_dim": 128, "coff": 2}, set()))
-    out.append((aot.dsa.indexer_backward_workspace_bytes, {"batch": 1, "seqlen_k": 64, "head_dim": 128}, set()))
-    out.append((aot.dsa.sparse_attention_backward_workspace_bytes, {"total_s_q": 8, "total_s_kv": 64, "head_dim": 512, "num_heads": 64}, set()))
+    out.append((dsa_aot.csa.backward_workspace_bytes, {"total_comp": 16, "ratio": 4, "head_dim": 128, "coff": 2}, set()))
+    out.append((dsa_aot.dsa.indexer_backward_workspace_bytes, {"batch": 1, "seqlen_k": 64, "head_dim": 128}, set()))
+    out.append((dsa_aot.dsa.sparse_attention_backward_workspace_bytes, {"total_s_q": 8, "total_s_kv": 64, "head_dim": 512, "num_heads": 64}, set()))
     return out
 
 
@@ -171,11 +171,11 @@ def test_ten_thousand_malformed_calls_raise_aot_errors_and_change_nothing(env, t
 
 
 def test_preload_refuses_a_bad_device(env):
-    import aot.runtime
+    import dsa_aot.runtime
 
     for bad in BAD["device"]:
         with pytest.raises(AotError):
-            aot.runtime.preload(bad)
+            dsa_aot.runtime.preload(bad)
 
 
 def test_malformed_sm100_calls_raise_aot_errors_and_change_nothing(sm100_env, capsys):

@@ -7,10 +7,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import aot.library  # noqa: F401 - registers torch.ops.dsa_aot
-from aot.errors import InputError
-from aot.ops.library import NAMESPACE, declarations
-from aot.policy.families import FAMILIES
+import dsa_aot.library  # noqa: F401 - registers torch.ops.dsa_aot
+from dsa_aot.errors import InputError
+from dsa_aot.ops.library import NAMESPACE, declarations
+from dsa_aot.policy.families import FAMILIES
 
 OPS = torch.ops.dsa_aot
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
@@ -41,7 +41,7 @@ def test_every_public_op_is_a_torch_op():
 
     want = set()
     for family, ns in FAMILIES.items():
-        mod = importlib.import_module(f"aot.ops.{family}")
+        mod = importlib.import_module(f"dsa_aot.ops.{family}")
         # every op function; not the size helpers (``*_bytes``, or named in the module's HELPERS), not the plan classes (objects,
         # the direct API's fastest form)
         helpers = getattr(mod, "HELPERS", ())

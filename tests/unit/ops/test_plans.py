@@ -1,4 +1,4 @@
-"""Plans (aot.ops.plan): built once from sample tensors, ``execute`` launches exactly what the functional
+"""Plans (dsa_aot.ops.plan): built once from sample tensors, ``execute`` launches exactly what the functional
 op launches for the same tensors, on other tensors of the same shapes too, and refuses anything unlike
 its samples before a launch (stand-in driver, real lifted launchers of the small build)."""
 
@@ -9,7 +9,7 @@ import torch
 
 import op_calls
 import stand_in
-from aot.errors import InputError
+from dsa_aot.errors import InputError
 
 
 def _build(fn, args, kw):
@@ -151,8 +151,8 @@ def test_the_allocating_forms_skip_validation_only_for_calls_like_the_last_valid
     (The outputs are given and the workspace is not needed: nothing is allocated on the CPU stand-in.)"""
     import contextlib
 
-    import aot.dsa
-    import aot.ops.dsa_indexer_backward as ib
+    import dsa_aot.dsa
+    import dsa_aot.ops.dsa_indexer_backward as ib
 
     fn, args, kw, _ = op_calls.indexer_backward(0, env.new_stream(0))
     validated = []
@@ -163,7 +163,7 @@ def test_the_allocating_forms_skip_validation_only_for_calls_like_the_last_valid
     ins = args[3:]
 
     def call(*i, **k):
-        return aot.dsa.indexer_backward(*i, **dict(dict(sm_scale=0.1, loss_coeff=1.0, stream=kw["stream"], **outs), **k))
+        return dsa_aot.dsa.indexer_backward(*i, **dict(dict(sm_scale=0.1, loss_coeff=1.0, stream=kw["stream"], **outs), **k))
 
     first = _record(env, lambda: call(*ins))
     assert first[0] and validated == [True, False]  # the allocating form's checks, then its _into call's

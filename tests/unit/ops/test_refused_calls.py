@@ -1,4 +1,4 @@
-"""The refused calls measured in issue 11, one by one: each raises an aot.errors class before anything
+"""The refused calls measured in issue 11, one by one: each raises an dsa_aot.errors class before anything
 is written, launched or memset, and leaves no state behind for the next call (stand-in driver)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 import op_calls
 import stand_in
-from aot.errors import InputError
+from dsa_aot.errors import InputError
 
 
 def _refused(env, fn, args, kw, writes):
@@ -23,15 +23,15 @@ def _refused(env, fn, args, kw, writes):
 def test_an_overlapping_workspace_is_refused_after_a_valid_call_of_the_same_shapes(env, monkeypatch):
     """Problem 4: the indexer's fast path once re-checked workspace overlap only when deterministic, but a
     bf16 d_index_k is accumulated in fp32 in the workspace on the default path too."""
-    import aot.dsa
-    import aot.ops.dsa_indexer_backward as ib
+    import dsa_aot.dsa
+    import dsa_aot.ops.dsa_indexer_backward as ib
 
     monkeypatch.setattr(ib, "_cast_into", lambda *a, **k: None)  # torch's fp32 -> bf16 copy needs a real GPU
     fn, args, kw, writes = op_calls.indexer_backward(0, env.new_stream(0))
     args = list(args)
     shape = args[5].shape
     args[2] = stand_in.cuda_tensor(torch.zeros(shape, dtype=torch.bfloat16))  # d_index_k
-    need = aot.dsa.indexer_backward_workspace_bytes(1, shape[1], 128, d_index_k_dtype=torch.bfloat16)
+    need = dsa_aot.dsa.indexer_backward_workspace_bytes(1, shape[1], 128, d_index_k_dtype=torch.bfloat16)
     assert need >= 4 * args[5].numel()
     big = torch.zeros(need, dtype=torch.uint8)  # index_k lives in the first bytes of it
     args[5] = index_k = stand_in.cuda_tensor(big[: args[5].numel() * 2].view(torch.bfloat16).view(shape))
@@ -75,21 +75,21 @@ def test_indexer_with_no_keys_and_bf16_dk_without_workspace(env):
 @pytest.mark.parametrize("bad", [{"ratio": None}, {"ratio": [4]}, {"head_dim": "128"}, {"stream": "s0"}, {"total_comp": -1}, {"total_comp": 2**40}])
 def test_malformed_csa_forward_scalars_raise_input_error(env, bad):
     """Problem 6: the measured malformed calls once raised TypeError / ValueError / AttributeError."""
-    import aot.csa
+    import dsa_aot.csa
 
     fn, args, kw, writes = op_calls.csa_forward(0, env.new_stream(0))
     out, *inputs = args
     call = dict(kw, total_comp=out.shape[0], head_dim=128) | bad
-    _refused(env, aot.csa.compressor_forward, inputs, call, ())
+    _refused(env, dsa_aot.csa.compressor_forward, inputs, call, ())
 
 
 def test_compressor_forward_checks_its_inputs_even_when_sizes_are_given(env):
     """Problem 6: with head_dim and total_comp given, compressor_forward once skipped validation (kv=None: AttributeError)."""
-    import aot.csa
+    import dsa_aot.csa
 
     fn, args, kw, writes = op_calls.csa_forward(0, env.new_stream(0))
     out, kv, *rest = args
-    assert "kv" in _refused(env, aot.csa.compressor_forward, (None, *rest), dict(kw, total_comp=out.shape[0], head_dim=128), ())
+    assert "kv" in _refused(env, dsa_aot.csa.compressor_forward, (None, *rest), dict(kw, total_comp=out.shape[0], head_dim=128), ())
 
 
 @pytest.mark.parametrize("bad", [{"sm_scale": None}, {"block_I": [128]}])

@@ -15,7 +15,7 @@ import pytest
 
 import op_calls
 import stand_in
-from aot.errors import InputError
+from dsa_aot.errors import InputError
 
 THREADS, CALLS = 32, 500
 

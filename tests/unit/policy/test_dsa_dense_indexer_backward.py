@@ -1,10 +1,10 @@
-"""aot.policy.dsa_dense_indexer_backward: DeepSeek-style warm-up calls land on shipped entries on both
+"""dsa_aot.policy.dsa_dense_indexer_backward: DeepSeek-style warm-up calls land on shipped entries on both
 arches, each GEMM entry ships with the score-grad it needs, and the workspace is cudnn's."""
 
 from pathlib import Path
 
-from aot.policy import dsa_dense_indexer_backward as policy
-from aot.toolchain import manifest
+from dsa_aot.policy import dsa_dense_indexer_backward as policy
+from dsa_aot.toolchain import manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 

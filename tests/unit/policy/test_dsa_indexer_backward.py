@@ -1,9 +1,9 @@
-"""aot.policy.dsa_indexer_backward: the dispatch lands on entries the default manifest ships."""
+"""dsa_aot.policy.dsa_indexer_backward: the dispatch lands on entries the default manifest ships."""
 
 from pathlib import Path
 
-from aot.policy import dsa_indexer_backward as policy
-from aot.toolchain import manifest
+from dsa_aot.policy import dsa_indexer_backward as policy
+from dsa_aot.toolchain import manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 

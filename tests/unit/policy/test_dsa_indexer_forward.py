@@ -1,4 +1,4 @@
-"""aot.policy.dsa_indexer_forward: over a grid of shapes the SM90 dispatch is upstream's own (its
+"""dsa_aot.policy.dsa_indexer_forward: over a grid of shapes the SM90 dispatch is upstream's own (its
 ``_interface_sm90.indexer_fwd`` run on the CPU with CUDA-presenting tensors, the compile key it asks
 its cache for recorded, nothing compiled), and DeepSeek-style calls land on shipped entries."""
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from aot.policy import dsa_indexer_forward as policy
-from aot.toolchain import manifest
+from dsa_aot.policy import dsa_indexer_forward as policy
+from dsa_aot.toolchain import manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,7 +35,7 @@ def test_sm90_dispatch_is_upstreams_over_a_grid():
 
     import torch
 
-    from aot.toolchain.fidelity import Upstream
+    from dsa_aot.toolchain.fidelity import Upstream
     from cudnn.deepseek_sparse_attention.indexer_forward import _interface, _interface_sm90, api
     from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 

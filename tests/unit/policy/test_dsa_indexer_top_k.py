@@ -1,12 +1,12 @@
-"""aot.policy.dsa_indexer_top_k: the dispatch lands on entries the default manifest ships, and the
+"""dsa_aot.policy.dsa_indexer_top_k: the dispatch lands on entries the default manifest ships, and the
 scratch size and row chunks are upstream's (CPU; the upstream half where cudnn is installed)."""
 
 from pathlib import Path
 
 import pytest
 
-from aot.policy import dsa_indexer_top_k as policy
-from aot.toolchain import manifest
+from dsa_aot.policy import dsa_indexer_top_k as policy
+from dsa_aot.toolchain import manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,4 @@
-"""aot.policy.dsa_score_recompute: the sparse indexer's calls land on shipped entries on both arches; the
+"""dsa_aot.policy.dsa_score_recompute: the sparse indexer's calls land on shipped entries on both arches; the
 SM100 stage sizing and the SM90 tiles are upstream's (checked against cudnn's own functions where it
 has them; the stage sizing is proved per entry by fidelity)."""
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from aot.policy import dsa_score_recompute as policy
-from aot.toolchain import manifest
+from dsa_aot.policy import dsa_score_recompute as policy
+from dsa_aot.toolchain import manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 

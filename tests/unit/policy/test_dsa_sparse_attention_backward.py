@@ -1,12 +1,12 @@
-"""aot.policy.dsa_sparse_attention_backward: workspace sizes equal upstream's, and the dispatch lands on
+"""dsa_aot.policy.dsa_sparse_attention_backward: workspace sizes equal upstream's, and the dispatch lands on
 entries the default manifest ships."""
 
 from pathlib import Path
 
 import pytest
 
-from aot.policy import dsa_sparse_attention_backward as policy
-from aot.toolchain import manifest
+from dsa_aot.policy import dsa_sparse_attention_backward as policy
+from dsa_aot.toolchain import manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 SHAPES_SM100 = ((1, 4096), (20, 4096), (100, 2048), (100, 1 << 17), (2048, 2048), (2048, 1 << 18), (4096, 8192), (8192, 65536), (4096, 1 << 20),

@@ -1,11 +1,11 @@
-"""The compiled-launcher cache (aot/runtime/bytecode.py): a second load reads the code it kept; a
+"""The compiled-launcher cache (dsa_aot/runtime/bytecode.py): a second load reads the code it kept; a
 damaged, foreign or unwritable cache is never used and never an error."""
 
 import hashlib
 
 import pytest
 
-from aot.runtime import bytecode
+from dsa_aot.runtime import bytecode
 
 SRC = b"X = 1\ndef launch(a):\n    return a + X\n"
 SHA = hashlib.sha256(SRC).hexdigest()
@@ -71,8 +71,8 @@ def test_off_or_unwritable_compiles_every_time(cache, monkeypatch, tmp_path):
 
 
 def test_a_launcher_changed_on_disk_is_refused_before_any_kept_code_is_used(one_entry_build, monkeypatch, tmp_path):
-    from aot.errors import LaunchError
-    from aot.runtime import loaded
+    from dsa_aot.errors import LaunchError
+    from dsa_aot.runtime import loaded
 
     monkeypatch.setenv("AOT_BYTECODE_CACHE", str(tmp_path / "bc"))
     ix, entry = one_entry_build

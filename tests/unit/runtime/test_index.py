@@ -1,11 +1,11 @@
-"""aot.runtime.index: lookups by the op's key fields, the bucket a miss names, a missing build."""
+"""dsa_aot.runtime.index: lookups by the op's key fields, the bucket a miss names, a missing build."""
 
 import tomllib
 
 import pytest
 
-from aot.errors import ArchMismatchError, KernelNotFoundError
-from aot.runtime.index import Index
+from dsa_aot.errors import ArchMismatchError, KernelNotFoundError
+from dsa_aot.runtime.index import Index
 
 
 def test_find_names_the_manifest_bucket_that_would_cover_a_missing_key(one_entry_build):
@@ -23,7 +23,7 @@ def test_find_names_the_manifest_bucket_that_would_cover_a_missing_key(one_entry
 
 
 def test_missing_build_says_how_to_make_one(tmp_path):
-    with pytest.raises(KernelNotFoundError, match="python -m aot build"):
+    with pytest.raises(KernelNotFoundError, match="python -m dsa_aot build"):
         Index(tmp_path / "nothing")
 
 
@@ -53,7 +53,7 @@ def test_a_debug_build_is_refused_unless_asked_for(one_entry_build, monkeypatch)
     """A build compiled with --debug-dump (keep/dump files on) is marked not for shipping."""
     import json
 
-    from aot.errors import LaunchError
+    from dsa_aot.errors import LaunchError
 
     from build_files import write_index
 
@@ -69,7 +69,7 @@ def test_a_debug_build_is_refused_unless_asked_for(one_entry_build, monkeypatch)
 def test_a_changed_missing_or_malformed_index_is_refused(one_entry_build):
     import json
 
-    from aot.errors import LaunchError
+    from dsa_aot.errors import LaunchError
     from build_files import write_index
 
     ix, entry = one_entry_build

@@ -1,10 +1,10 @@
-"""aot.runtime.loaded: a corrupted cubin is refused before the driver is touched; a launch site that
+"""dsa_aot.runtime.loaded: a corrupted cubin is refused before the driver is touched; a launch site that
 fires in a loop carries each firing's own bytes (driver calls recorded by a stand-in)."""
 
 import pytest
 
-from aot.errors import LaunchError
-from aot.runtime import loaded
+from dsa_aot.errors import LaunchError
+from dsa_aot.runtime import loaded
 
 SM100_DET = "dsa_sparse_attention_backward.bwd.deterministic.dim512.bf16.heads128.planes128.relay1.topk512.notopk_length.nowide.sm_100a"
 
@@ -27,10 +27,10 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
     pytest.importorskip("cuda.bindings")
     import stand_in
 
-    import aot.ops.dsa_sparse_attention_backward as sparse
-    from aot.ops.plan import Recorder, Sym
-    from aot.policy import dsa_sparse_attention_backward as policy
-    from aot.toolchain import verify
+    import dsa_aot.ops.dsa_sparse_attention_backward as sparse
+    from dsa_aot.ops.plan import Recorder, Sym
+    from dsa_aot.policy import dsa_sparse_attention_backward as policy
+    from dsa_aot.toolchain import verify
 
     ix = packed(SM100_DET)
     entry = ix.find("dsa_sparse_attention_backward", "bwd", {"dtype": "bf16", "heads": 128, "dim": 512, "topk": 512, "topk_length": False, "deterministic": True,
@@ -64,7 +64,7 @@ def _entry_with(one_entry_build, **changes):
     """The one-entry build with ``changes`` to its entry (the index rewritten with its hash)."""
     from build_files import write_index
 
-    from aot.runtime.index import Index
+    from dsa_aot.runtime.index import Index
 
     ix, entry = one_entry_build
     entry = dict(entry, **changes)

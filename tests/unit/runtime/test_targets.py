@@ -6,10 +6,10 @@ import itertools
 import pytest
 
 import stand_in
-from aot.errors import ArchMismatchError, ManifestError
-from aot.policy import arch as arch_policy
-from aot.runtime.index import Index
-from aot.toolchain import manifest
+from dsa_aot.errors import ArchMismatchError, ManifestError
+from dsa_aot.policy import arch as arch_policy
+from dsa_aot.runtime.index import Index
+from dsa_aot.toolchain import manifest
 from build_files import write_index
 
 GEMM_KEY = {"heads": 64, "topk": 512, "topk_global": False, "persistent": True, "pdl": True, "deterministic": False, "planes": 96}
@@ -54,8 +54,8 @@ def test_the_runtime_picks_the_target_of_the_gpus_sm_count(two_targets):
 
 @pytest.mark.parametrize("sms, ok", [(148, True), (160, True), (132, False)])
 def test_the_ops_choose_through_the_devices_sm_count(two_targets, monkeypatch, sms, ok):
-    """What every op calls (aot.ops._support.require / target_sm_count) on a stand-in capability-10.0 GPU."""
-    from aot.ops import _support
+    """What every op calls (dsa_aot.ops._support.require / target_sm_count) on a stand-in capability-10.0 GPU."""
+    from dsa_aot.ops import _support
 
     stand_in.install(monkeypatch, two_targets, capability=(10, 0), sm_count=sms)
     kernels = {"gemm": ("gemm", GEMM_KEY), "reduce": ("reduce_dk", REDUCE_KEY)}
@@ -115,7 +115,7 @@ def _want(cap, content):
 
 @pytest.mark.parametrize("cap", CAPS, ids=lambda c: f"cc{c[0]}.{c[1]}")
 def test_the_arch_chosen_for_every_capability_and_build_content(cap):
-    from aot.runtime.device import Device, arch_of
+    from dsa_aot.runtime.device import Device, arch_of
 
     for content in CONTENTS:
         want = _want(cap, content)
@@ -129,13 +129,13 @@ def test_the_arch_chosen_for_every_capability_and_build_content(cap):
 
 @pytest.mark.parametrize("sms, want", [(148, 148), (160, 160), (150, 148)])
 def test_preload_loads_the_targets_this_gpu_would_run(two_targets, monkeypatch, sms, want):
-    """aot.runtime.preload: per key, the entry of the GPU's own SM count (else the nearest), not every target's."""
-    import aot.runtime
-    import aot.runtime.index as index_mod
+    """dsa_aot.runtime.preload: per key, the entry of the GPU's own SM count (else the nearest), not every target's."""
+    import dsa_aot.runtime
+    import dsa_aot.runtime.index as index_mod
 
     stand_in.install(monkeypatch, two_targets, capability=(10, 0), sm_count=sms)
     monkeypatch.setattr(index_mod, "_INDEX", two_targets)
     loaded = []
     monkeypatch.setattr(two_targets, "loaded", lambda e, dev: loaded.append(e) or type("L", (), {"load_ms": 0.0})())
-    aot.runtime.preload(0)
+    dsa_aot.runtime.preload(0)
     assert sorted((e["op"], e["target"]["sm_count"]) for e in loaded) == [("gemm", want), ("reduce_dk", want)]

@@ -1,4 +1,4 @@
-"""aot.toolchain.build's own logic: the lift+verify cache (the stages have their own tests)."""
+"""dsa_aot.toolchain.build's own logic: the lift+verify cache (the stages have their own tests)."""
 
 import json
 import shutil
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from aot.toolchain import build, verify
-from aot.errors import VerifyError
+from dsa_aot.toolchain import build, verify
+from dsa_aot.errors import VerifyError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 NAME = "csa_compressor.dape_reduce.split.sm_90a"
@@ -41,9 +41,9 @@ def test_every_build_checks_each_family_policy_against_cudnn(monkeypatch):
     import sys
 
     pytest.importorskip("cudnn")
-    from aot.errors import PolicyError
-    from aot.policy import csa_compressor, dsa_indexer_backward
-    from aot.toolchain import manifest
+    from dsa_aot.errors import PolicyError
+    from dsa_aot.policy import csa_compressor, dsa_indexer_backward
+    from dsa_aot.toolchain import manifest
 
     m = manifest.load(Path(__file__).resolve().parents[3] / "manifests" / "default.toml")
     build.check_policies(m)  # a fresh process, as in a build

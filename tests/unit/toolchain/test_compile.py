@@ -1,4 +1,4 @@
-"""aot.toolchain.compile on the CPU: both arches from one manifest, artifacts, and the content-addressed cache."""
+"""dsa_aot.toolchain.compile on the CPU: both arches from one manifest, artifacts, and the content-addressed cache."""
 
 import json
 
@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("cutlass")  # the build toolchain: installed by ci/setup.sh
 
-from aot.toolchain import compile as compile_stage  # noqa: E402
-from aot.toolchain import manifest  # noqa: E402
-from aot.toolchain.cubin import read_cubin  # noqa: E402
+from dsa_aot.toolchain import compile as compile_stage  # noqa: E402
+from dsa_aot.toolchain import manifest  # noqa: E402
+from dsa_aot.toolchain.cubin import read_cubin  # noqa: E402
 
 SMALL = """
 [[target]]
@@ -78,9 +78,9 @@ def test_editing_a_policy_module_invalidates_the_entries_that_depend_on_it(tmp_p
     recompiles everything; an edit of the registry recompiles nothing."""
     import shutil
 
-    from aot.toolchain.sources import REPO
+    from dsa_aot.toolchain.sources import REPO
 
-    shutil.copytree(REPO / "aot", tmp_path / "aot", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
+    shutil.copytree(REPO / "dsa_aot", tmp_path / "dsa_aot", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
     shutil.copytree(REPO / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     m = manifest.loads(SMALL + EXTRA + '[[bucket]]\nfamily = "dsa_indexer_backward"\nop = "score_grad_sm90"\ntopk = 512\ntargets = ["h200"]\n')
     v = compile_stage.tool_versions()
@@ -97,25 +97,25 @@ def test_editing_a_policy_module_invalidates_the_entries_that_depend_on_it(tmp_p
         now = keys()
         return {i.split(".")[0] for i in now if now[i] != base[i]}
 
-    assert changed_after("aot/policy/csa_compressor.py") == {"csa_compressor"}
+    assert changed_after("dsa_aot/policy/csa_compressor.py") == {"csa_compressor"}
     base = keys()
     # every compile process imports the arch table (through the manifest): its code is in their heap
-    assert changed_after("aot/policy/arch.py") == {"csa_compressor", "dsa_indexer_backward"}
+    assert changed_after("dsa_aot/policy/arch.py") == {"csa_compressor", "dsa_indexer_backward"}
     base = keys()
-    assert changed_after("aot/policy/families.py") == set()
+    assert changed_after("dsa_aot/policy/families.py") == set()
     base = keys()
     assert changed_after("kernels/dsa_indexer_backward.py") == {"dsa_indexer_backward"}
     base = keys()
-    assert changed_after("aot/toolchain/cubin.py") == {"csa_compressor", "dsa_indexer_backward"}  # a stage source: everything
+    assert changed_after("dsa_aot/toolchain/cubin.py") == {"csa_compressor", "dsa_indexer_backward"}  # a stage source: everything
     base = keys()
     # imported by every compile process: its code is part of the heap the compiles start from
-    assert changed_after("aot/toolchain/manifest.py") == {"csa_compressor", "dsa_indexer_backward"}
+    assert changed_after("dsa_aot/toolchain/manifest.py") == {"csa_compressor", "dsa_indexer_backward"}
 
 
 def test_debug_dump_keeps_the_dsl_files_and_marks_the_build_not_for_shipping(tmp_path):
     """--debug-dump: the DSL's PTX and cubin files land in the given directory, the entry says so, the
     compile cache is bypassed, and a pack of it is marked not for shipping."""
-    from aot.toolchain import build, pack
+    from dsa_aot.toolchain import build, pack
 
     m = manifest.loads(SMALL)
     e = [x for x in m.entries if x.target.arch == "sm_90a"]

@@ -1,4 +1,4 @@
-"""aot.toolchain.cubin: cubin and fatbin reading, checked against cuobjdump and ptxas on real files (CPU, fast).
+"""dsa_aot.toolchain.cubin: cubin and fatbin reading, checked against cuobjdump and ptxas on real files (CPU, fast).
 
 The files in tests/data/cubin/ are real compiler output; every expected number below was read off
 ``cuobjdump -res-usage`` / ``cuobjdump -elf`` (nvidia-cuda-cuobjdump 13.2.51) and ``ptxas -v`` for
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from aot.toolchain.cubin import CubinError, CubinInfo, KernelInfo, Param, extract_cubins_from_fatbin, read_cubin
-from aot.errors import AotError
+from dsa_aot.toolchain.cubin import CubinError, CubinInfo, KernelInfo, Param, extract_cubins_from_fatbin, read_cubin
+from dsa_aot.errors import AotError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "cubin"
 
@@ -39,7 +39,7 @@ def load(name: str) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------------
-# tiny independent ELF helpers for patching test inputs (deliberately not aot.toolchain.cubin's code)
+# tiny independent ELF helpers for patching test inputs (deliberately not dsa_aot.toolchain.cubin's code)
 
 
 def sections(data: bytes) -> dict[str, tuple[int, int, int, int]]:

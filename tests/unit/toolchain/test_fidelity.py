@@ -1,4 +1,4 @@
-"""aot.toolchain.fidelity on the CPU: a spec-built cubin equals the one cudnn's own JIT path builds, and a tampered one is caught."""
+"""dsa_aot.toolchain.fidelity on the CPU: a spec-built cubin equals the one cudnn's own JIT path builds, and a tampered one is caught."""
 
 import contextlib
 import hashlib
@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("cutlass")  # the build toolchain: installed by ci/setup.sh
 pytest.importorskip("cudnn")
 
-from aot.toolchain import compile as compile_stage  # noqa: E402
-from aot.toolchain import fidelity, manifest  # noqa: E402
+from dsa_aot.toolchain import compile as compile_stage  # noqa: E402
+from dsa_aot.toolchain import fidelity, manifest  # noqa: E402
 from build_files import SMALL_MANIFEST as SMALL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,9 +107,9 @@ def test_csa_entry_is_identical_through_cudnns_launch_functions(entries):
 
 
 def test_the_cli_checks_without_writing(entries, tmp_path, capsys):
-    """`python -m aot fidelity --no-write` (check with adopt=False: it crashed on the keyword until stop 26):
+    """`python -m dsa_aot fidelity --no-write` (check with adopt=False: it crashed on the keyword until stop 26):
     the verdict printed, exit status 0, and no fidelity.json next to the entry."""
-    from aot.toolchain import cli
+    from dsa_aot.toolchain import cli
 
     _, _, csa, _, _ = entries
     d = tmp_path / "csa"
@@ -143,7 +143,7 @@ def test_verdicts_round_trip_through_entry_dirs(entries):
 
 
 def _code_and_data_offsets(cubin):
-    from aot.toolchain.cubin import _parse_elf
+    from dsa_aot.toolchain.cubin import _parse_elf
 
     secs = _parse_elf(cubin)[2]
     code = next(s for s in secs if s.name.startswith(".text.") and s.size)
@@ -205,8 +205,8 @@ def test_an_entry_ships_cudnns_cubin_only_when_cudnns_route_makes_it_again(entri
     and the host module's fatbin; lift+verify passes on it again) only when cudnn's route, run once more, makes
     the same bytes; a route that makes other bytes or fails is "differs" and changes nothing. The adopted verdict
     is remembered with its cubin and a cache hit ships it again."""
-    from aot.toolchain.build import lift_and_verify
-    from aot.toolchain.compile import _embedded_cubin
+    from dsa_aot.toolchain.build import lift_and_verify
+    from dsa_aot.toolchain.compile import _embedded_cubin
 
     _, _, _, sab, _ = entries
     spec = (sab / "kernel.cubin").read_bytes()
@@ -254,7 +254,7 @@ def test_an_entry_ships_cudnns_cubin_only_when_cudnns_route_makes_it_again(entri
 def test_every_sm100_sparse_entry_has_a_shape_that_makes_upstream_select_it():
     """The fidelity route prepares upstream's plan at one (S_q, S_kv) per key: one must exist for every
     shipped SM100 sparse-backward key (else its verdict would be an error after a long build)."""
-    from aot.policy.dsa_sparse_attention_backward import sm100_shape
+    from dsa_aot.policy.dsa_sparse_attention_backward import sm100_shape
 
     m = manifest.load(ROOT / "manifests" / "default.toml")
     n = 0
@@ -268,7 +268,7 @@ def test_every_sm100_sparse_entry_has_a_shape_that_makes_upstream_select_it():
 def test_a_verdict_is_cached_per_canonical_directory(monkeypatch):
     """cudnn's route can make another cubin of a layout-sensitive kernel under another canonical directory:
     a verdict (and an adopted cubin) cached under AOT_CANONICAL_DIR must not serve a build at the default."""
-    from aot.toolchain import fidelity
+    from dsa_aot.toolchain import fidelity
 
     meta = {"family": "dsa_sparse_attention_backward", "op": "bwd", "arch": "sm_100a", "target": {"sm_count": 148}}
     args = (meta, {"heads": 128}, "ab" * 32, {"nvidia-cutlass-dsl": "4.8.1"}, "stage", "spec")

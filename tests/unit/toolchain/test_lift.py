@@ -1,4 +1,4 @@
-"""aot.toolchain.lift against aot.toolchain.verify's independent concrete interpreter, on real host modules and cubins.
+"""dsa_aot.toolchain.lift against dsa_aot.toolchain.verify's independent concrete interpreter, on real host modules and cubins.
 
 tests/data/<entry>/ holds what the compile stage wrote for two real entries: a two-kernel dAPE split
 reduction (sm_90a) and a ratio-128 deterministic backward (sm_100a).
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aot.toolchain import lift, verify
-from aot.errors import LiftError, VerifyError
+from dsa_aot.toolchain import lift, verify
+from dsa_aot.errors import LiftError, VerifyError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 ENTRIES = sorted(p.name for p in DATA.iterdir() if (p / "host.mlir").is_file())
@@ -161,7 +161,7 @@ def test_fp32_multiply_matches_c_float_arithmetic():
     import random
     import struct
 
-    from aot.runtime.lifted import f32mul
+    from dsa_aot.runtime.lifted import f32mul
 
     rng = random.Random(3)
     specials = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0x00000001, 0x3F800000, 0x3FB8AA3B]
@@ -214,7 +214,7 @@ SATTN90 = "dsa_score_recompute.sparse_attention_sm90.dim512.heads64.nolength.top
 
 
 def _scale_literal():
-    from aot.toolchain.build import literals_of
+    from dsa_aot.toolchain.build import literals_of
 
     lit = literals_of("dsa_score_recompute", "sparse_attention_sm90")
     assert list(lit) == ["softmax_scale_log2"]

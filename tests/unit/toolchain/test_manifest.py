@@ -1,9 +1,9 @@
-"""aot.toolchain.manifest: expansion of the default manifest and the errors of bad ones."""
+"""dsa_aot.toolchain.manifest: expansion of the default manifest and the errors of bad ones."""
 
 import pytest
 
-from aot.toolchain import manifest
-from aot.errors import ManifestError
+from dsa_aot.toolchain import manifest
+from dsa_aot.errors import ManifestError
 
 GOOD_TARGET = """
 [[target]]
@@ -35,8 +35,8 @@ def test_default_manifest_has_an_sm103a_entry_for_every_sm100a_entry():
     exactly the ops that bake the SM count in (each policy's SM_COUNT_OPS; the rest serve any SM count), with
     the keys upstream derives from the count (the non-deterministic v2 GEMM's rows_per_cta, ceil(B*S_q / SMs))
     that the op's own policy finds for S_q 4096 and 8192 on each target."""
-    from aot.policy.dsa_indexer_backward import kernels
-    from aot.policy.families import family_policy
+    from dsa_aot.policy.dsa_indexer_backward import kernels
+    from dsa_aot.policy.families import family_policy
 
     m = manifest.load("manifests/default.toml")
     by = {t: {(e.family, e.op, e.key) for e in m.entries if e.target.name == t} for t in ("b200", "b300", "gb300")}

@@ -1,12 +1,12 @@
-"""aot.toolchain.pack: the shipped tree is a function of the entries (no timings, paths or notes that vary)."""
+"""dsa_aot.toolchain.pack: the shipped tree is a function of the entries (no timings, paths or notes that vary)."""
 
 import json
 import shutil
 
 import pytest
 
-from aot.errors import PackError
-from aot.toolchain import pack
+from dsa_aot.errors import PackError
+from dsa_aot.toolchain import pack
 from build_files import lifted_entries
 
 NAMES = ("dsa_indexer_backward.gemm_sm90.heads64.topk512.notopk_global.sm_90a", "dsa_sparse_attention_backward.main_sm90.dim512.bf16.heads64.topk512.notopk_length.sm_90a")

@@ -1,4 +1,4 @@
-"""aot.toolchain.shards: the split every machine computes alike, merge's refusals, and (with the build
+"""dsa_aot.toolchain.shards: the split every machine computes alike, merge's refusals, and (with the build
 toolchain installed) shards 1/2 + 2/2 merged byte-identical to a one-machine build of the same manifest."""
 
 import hashlib
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aot.errors import PackError
-from aot.toolchain import manifest, shards
+from dsa_aot.errors import PackError
+from dsa_aot.toolchain import manifest, shards
 from build_files import SMALL_MANIFEST as SMALL
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,7 +86,7 @@ def built(tmp_path_factory):
     """A one-machine build of SMALL and its two shards (sharing one compile cache, as machines restoring a CI cache would)."""
     pytest.importorskip("cutlass")  # the build toolchain: installed by ci/setup.sh
     pytest.importorskip("cudnn")
-    from aot.toolchain import build
+    from dsa_aot.toolchain import build
 
     root = tmp_path_factory.mktemp("shards")
     (root / "m.toml").write_text(SMALL)
@@ -137,7 +137,7 @@ def test_merge_refuses_what_is_not_the_n_shards_of_this_manifest(built, tmp_path
 def test_a_merged_build_is_checked_before_it_ships(built, tmp_path):
     """check-build (what the wheel build runs on AOT_PREBUILT): the merged tree passes; a changed cubin, or
     another manifest's build, a damaged or missing index.sha256, is refused."""
-    from aot.toolchain import pack
+    from dsa_aot.toolchain import pack
 
     merged = tmp_path / "merged"
     shards.merge([built / "part1", built / "part2"], built / "m.toml", merged)

@@ -31,9 +31,9 @@ split = false
 def test_two_sm_counts_of_one_arch_build_and_serve_their_gpus(tmp_path, monkeypatch):
     pytest.importorskip("cutlass")
     pytest.importorskip("cudnn")
-    from aot.ops import _support
-    from aot.runtime.index import Index
-    from aot.toolchain import build
+    from dsa_aot.ops import _support
+    from dsa_aot.runtime.index import Index
+    from dsa_aot.toolchain import build
 
     (tmp_path / "m.toml").write_text(MANIFEST)
     index = build.build(tmp_path / "m.toml", tmp_path / "gen", tmp_path / "work", tmp_path / "cache", jobs=2, progress=False)

@@ -1,6 +1,6 @@
 """The wheel: a standard PEP 517 build (pip's build isolation) of a one-entry manifest, with no GPU;
 pure (py3-none-any); it ships the run-time layers and the build, no toolchain module; installed into
-a clean venv without cutlass, cudnn or torch, `import aot` there loads no toolchain and every op imports."""
+a clean venv without cutlass, cudnn or torch, `import dsa_aot` there loads no toolchain and every op imports."""
 
 import ast
 import json
@@ -34,12 +34,12 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
     zf = zipfile.ZipFile(whl)
     names = zf.namelist()
     tops = {n.split("/")[0] for n in names if not n.startswith("dsa_aot-")}
-    assert tops == {"aot"}, tops
-    assert "aot/_generated/index.json" in names
-    assert sum(n.startswith("aot/_generated/cubins/") for n in names) == 2
+    assert tops == {"dsa_aot"}, tops
+    assert "dsa_aot/_generated/index.json" in names
+    assert sum(n.startswith("dsa_aot/_generated/cubins/") for n in names) == 2
     assert not any(n.endswith((".so", ".pyd", ".dylib")) for n in names)
-    assert not any(n.startswith("aot/toolchain/") or n == "aot/__main__.py" for n in names), [n for n in names if "toolchain" in n]
-    for layer in ("aot/policy/", "aot/ops/", "aot/runtime/"):
+    assert not any(n.startswith("dsa_aot/toolchain/") or n == "dsa_aot/__main__.py" for n in names), [n for n in names if "toolchain" in n]
+    for layer in ("dsa_aot/policy/", "dsa_aot/ops/", "dsa_aot/runtime/"):
         assert any(n.startswith(layer) for n in names), layer
     # no shipped file imports the toolchain, cutlass or cudnn (the generated launchers included)
     for n in names:
@@ -47,7 +47,7 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
             for node in ast.walk(ast.parse(zf.read(n).decode(), n)):
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 for m in mods:
-                    assert not m.startswith(("cutlass", "cudnn", "tvm_ffi", "aot.toolchain", "toolchain")), (n, m)
+                    assert not m.startswith(("cutlass", "cudnn", "tvm_ffi", "dsa_aot.toolchain", "toolchain")), (n, m)
 
     vdir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(vdir)
@@ -57,20 +57,20 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
     code = (
         "import importlib.util, sys, json, os\n"
         "assert all(importlib.util.find_spec(m) is None for m in ('cutlass', 'cudnn', 'torch'))\n"
-        "import aot, aot.runtime, aot.csa, aot.dsa, aot.errors, aot.policy.families\n"
-        "ops = {ns: getattr(aot, ns).__all__ for ns in ('csa', 'dsa')}\n"
-        "assert all(callable(getattr(getattr(aot, ns), n)) for ns, names in ops.items() for n in names)\n"
-        "assert importlib.util.find_spec('aot.toolchain') is None\n"
-        "assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch') or m.startswith('aot.toolchain') for m in sys.modules)\n"
-        "ix = json.load(open(os.path.join(os.path.dirname(aot.__file__), '_generated', 'index.json')))\n"
+        "import dsa_aot, dsa_aot.runtime, dsa_aot.csa, dsa_aot.dsa, dsa_aot.errors, dsa_aot.policy.families\n"
+        "ops = {ns: getattr(dsa_aot, ns).__all__ for ns in ('csa', 'dsa')}\n"
+        "assert all(callable(getattr(getattr(dsa_aot, ns), n)) for ns, names in ops.items() for n in names)\n"
+        "assert importlib.util.find_spec('dsa_aot.toolchain') is None\n"
+        "assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch') or m.startswith('dsa_aot.toolchain') for m in sys.modules)\n"
+        "ix = json.load(open(os.path.join(os.path.dirname(dsa_aot.__file__), '_generated', 'index.json')))\n"
         "print(json.dumps([sorted(e['arch'] for e in ix['entries']), {ns: sorted(v) for ns, v in ops.items()}]))\n"
     )
     p = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    import aot.csa
-    import aot.dsa
+    import dsa_aot.csa
+    import dsa_aot.dsa
 
     archs, ops = json.loads(p.stdout.strip().splitlines()[-1])
     assert archs == ["sm_100a", "sm_90a"]
-    assert ops == {"csa": sorted(aot.csa.__all__), "dsa": sorted(aot.dsa.__all__)}  # every op and plan class of the tree, from the wheel
+    assert ops == {"csa": sorted(dsa_aot.csa.__all__), "dsa": sorted(dsa_aot.dsa.__all__)}  # every op and plan class of the tree, from the wheel
     assert len(ops["csa"]) + len(ops["dsa"]) == 59  # 8 CSA (the differentiable compressor among them), 51 DSA (indexer and sparse backward, local_to_global, compactify, indexer top-k, indexer and sparse forward, fused indexer top-k: 2 ops, 3 sizing helpers; the differentiable sparse_attention; dense indexer backward, sparse indexer, sparse attention, dense indexer and dense attention score recompute: 2 ops, a sizing helper and a plan each; sparse_attention_score_recompute)

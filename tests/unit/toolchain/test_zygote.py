@@ -1,4 +1,4 @@
-"""aot.toolchain.zygote: the compile stage's cubins do not depend on the process that runs the build.
+"""dsa_aot.toolchain.zygote: the compile stage's cubins do not depend on the process that runs the build.
 
 The DSL's in-process PTX compiler gives the two-CTA sparse attention backward kernels a cubin that
 depends on the compiling process's memory layout (docs/fidelity.md). The compile stage therefore
@@ -29,7 +29,7 @@ BUILD = """
 import hashlib, json, sys
 {preamble}
 sys.path.insert(0, {root!r})
-from aot.toolchain import compile as c, manifest
+from dsa_aot.toolchain import compile as c, manifest
 m = manifest.loads(open(sys.argv[1]).read())
 res = c.compile_entries(m.entries, sys.argv[2], jobs=int(sys.argv[3]), progress=False)
 print(json.dumps({{r.entry.id: hashlib.sha256((r.dir / "kernel.cubin").read_bytes()).hexdigest() for r in res}}))
@@ -53,14 +53,14 @@ def _other_checkout(tmp_path):
     import shutil
 
     root = tmp_path / "checkout"
-    for top in ("aot", "kernels"):
+    for top in ("dsa_aot", "kernels"):
         shutil.copytree(ROOT / top, root / top, ignore=shutil.ignore_patterns("_generated", "__pycache__"))
-    for junk in (".venv", ".cache/aot", "_build", "dist", "aot/_generated/entries"):
+    for junk in (".venv", ".cache/aot", "_build", "dist", "dsa_aot/_generated/entries"):
         (root / junk).mkdir(parents=True)
-    reg = root / "aot/policy/families.py"
+    reg = root / "dsa_aot/policy/families.py"
     reg.write_text(reg.read_text().replace("FAMILIES = {\n", 'FAMILIES = {\n    "zz_extra": "dsa",\n'))
-    (root / "aot/policy/zz_extra.py").write_text("OPS = {}\n")
-    (root / "kernels/zz_extra.py").write_text('from aot.policy.zz_extra import OPS  # noqa: F401\n'
+    (root / "dsa_aot/policy/zz_extra.py").write_text("OPS = {}\n")
+    (root / "kernels/zz_extra.py").write_text('from dsa_aot.policy.zz_extra import OPS  # noqa: F401\n'
                                               'PRELOAD = ("cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm100",)\n')
     return root
 
@@ -78,7 +78,7 @@ def test_an_affected_entry_compiles_to_one_cubin_whatever_process_builds_it(tmp_
 
 
 def test_a_failing_compile_is_reported_with_its_entry(tmp_path):
-    from aot.toolchain.zygote import Zygote
+    from dsa_aot.toolchain.zygote import Zygote
 
     with Zygote("sm_100a", "csa_compressor") as z:
         z.submit({"family": "csa_compressor", "op": "no_such_op", "key": (("d", 64),), "arch": "sm_100a", "sm_count": 148})
@@ -90,7 +90,7 @@ def test_a_failing_compile_is_reported_with_its_entry(tmp_path):
 
 def test_the_zygote_runs_without_address_space_randomisation_and_with_a_fixed_hash_seed(tmp_path):
     """The two settings the canonical state rests on, read inside a compile process."""
-    from aot.toolchain import zygote
+    from dsa_aot.toolchain import zygote
 
     probe = tmp_path / "probe.json"
     with zygote.Zygote("sm_100a", "csa_compressor") as z:
@@ -108,8 +108,8 @@ def test_a_compile_process_holds_its_own_family_and_not_the_registry():
     """Registering a family must not change the heap another family's compiles start from (it did, when
     one zygote served every family: 37 two-CTA cubins changed). So a compile process, ready to compile
     or to run cudnn's route, has imported its family's policy and nothing of the registry or the others."""
-    from aot.policy.families import FAMILIES
-    from aot.toolchain.zygote import Zygote
+    from dsa_aot.policy.families import FAMILIES
+    from dsa_aot.toolchain.zygote import Zygote
 
     for family in ("csa_compressor", "dsa_indexer_backward"):
         with Zygote("sm_90a", family) as z:
@@ -117,15 +117,15 @@ def test_a_compile_process_holds_its_own_family_and_not_the_registry():
             _, mods = z.wait_one()
             with pytest.raises(Exception, match="request sent to"):
                 z.submit({"family": "csa_compressor" if family != "csa_compressor" else "dsa_indexer_backward", "arch": "sm_90a"})
-        assert f"aot.policy.{family}" in mods and "aot.toolchain.compile" in mods and "aot.toolchain.fidelity" in mods
-        assert "aot.policy.families" not in mods
+        assert f"dsa_aot.policy.{family}" in mods and "dsa_aot.toolchain.compile" in mods and "dsa_aot.toolchain.fidelity" in mods
+        assert "dsa_aot.policy.families" not in mods
         others = {f for f in FAMILIES if f != family}
-        assert not [m for m in mods if any(m == f"aot.policy.{o}" for o in others)], family
+        assert not [m for m in mods if any(m == f"dsa_aot.policy.{o}" for o in others)], family
 
 
 def test_an_unregistered_family_gets_no_zygote():
-    from aot.errors import CompileError
-    from aot.toolchain.zygote import Zygote
+    from dsa_aot.errors import CompileError
+    from dsa_aot.toolchain.zygote import Zygote
 
     with pytest.raises(CompileError, match="unknown kernel family 'nope'"):
         Zygote("sm_90a", "nope")
@@ -139,7 +139,7 @@ def test_a_compile_process_not_yet_handed_to_the_build_is_waited_for_not_an_erro
     code = f"""
 import os, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from aot.toolchain import zygote
+from dsa_aot.toolchain import zygote
 zygote._become_subreaper()
 r, w = os.pipe()
 out_r, out_w = os.pipe()

@@ -1,0 +1,583 @@
+"""Fused DSA indexer forward + top-k (cudnn's indexer_forward_top_k_wrapper, SM100), from shipped cubins.
+
+One call runs the compressed-logits GEMM (the ratio-causal scores each query row sees, written
+compactly into a candidate buffer), stage 2 (the top-k of each row's candidates, their logits and
+softmax) and, for global ids, local-to-global in place. bf16 BSHD calls from S_q 32768 run as
+upstream's windows (a GEMM and a stage 2 per window, on views of the window's rows). Stage 2 and
+local-to-global also ship for SM90, where ``_tail_into`` runs them (the tests' only GPU path).
+
+The candidate buffer holds, for query row r of batch b, the ``(off_b + r + 1) // ratio`` compressed
+scores that row sees (clamped to S_k), rows back to back: row r of batch b at ``base_b + G(off_b +
+r) - G(off_b)`` with ``G(n) = sum_{i<n} (i + 1) // ratio`` (:func:`dsa_aot.policy.dsa_indexer_forward_top_k.cand_floats`);
+``base_b = b * G(S_q)`` without causal offsets, else the int64 prefix sums ``cand_batch_offsets``.
+"""
+
+from __future__ import annotations
+
+from ..policy import dsa_indexer_forward_top_k as policy
+from ._support import aliasing, check, footprint, input_error, integer, launcher, stream_handle, tensor_args, writes_only
+from .dsa_indexer_forward import _scale
+from .outputs import Outputs
+from .plan import Recorder, cached, compile_call
+
+__all__ = ["compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets", "indexer_forward_top_k",
+           "indexer_forward_top_k_into"]
+
+FAMILY = policy.FAMILY
+_I32 = 2**31 - 1
+_TAILS: dict = {}
+
+
+def compress_topk_cand_buffer_size(bs, seqlen_q, seqlen_k, ratio, microbatch_rows=-1, return_lse=False, q_causal_offsets=None, precision="bf16"):
+    """fp32 elements of the candidate buffer of a BSHD call (cudnn's compress_topk_cand_buffer_size):
+    ``bs * G(S_q)`` for one launch, ``bs * max_window G`` when the call runs in windows (pass the
+    launch's ``microbatch_rows``, ``return_lse`` and ``precision``: they decide that). With
+    ``q_causal_offsets`` the exact per-batch sum, read back from the device (a synchronisation, as
+    upstream's). What the launch would refuse is refused here."""
+    from ._support import one_of
+
+    problems = []
+    for name, v, lo in (("bs", bs, 0), ("seqlen_q", seqlen_q, 0), ("seqlen_k", seqlen_k, 0), ("ratio", ratio, 1)):
+        integer(problems, name, v, lo, _I32)
+    one_of(problems, "precision", precision, ("bf16", "mxfp8", "mxfp4"))
+    if not problems and seqlen_q > seqlen_k * ratio + ratio - 1:
+        problems.append(f"seqlen_q ({seqlen_q}) must be <= seqlen_k * ratio + (ratio - 1) ({seqlen_k * ratio + ratio - 1})")
+    if q_causal_offsets is not None:
+        _offsets_arg(problems, q_causal_offsets, bs)
+    mb = 0 if problems else _microbatch(problems, microbatch_rows, precision, bool(return_lse), q_causal_offsets is not None, seqlen_q, bs, ratio)
+    if problems:
+        raise input_error(problems)
+    if q_causal_offsets is not None:
+        return int(_slabs(seqlen_q, ratio, q_causal_offsets)[-1].item())  # upstream's .item(): a device sync
+    return bs * _slab_floats(seqlen_q, seqlen_k, ratio, mb)
+
+
+def _slab_floats(s_q, s_k, ratio, mb) -> int:
+    """Floats of one batch's slab: G(S_q), or the largest window's when the call runs in windows of ``mb`` rows."""
+    if not mb:
+        return policy.cand_floats(s_q, ratio)
+    return max(policy.cand_floats(rs + n, ratio) - policy.cand_floats(rs, ratio) for rs, n, _ in windows(s_q, s_k, ratio, mb))
+
+
+def _slabs(s_q, ratio, offsets):
+    """int64 (B + 1,) prefix sums of G(off_b + s_q_b) - G(off_b) on the device (no sync): ``s_q`` a number
+    (BSHD: ``offsets`` given) or a (B,) int64 tensor of segment lengths (THD: ``offsets`` None for zeros)."""
+    import torch
+
+    def g(n):
+        q_ = torch.div(n, ratio, rounding_mode="floor")
+        return ratio * q_ * (q_ - 1) // 2 + q_ * (n - q_ * ratio + 1)
+
+    if offsets is None:
+        off = torch.zeros_like(s_q)
+    else:
+        off = offsets.to(torch.int64)
+    out = torch.zeros(off.shape[0] + 1, dtype=torch.int64, device=off.device)
+    torch.cumsum(g(off + s_q) - g(off), dim=0, out=out[1:])
+    return out
+
+
+def _lens(cu):
+    """Segment lengths (int64) of cu_seqlens, on its device."""
+    import torch
+
+    cu = cu.to(torch.int64)
+    return cu[1:] - cu[:-1]
+
+
+def cand_batch_offsets(bs, seqlen_q, ratio, q_causal_offsets):
+    """The BSHD batch bases a call with ``q_causal_offsets`` takes (upstream's _bshd_cand_batch_offsets):
+    int64 (bs + 1,), computed on the device without a synchronisation (capture-safe)."""
+    problems = []
+    for name, v, lo in (("bs", bs, 0), ("seqlen_q", seqlen_q, 0), ("ratio", ratio, 1)):
+        integer(problems, name, v, lo, _I32)
+    _offsets_arg(problems, q_causal_offsets, bs)
+    if problems:
+        raise input_error(problems)
+    return _slabs(seqlen_q, ratio, q_causal_offsets)
+
+
+def _offsets_arg(problems, t, bs, device=None):
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.ndim != 1 or (bs is not None and t.shape[0] != bs) or not t.is_cuda \
+            or (device is not None and t.device != device):
+        problems.append(f"q_causal_offsets: expected a 1-D int32 CUDA tensor of {bs} offsets{f' on {device}' if device else ''}, got "
+                        f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+
+
+def compress_topk_cand_buffer_size_thd(cu_seqlens_q, cu_seqlens_k, ratio, q_causal_offsets=None):
+    """(cand_batch_offsets, total_floats) of a THD call (cudnn's compress_topk_cand_buffer_size_thd): the
+    int64 (B + 1,) slab bases, computed on the device, and their total, read back with one
+    synchronisation. Feed both to :func:`indexer_forward_top_k_into` (or the allocating op) to make the
+    THD call capture-safe."""
+    import torch
+
+    problems = []
+    ok = all(isinstance(t, torch.Tensor) and t.ndim == 1 and t.dtype == torch.int32 and t.is_cuda for t in (cu_seqlens_q, cu_seqlens_k))
+    if not ok or cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.shape[0] < 2 or cu_seqlens_q.device != cu_seqlens_k.device:
+        problems.append("cu_seqlens_q / cu_seqlens_k: 1-D int32 CUDA tensors of equal length batch + 1 >= 2 on one device")
+    integer(problems, "ratio", ratio, 1, _I32)
+    if q_causal_offsets is not None and not problems:
+        _offsets_arg(problems, q_causal_offsets, cu_seqlens_q.shape[0] - 1, cu_seqlens_q.device)
+    if problems:
+        raise input_error(problems)
+    cbo = _slabs(_lens(cu_seqlens_q), ratio, q_causal_offsets)
+    return cbo, int(cbo[-1].item())  # upstream's .item(): a device sync
+
+
+def _record_stage2(rec, le, cand, outs, s_q, s_k, cbo, qco, cu=()):
+    """Stage 2's launch in upstream's order (compress_stage2_topk(_varlen)'s cute.compile calls): cand,
+    indices, logits, S_q, S_k, the stream, [cu_seqlens_q, cu_seqlens_k], [batch offsets], [causal
+    offsets], [softmax]. Tensors in :func:`tensor_args` form: ``cand`` (pointer, extent), ``outs``
+    (indices, logits, softmax or None)."""
+    idx, val, sm = outs
+    args = [*cand, *idx, *val, s_q, s_k, rec.s]
+    for t in (*cu, cbo, qco, sm):
+        if t is not None:
+            args += t
+    rec.launch(le, *args)
+
+
+def _stage2_key(top_k, ratio, rows, s_k, offsets, softmax, deterministic, varlen) -> dict:
+    """Stage 2's entry: block threads from the rows (B * S_q, or total_q) and S_k (THD: the longest), upstream's rule."""
+    return {"top_k": top_k, "ratio": ratio, "threads": policy.stage2_threads(rows, s_k), "offsets": bool(offsets), "softmax": softmax,
+            "deterministic": bool(deterministic), "varlen": varlen}
+
+
+def _record_l2g(rec, dev, idx, s_k, cu) -> None:
+    """Local-to-global in place on the indices (``idx`` in tensor_args form), -1 padding kept (upstream's
+    preserve_negative form): BSHD adds b * S_k, THD (``cu``: the cu_seqlens args) cu_seqlens_k[b]."""
+    from ..policy import dsa_topk_utils as l2g_policy
+
+    lkey = l2g_policy.local_to_global_kernel("int32", bool(cu), True)
+    rec.launch(launcher("dsa_topk_utils", *lkey, dev), *idx, *idx, 0 if cu else s_k, *[a for t in cu for a in t], rec.s)
+
+
+def _stage2_outs(pairs, varlen, top_k) -> list:
+    """Stage 2's output arguments from (tensor or None, pointer) pairs: BSHD as the tensors are; THD as the
+    (total_q, 1, top_k) views upstream binds."""
+    return [None if t is None else (pt, t.shape[0], 1, top_k, top_k, top_k) if varlen else tensor_args(t, pt) for t, pt in pairs]
+
+
+def _plan_tail(indices, logits, softmax, cand, cbo, qco, cu_q, cu_k, s_q, s_k, top_k, ratio, deterministic, topk_indices_global):
+    """Validate the fused call's tail alone, stage 2 and local-to-global, over a caller's candidate buffer
+    (BSHD: outputs (B, S_q, top_k); THD with ``cu_q`` / ``cu_k``: (total_q, top_k), ``s_q`` / ``s_k`` the
+    longest segments) and compile it."""
+    import torch
+
+    from ._support import flag
+
+    problems = []
+    vl = cu_q is not None
+    if not isinstance(indices, torch.Tensor) or indices.ndim != (2 if vl else 3):
+        raise input_error([f"indices: expected {'(total_q, top_k)' if vl else '(B, S_q, top_k)'} int32"])
+    dev = indices.device.index if indices.device.type == "cuda" else None
+    integer(problems, "top_k", top_k, 1, policy.MAX_TOP_K)
+    flag(problems, "deterministic", deterministic)
+    flag(problems, "topk_indices_global", topk_indices_global)
+    rows = tuple(indices.shape[:-1])
+    if not vl and s_q != rows[1]:
+        problems.append(f"s_q={s_q!r}: the indices' S_q is {rows[1]}")
+    b = cu_q.shape[0] - 1 if vl and isinstance(cu_q, torch.Tensor) and cu_q.ndim == 1 else rows[0]
+    for name, t, dt in (("indices", indices, torch.int32), ("logits", logits, torch.float32), ("softmax", softmax, torch.float32)):
+        if t is not None or name != "softmax":
+            check(problems, t, name, rows + (top_k,), dt, dev, 16 if name == "indices" and topk_indices_global else 4)
+    if not isinstance(cand, torch.Tensor) or cand.ndim != 1:
+        problems.append("cand_buffer: expected a 1-D fp32 tensor")
+    else:
+        check(problems, cand, "cand_buffer", cand.shape, torch.float32, dev, 16)
+        if cand.shape[0] > _I32 and not vl:
+            problems.append(f"cand_buffer: {cand.shape[0]} floats (the BSHD kernels take an int32 extent)")
+    if not vl and (cbo is None) != (qco is None):
+        problems.append("cand_batch_offsets and q_causal_offsets: both or neither in BSHD")
+    if vl:
+        for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+            check(problems, t, name, (b + 1,), torch.int32, dev, 16)
+        if cbo is None:
+            problems.append("cand_batch_offsets: THD needs them (compress_topk_cand_buffer_size_thd)")
+    if cbo is not None:
+        check(problems, cbo, "cand_batch_offsets", (b + 1,), torch.int64, dev, 16)
+    if qco is not None:
+        check(problems, qco, "q_causal_offsets", (b,), torch.int32, dev, 16)
+    if not problems:
+        problems += aliasing((("indices", indices), ("logits", logits), ("softmax", softmax)),
+                             (("cand_buffer", cand), ("cand_batch_offsets", cbo), ("q_causal_offsets", qco), ("cu_seqlens_q", cu_q),
+                              ("cu_seqlens_k", cu_k)))
+    if problems:
+        raise input_error(problems)
+    ts = (indices, logits, softmax, cand, cbo, qco, cu_q, cu_k)
+    rec = Recorder(len(ts))
+    p = rec.p
+    if rows[0] and (vl or rows[1]):
+        key = _stage2_key(top_k, ratio, rows[0] if vl else rows[0] * rows[1], s_k, qco is not None, softmax is not None, deterministic, vl)
+        cu = [tensor_args(cu_q, p[6]), tensor_args(cu_k, p[7])] if vl else []
+        outs = _stage2_outs(zip(ts[:3], p), vl, top_k)
+        _record_stage2(rec, launcher(FAMILY, "stage2", key, dev), (p[3], cand.shape[0]), outs, s_q, s_k,
+                       tensor_args(cbo, p[4]) if cbo is not None else None, tensor_args(qco, p[5]) if qco is not None else None, cu)
+        if topk_indices_global:
+            _record_l2g(rec, dev, tensor_args(indices, p[0]), s_k, cu)
+    return compile_call("dsa_indexer_forward_top_k.tail", rec, dev, ts, footprint(ts, writes=(0, 1, 2)))
+
+
+def _tail_into(indices, logits, softmax, cand, s_q, s_k, top_k, ratio, cand_batch_offsets=None, q_causal_offsets=None, cu_seqlens_q=None,
+               cu_seqlens_k=None, deterministic=False, topk_indices_global=False, stream=None):
+    """The fused call's tail alone (stage 2, then local-to-global in place), into caller buffers: what the
+    H200 can run of this family (the GEMM before it is SM100 only)."""
+    ts = (indices, logits, softmax, cand, cand_batch_offsets, q_causal_offsets, cu_seqlens_q, cu_seqlens_k)
+    extra = (s_q, s_k, top_k, ratio, deterministic, topk_indices_global)
+    call, p = cached(_TAILS, ts, extra, lambda: _plan_tail(*ts, s_q, s_k, top_k, ratio, deterministic, topk_indices_global))
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+
+
+# --- the fused call, BSHD: GEMM -> stage 2 (one pair per window) -> local-to-global in place ---
+
+_CALLS: dict = {}
+_TENSORS = ("indices", "logits", "softmax", "lse", "cand_buffer", "q", "k", "w", "q_scale", "k_scale", "q_causal_offsets", "cand_batch_offsets",
+            "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_scale_padded", "cu_seqlens_k_scale_padded")
+
+
+def _rows(t, ptr, rs, n):
+    """:func:`tensor_args` of the view ``t[:, rs:rs + n]`` of a (B, S, ...) tensor: the rows of one window."""
+    return (ptr + rs * t.stride(1) * t.element_size(), t.shape[0], n, *t.shape[2:], *t.stride()[:-1])
+
+
+def _record_gemm(rec, le, q, k, w, scales, cand, lse, s_q, s_k, cu, qco, cbo):
+    """The compressed GEMM's launch in upstream's order (_compressed_top_k_sm100's cute.compile calls):
+    q, k, w, [q_scale, k_scale], the candidate buffer, [lse], the scale, S_q, S_k (THD: the longest
+    segments), [cu_seqlens_q, cu_seqlens_k (mx: and their scale-padded twins)], [causal offsets], the
+    stream, [batch offsets]. Each tensor argument in :func:`tensor_args` form (or None); ``cu`` a list."""
+    args = [*q, *k, *w]
+    if scales is not None:
+        args += [*scales[0], *scales[1]]
+    args += cand
+    if lse is not None:
+        args += lse
+    args += [rec.x[0], s_q, s_k]
+    for t in cu:
+        args += t
+    if qco is not None:
+        args += qco
+    args.append(rec.s)
+    if cbo is not None:
+        args += cbo
+    rec.launch(le, *args)
+
+
+def _fill_words(rec, ptr: int, words) -> None:
+    """Record memsets that write ``words`` (32-bit values) at ``ptr``, one per run of equal words: every
+    byte gets its final value directly, so a call on another stream reading the same table never sees
+    a half-written one."""
+    i = 0
+    while i < len(words):
+        j = i
+        while j < len(words) and words[j] == words[i]:
+            j += 1
+        rec.memset(ptr + 4 * i, 4 * (j - i), words[i] & 0xFFFFFFFF)
+        i = j
+
+
+def _table(nbytes: int, device):
+    """Device memory a plan owns (its window tables; torch's allocator, the capture's pool under capture)."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def windows(s_q: int, s_k: int, ratio: int, mb: int) -> list:
+    """Upstream's windows [(rs, rows, kw)]: rows [rs, rs + rows) see keys [0, kw), kw = (rs + rows) // ratio."""
+    return [(rs, min(mb, s_q - rs), min((rs + min(mb, s_q - rs)) // ratio, s_k)) for rs in range(0, s_q, mb)]
+
+
+def _microbatch(problems, microbatch_rows, precision, lse, offs, s_q, b, ratio) -> int:
+    """The window size a call runs with (0: one launch), upstream's rules; problems appended for what it refuses."""
+    mb = integer(problems, "microbatch_rows", microbatch_rows, -1, _I32)
+    if mb > 0 and lse:
+        problems.append("microbatch_rows > 0 with an LSE output: upstream does not support it (pass microbatch_rows=0 or -1)")
+    if mb > 0 and offs:
+        problems.append("microbatch_rows > 0 with q_causal_offsets: upstream does not support it (pass microbatch_rows=0 or -1)")
+    if mb > 0 and precision != "bf16":
+        problems.append(f"microbatch_rows > 0 with precision={precision!r}: upstream windows bf16 only")
+    if mb < 0:
+        mb = 0 if precision != "bf16" or lse or offs else policy.microbatch_rows(s_q, b, ratio)
+    if 0 < mb < s_q and (mb % ratio or s_q % ratio):
+        problems.append(f"microbatch_rows {mb} and S_q {s_q} must be multiples of ratio ({ratio}) to run in windows")
+    return mb if 0 < mb < s_q else 0
+
+
+def _plan_fused(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, q_causal_offsets=None, cand_batch_offsets=None,
+                precision="bf16", q_scale=None, k_scale=None, topk_indices_global=True, deterministic=False, microbatch_rows=-1,
+                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, cu_seqlens_q_scale_padded=None,
+                cu_seqlens_k_scale_padded=None):
+    """Validate a fused call into caller buffers (BSHD or THD) and compile its launches."""
+    import torch
+
+    from . import dsa_indexer_forward as fwd
+    from ._support import flag, scalar_f32
+
+    problems = []
+    scalar_f32(problems, "sm_scale", sm_scale)
+    integer(problems, "top_k", top_k, 1, policy.MAX_TOP_K)
+    flag(problems, "topk_indices_global", topk_indices_global)
+    flag(problems, "deterministic", deterministic)
+    c = fwd._inputs(problems, q, k, w, ratio, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets, precision, q_scale,
+                    k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
+    if c is not None and not c.sm100:
+        problems.append(f"cuda:{c.dev} runs {c.arch}: cudnn's fused indexer forward + top-k exists for SM100 only")
+    if problems:
+        raise input_error(problems)
+    b, s_q, s_k, vl = c.b, c.s_q, c.s_k, c.varlen
+    offs = q_causal_offsets is not None
+    if vl and s_q > s_k * ratio + ratio - 1:
+        problems.append(f"max_seqlen_q {s_q} > max_seqlen_k * ratio + ratio - 1 = {s_k * ratio + ratio - 1} (upstream refuses this geometry)")
+    mb = 0 if vl else _microbatch(problems, microbatch_rows, precision, lse is not None, offs, s_q, b, ratio)
+    wins = windows(s_q, s_k, ratio, mb) if mb else None
+    pbf = _slab_floats(s_q, s_k, ratio, mb)
+    cand_2d = not vl and not offs and not wins and policy.uses_cand_2d(precision, s_q, ratio)
+    rows = (q.shape[0],) if vl else (b, s_q)
+    for name, t, dt in (("indices", indices, torch.int32), ("logits", logits, torch.float32), ("softmax", softmax, torch.float32)):
+        if t is not None or name != "softmax":
+            check(problems, t, name, rows + (top_k,), dt, c.dev, 16 if name == "indices" and topk_indices_global else 4)
+    if lse is not None:
+        check(problems, lse, "lse", rows, torch.float32, c.dev, 16)
+    need = None if offs or vl else b * pbf  # the size needs the offsets' or the segments' values: the caller's (upstream trusts it too)
+    how = "compress_topk_cand_buffer_size_thd(...)" if vl else "compress_topk_cand_buffer_size(...)"
+    if not isinstance(cand_buffer, torch.Tensor) or cand_buffer.ndim != 1:
+        problems.append(f"cand_buffer: expected a 1-D fp32 tensor of at least {need or how} floats")
+    else:
+        check(problems, cand_buffer, "cand_buffer", cand_buffer.shape, torch.float32, c.dev, 16)
+        if need is not None and cand_buffer.shape[0] < need:
+            problems.append(f"cand_buffer: {cand_buffer.shape[0]} floats, the call needs {need} (compress_topk_cand_buffer_size)")
+        if cand_buffer.shape[0] > _I32 and not vl:
+            problems.append(f"cand_buffer: {cand_buffer.shape[0]} floats (upstream's BSHD kernels take an int32 extent)")
+    if offs or vl:
+        check(problems, cand_batch_offsets, "cand_batch_offsets", (b + 1,), torch.int64, c.dev, 16)
+    elif cand_batch_offsets is not None:
+        problems.append("cand_batch_offsets: only with q_causal_offsets or THD (the batch bases are b * G(S_q) otherwise)")
+    if not problems:
+        problems += aliasing((("indices", indices), ("logits", logits), ("softmax", softmax), ("lse", lse), ("cand_buffer", cand_buffer)),
+                             (("q", q), ("k", k), ("w", w), ("q_scale", q_scale), ("k_scale", k_scale), ("q_causal_offsets", q_causal_offsets),
+                              ("cand_batch_offsets", cand_batch_offsets), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                              ("cu_seqlens_q_scale_padded", cu_seqlens_q_scale_padded),
+                              ("cu_seqlens_k_scale_padded", cu_seqlens_k_scale_padded)))
+    if problems:
+        raise input_error(problems)
+    ts = (indices, logits, softmax, lse, cand_buffer, q, k, w, q_scale, k_scale, q_causal_offsets, cand_batch_offsets, cu_seqlens_q, cu_seqlens_k,
+          cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
+    rec = Recorder(len(ts), 1)
+    p = rec.p
+    keep = ()
+    if rows[0] and (vl or (s_q and s_k)):
+        cbo_kind = offs or wins or vl
+        gkey = {"precision": precision, "w_dtype": c.w_dtype, "heads": c.h, "ratio": ratio, "lse": lse is not None,
+                "cand": "1d_cbo" if cbo_kind else "2d" if cand_2d else "1d", "varlen": vl, "offsets": bool(offs or wins)}
+        skey = _stage2_key(top_k, ratio, rows[0] * (1 if vl else s_q), s_k, offs or wins, softmax is not None, deterministic, vl)
+        gemm, stage2 = launcher(FAMILY, "gemm", gkey, c.dev), launcher(FAMILY, "stage2", skey, c.dev)
+        scales = None if q_scale is None else (tensor_args(q_scale, p[8]), tensor_args(k_scale, p[9]))
+        cand = (p[4], cand_buffer.shape[0])
+        outs = ((indices, p[0]), (logits, p[1]), (softmax, p[2]))
+        if wins:
+            # Each window is the causal-offsets kernel pair on views of the rows it covers (upstream's loop): offsets rs for every
+            # batch, batch slabs b * pbf (pbf: the largest window's, so one table serves every window and the buffer is
+            # compress_topk_cand_buffer_size's). The tables live in the plan and are written by its memsets on each call.
+            row = (b * 4 + 15) // 16 * 16
+            keep = (_table((2 * (b + 1) * 4 + 15) // 16 * 16 + len(wins) * row, q.device),)
+            base = keep[0].data_ptr()
+            _fill_words(rec, base, [w_ for i in range(b + 1) for w_ in (i * pbf, 0)])
+            cbo = (base, b + 1)
+            qco0 = base + (2 * (b + 1) * 4 + 15) // 16 * 16
+            for j, (rs, _, _) in enumerate(wins):
+                _fill_words(rec, qco0 + j * row, [rs] * b)
+            for j, (rs, n, kw) in enumerate(wins):
+                qco = (qco0 + j * row, b)
+                _record_gemm(rec, gemm, _rows(q, p[5], rs, n), _rows(k, p[6], 0, kw), _rows(w, p[7], rs, n), None, cand, None, n, kw, (), qco, cbo)
+                o = [_rows(t, pt, rs, n) if t is not None else None for t, pt in outs]
+                _record_stage2(rec, stage2, cand, o, n, kw, cbo, qco)
+        else:
+            qco = tensor_args(q_causal_offsets, p[10]) if offs else None
+            cbo = tensor_args(cand_batch_offsets, p[11]) if cbo_kind else None
+            cu = [tensor_args(cu_seqlens_q, p[12]), tensor_args(cu_seqlens_k, p[13])] if vl else []
+            gcu = cu + ([tensor_args(cu_seqlens_q_scale_padded, p[14]), tensor_args(cu_seqlens_k_scale_padded, p[15])] if vl and scales else [])
+            _record_gemm(rec, gemm, tensor_args(q, p[5]), tensor_args(k, p[6]), tensor_args(w, p[7]), scales, (p[4], b, pbf, pbf) if cand_2d else cand,
+                         tensor_args(lse, p[3]) if lse is not None else None, s_q, s_k, gcu, qco, cbo)
+            o = _stage2_outs(outs, vl, top_k)
+            _record_stage2(rec, stage2, cand, o, s_q, s_k, cbo, qco, cu)
+        if topk_indices_global:
+            _record_l2g(rec, c.dev, tensor_args(indices, p[0]), s_k, [tensor_args(cu_seqlens_q, p[12]), tensor_args(cu_seqlens_k, p[13])] if vl else [])
+    foot = footprint(ts, writes=(0, 1, 2, 3, 4))
+    return compile_call("dsa_indexer_forward_top_k.fused", rec, c.dev, ts, foot, (scalar_f32([], "sm_scale", sm_scale),), fwd._scale, keep=keep)
+
+
+def indexer_forward_top_k_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, stream=None,
+                               q_causal_offsets=None, cand_batch_offsets=None, precision="bf16", q_scale=None, k_scale=None,
+                               topk_indices_global=True, deterministic=False, microbatch_rows=-1, *, cu_seqlens_q=None, cu_seqlens_k=None,
+                               max_seqlen_q=None, max_seqlen_k=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    """The fused call into caller buffers, capture-safe from the first call (nothing is read back from the device).
+
+    BSHD: ``indices`` / ``logits`` / ``softmax`` (B, S_q, top_k; ``softmax`` None for none), ``lse``
+    (B, S_q) or None, ``cand_buffer`` of at least :func:`compress_topk_cand_buffer_size` floats; with
+    ``q_causal_offsets`` also ``cand_batch_offsets`` ((B + 1,) int64 prefix sums, upstream's
+    capture-safe contract). bf16 calls from S_q 32768 run in upstream's windows (``microbatch_rows``:
+    -1 upstream's choice, 0 one launch, > 0 that many rows; a windowed shape's first call allocates
+    its plan's small offset table). THD (``cu_seqlens_q`` / ``cu_seqlens_k``, ``max_seqlen_q`` /
+    ``max_seqlen_k``): outputs (total_q, top_k) and (total_q,), ``cand_buffer`` and
+    ``cand_batch_offsets`` from :func:`compress_topk_cand_buffer_size_thd`; global ids are
+    ``cu_seqlens_k[b] + local``. Returns (indices, logits, softmax, lse)."""
+    ts = (indices, logits, softmax, lse, cand_buffer, q, k, w, q_scale, k_scale, q_causal_offsets, cand_batch_offsets, cu_seqlens_q, cu_seqlens_k,
+          cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
+    extra = (top_k, ratio, precision, topk_indices_global, deterministic, microbatch_rows, max_seqlen_q, max_seqlen_k)
+    call, p = cached(_CALLS, ts, extra, lambda: _plan_fused(*ts[:8], top_k, ratio, sm_scale, q_causal_offsets, cand_batch_offsets, precision,
+                                                            q_scale, k_scale, topk_indices_global, deterministic, microbatch_rows, cu_seqlens_q,
+                                                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, cu_seqlens_q_scale_padded,
+                                                            cu_seqlens_k_scale_padded))
+    call.run(p, stream_handle(stream, call.dev), _scale(sm_scale), ts, stream)
+    return indices, logits, softmax, lse
+
+
+def indexer_forward_top_k(q, k, w, top_k, ratio=4, qhead_per_kv_head=None, m_block_size=128, n_block_size=128, q_stage=2, kv_stage=4, sm_scale=1.0,
+                          stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+                          precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
+                          sf_vec_size=32, return_lse=False, lse_out=None, return_softmax=None, softmax_out=None, microbatch_rows=-1,
+                          topk_indices_global=True, cand_buffer=None, out_indices=None, out_logits=None, cand_batch_offsets=None,
+                          deterministic=False):
+    """cudnn's indexer_forward_top_k_wrapper (SM100): ``{'indices', 'logits', 'softmax'}`` by default, without
+    ``softmax`` when ``return_softmax=False``, plus ``'lse'`` with ``return_lse`` / ``lse_out``.
+
+    What is not given is made as upstream makes it, on the launch stream: the outputs, the candidate
+    buffer (sized by host arithmetic; with causal offsets or in THD from the device values: one
+    synchronisation), the batch offsets (on the device) and, in THD, the longest segments
+    (``.max().item()``: a synchronisation). Under graph capture every value that needs a
+    synchronisation must be given, as upstream requires; InputError otherwise. Strided inputs are
+    copied first; an output that cannot be bound as it is is filled through one of the op's own and
+    copied back. The tuning arguments take upstream's defaults only."""
+    import torch
+
+    from . import dsa_indexer_forward as fwd
+    from ._support import alloc_on, allocate
+
+    problems = []
+    tuning = {"m_block_size": m_block_size, "n_block_size": n_block_size, "q_stage": q_stage, "kv_stage": kv_stage}
+    vl = cu_seqlens_q is not None or cu_seqlens_k is not None
+    given = [v if v is not None or not vl else 0 for v in (max_seqlen_q, max_seqlen_k)]  # worked out below when not given
+    c = fwd._inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, *given, q_causal_offsets, precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, staged=True, tuning=tuning)
+    if not (type(sf_vec_size) is int and sf_vec_size == 32):
+        problems.append(f"sf_vec_size={sf_vec_size!r} (the block-scaled kernels take 32)")
+    if return_softmax not in (None, True, False):
+        problems.append(f"return_softmax={return_softmax!r} (expected None, True or False)")
+    if c is not None and not c.sm100:
+        problems.append(f"cuda:{c.dev} runs {c.arch}: cudnn's fused indexer forward + top-k exists for SM100 only (upstream raises too)")
+    if problems:
+        raise input_error(problems)
+    s = stream_handle(stream, c.dev)
+    capturing = torch.cuda.is_current_stream_capturing()
+    need_sync = []
+    if vl and (max_seqlen_q is None or max_seqlen_k is None):
+        need_sync.append("max_seqlen_q and max_seqlen_k")
+    if cand_buffer is None and (vl or q_causal_offsets is not None):
+        need_sync.append("cand_buffer (and cand_batch_offsets) sized by compress_topk_cand_buffer_size" + ("_thd" if vl else ""))
+    want_sm = return_softmax is not False or softmax_out is not None
+    want_lse = bool(return_lse) or lse_out is not None
+    if capturing:
+        need_sync += [f"{n} (allocating it mid-capture)" for n, t, want in (("out_indices", out_indices, True), ("out_logits", out_logits, True),
+                                                                              ("softmax_out", softmax_out, want_sm), ("lse_out", lse_out, want_lse))
+                      if want and t is None and vl]
+        if need_sync:
+            raise input_error([f"under CUDA-graph capture pass {n}: working it out needs a device synchronisation or allocation (upstream "
+                               f"requires them too)" for n in need_sync])
+
+    with alloc_on(stream, c.dev):
+        def staged(t):  # what upstream launches on: contiguous (16-byte aligned: torch's allocations are)
+            if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+                return t
+            x = t.contiguous()
+            return x if x.data_ptr() % 16 == 0 else x.clone()
+
+        q, k, w, q_scale, k_scale = (allocate(lambda t=t: staged(t)) for t in (q, k, w, q_scale, k_scale))
+        if vl and (max_seqlen_q is None or max_seqlen_k is None):
+            lens = [(cu[1:] - cu[:-1]).max() for cu in (cu_seqlens_q, cu_seqlens_k)]
+            max_seqlen_q = int(lens[0].item()) if max_seqlen_q is None else max_seqlen_q
+            max_seqlen_k = int(lens[1].item()) if max_seqlen_k is None else max_seqlen_k
+        if (vl or q_causal_offsets is not None) and cand_batch_offsets is None:  # on the device, no sync
+            cand_batch_offsets = allocate(lambda: _slabs(_lens(cu_seqlens_q) if vl else c.s_q, ratio, q_causal_offsets))
+        if cand_buffer is None:
+            if cand_batch_offsets is not None:
+                n = int(cand_batch_offsets[-1].item())  # upstream's .item(): a device sync
+            else:
+                n = compress_topk_cand_buffer_size(c.b, c.s_q, c.s_k, ratio, microbatch_rows, want_lse, None, precision)
+            cand_buffer = allocate(lambda: torch.empty(n, dtype=torch.float32, device=q.device))
+        rows = (q.shape[0],) if vl else (c.b, c.s_q)
+
+        def out(given, shape, dtype, align):  # (the buffer the kernels write, the caller's to copy into or None)
+            if given is not None and isinstance(given, torch.Tensor) and tuple(given.shape) == shape and given.dtype == dtype and \
+                    given.device == q.device and not (given.is_contiguous() and given.data_ptr() % align == 0):
+                return allocate(lambda: torch.empty(shape, dtype=dtype, device=q.device)), given
+            return (allocate(lambda: torch.empty(shape, dtype=dtype, device=q.device)) if given is None else given), None
+
+        idx, idx_back = out(out_indices, rows + (top_k,), torch.int32, 16)
+        val, val_back = out(out_logits, rows + (top_k,), torch.float32, 16)
+        sm, sm_back = out(softmax_out, rows + (top_k,), torch.float32, 16) if want_sm else (None, None)
+        ls, ls_back = out(lse_out, rows, torch.float32, 16) if want_lse else (None, None)
+    indexer_forward_top_k_into(idx, val, sm, ls, cand_buffer, q, k, w, top_k, ratio, sm_scale, s, q_causal_offsets, cand_batch_offsets, precision,
+                               q_scale, k_scale, topk_indices_global, deterministic, microbatch_rows, cu_seqlens_q=cu_seqlens_q,
+                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                               cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
+    res = {}
+    with alloc_on(stream, c.dev):
+        for name, buf, back in (("indices", idx, idx_back), ("logits", val, val_back), ("softmax", sm, sm_back), ("lse", ls, ls_back)):
+            if buf is not None:
+                if back is not None:
+                    back.copy_(buf)
+                res[name] = back if back is not None else buf
+    return Outputs(**res)
+
+
+# --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
+
+HELPERS = ("compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets")  # sizes, not ops
+
+
+def _t_fused(q, k, w, top_k, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+             q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
+             return_lse=False, return_softmax=True, microbatch_rows=-1, topk_indices_global=True, deterministic=False):
+    out = indexer_forward_top_k(q, k, w, top_k, ratio, sm_scale=sm_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
+                                q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
+                                cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded, return_lse=return_lse, return_softmax=return_softmax,
+                                microbatch_rows=microbatch_rows, topk_indices_global=topk_indices_global, deterministic=deterministic)
+    return list(out.values())
+
+
+def _f_fused(q, k, w, top_k, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+             q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
+             return_lse=False, return_softmax=True, microbatch_rows=-1, topk_indices_global=True, deterministic=False):
+    import torch
+
+    rows = (q.shape[0],) if cu_seqlens_q is not None else (q.shape[0], q.shape[1])
+    out = [q.new_empty(rows + (top_k,), dtype=torch.int32), q.new_empty(rows + (top_k,), dtype=torch.float32)]
+    out += [q.new_empty(rows + (top_k,), dtype=torch.float32)] if return_softmax else []
+    return out + ([q.new_empty(rows, dtype=torch.float32)] if return_lse else [])
+
+
+def _t_fused_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, q_causal_offsets=None, cand_batch_offsets=None,
+                  precision="bf16", q_scale=None, k_scale=None, topk_indices_global=True, deterministic=False, microbatch_rows=-1, cu_seqlens_q=None,
+                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    indexer_forward_top_k_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio, sm_scale, None, q_causal_offsets, cand_batch_offsets,
+                               precision, q_scale, k_scale, topk_indices_global, deterministic, microbatch_rows, cu_seqlens_q=cu_seqlens_q,
+                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                               cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
+
+
+_IN = ("Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? cu_seqlens_q_scale_padded=None, "
+       "Tensor? cu_seqlens_k_scale_padded=None")
+TORCH_OPS = {
+    "dsa_indexer_forward_top_k": ("(Tensor q, Tensor k, Tensor w, int top_k, int ratio=4, float sm_scale=1.0, Tensor? cu_seqlens_q=None, "
+                                  "Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, "
+                                  "str precision=\"bf16\", Tensor? q_scale=None, Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, "
+                                  "Tensor? cu_seqlens_k_scale_padded=None, bool return_lse=False, bool return_softmax=True, int microbatch_rows=-1, "
+                                  "bool topk_indices_global=True, bool deterministic=False) -> Tensor[]", _t_fused, _f_fused),
+    "dsa_indexer_forward_top_k_into": ("(Tensor(a!) indices, Tensor(b!) logits, Tensor(c!)? softmax, Tensor(d!)? lse, Tensor(e!) cand_buffer, "
+                                       "Tensor q, Tensor k, Tensor w, int top_k, int ratio=4, float sm_scale=1.0, Tensor? q_causal_offsets=None, "
+                                       "Tensor? cand_batch_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, Tensor? k_scale=None, "
+                                       f"bool topk_indices_global=True, bool deterministic=False, int microbatch_rows=-1, {_IN}) -> ()",
+                                       _t_fused_into, writes_only),
+}  # fmt: skip

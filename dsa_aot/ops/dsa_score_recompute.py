@@ -1,0 +1,1108 @@
+"""DSA score recompute ops: cudnn's ``sparse_indexer_score_recompute_wrapper`` and
+``sparse_attn_score_recompute_wrapper``, launched from shipped cubins.
+
+The indexer's predicted distribution over each query's top-k slots,
+``predict[b, s, i] = softmax_i(sum_h relu(q[b, s, h] . k[b, topk[b, s, i]]) w[b, s, h])``, and the
+attention's target distribution,
+``target[b, s, i] = L1norm_i(sum_h exp(scale q[b, s, h] . k[b, topk[b, s, i]] - lse[b, s, h]))``,
+which the indexer loss compares (:mod:`dsa_aot.policy.dsa_score_recompute`), and their dense twins over
+every key (``dense_indexer_score_recompute`` / ``dense_attn_score_recompute``; on SM100 also
+block-scaled with e8m0 scales, the indexer's mxfp8 / mxfp4, the attention's mxfp8). One launch per call (SM90 THD: one per segment);
+on SM90 the weights / LSE are first copied transposed into the caller's workspace, on the call's stream,
+as upstream copies them on every call. Every input is validated before anything is written or launched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..policy import dsa_score_recompute as policy
+from ..policy.arch import is_sm100
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, flat_args, footprint, input_error, integer, launcher,
+                       max_lengths, require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
+from .outputs import Outputs
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
+
+__all__ = ["sparse_indexer_score_recompute", "sparse_indexer_score_recompute_into", "sparse_indexer_score_recompute_workspace_bytes",
+           "SparseIndexerScoreRecompute", "sparse_attn_score_recompute", "sparse_attn_score_recompute_into",
+           "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute", "sparse_attention_score_recompute",
+           "dense_indexer_score_recompute", "dense_indexer_score_recompute_into", "dense_indexer_score_recompute_workspace_bytes",
+           "DenseIndexerScoreRecompute", "dense_attn_score_recompute", "dense_attn_score_recompute_into", "dense_attn_score_recompute_workspace_bytes",
+           "DenseAttnScoreRecompute"]
+
+FAMILY = policy.FAMILY
+_I32 = 2**31
+_LOG2_E = math.log2(math.e)  # the SM90 attention kernel takes f32(scale * log2 e), as upstream computes it
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What differs between the two sparse wrappers."""
+
+    name: str  # the op's name, dsa_aot.dsa.<name>
+    tensors: tuple  # argument names, in _into order
+    aux_dtype: str  # the per-head input's torch dtype: weights bf16, lse fp32
+    aux_bytes: int
+    dims: tuple  # head dims the kernels take
+    result: str  # the TupleDict key upstream returns
+
+
+_INDEXER = _Kind("sparse_indexer_score_recompute", ("out", "q_indexer", "k_indexer", "weights", "topk_indices", "topk_length", "workspace"),
+                 "bfloat16", 2, (policy.DIM,), "predict")
+_ATTENTION = _Kind("sparse_attn_score_recompute", ("out", "q_attn", "k_attn", "lse", "topk_indices", "topk_length", "workspace"),
+                   "float32", 4, policy.ATTN_DIMS, "target")
+
+
+def _workspace_bytes(kind, aux_shape, device):
+    import torch
+
+    from ..runtime.device import device_index
+
+    aux = kind.tensors[3]
+    shape = tuple(aux_shape) if isinstance(aux_shape, (tuple, list, torch.Size)) else None
+    problems = []
+    if shape is None or len(shape) != 3:
+        problems.append(f"{aux}_shape={aux_shape!r} (expected (B, S_q, H))")
+    else:
+        for i, n in enumerate(shape):
+            integer(problems, f"{aux}_shape[{i}]", n, 0, _I32 - 1)
+    if problems:
+        raise input_error(problems)
+    arch, _ = arch_or_refuse(problems, device_index(device))
+    if problems:
+        raise input_error(problems)
+    return policy.workspace_bytes(arch, *shape, elem_bytes=kind.aux_bytes)
+
+
+def sparse_indexer_score_recompute_workspace_bytes(weights_shape, device=None) -> int:
+    """uint8 bytes the ``workspace`` of a call with ``weights`` of this shape (B, S_q, H) needs on GPU
+    ``device`` (None: the current one): the transposed bf16 copy of the weights on SM90, none on SM100."""
+    return _workspace_bytes(_INDEXER, weights_shape, device)
+
+
+def sparse_attn_score_recompute_workspace_bytes(lse_shape, device=None) -> int:
+    """uint8 bytes the ``workspace`` of a call with ``lse`` of this shape (B, S_q, H) needs on GPU
+    ``device`` (None: the current one): the transposed fp32 copy of the LSE on SM90, none on SM100."""
+    return _workspace_bytes(_ATTENTION, lse_shape, device)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What validating one call proved."""
+
+    dev: int
+    arch: str
+    need: int
+    kernel: tuple | None  # (op, key); None when nothing launches
+    foot: list
+    x: tuple  # the launch's scalar: the attention's scale as its kernel reads it; () for the indexer
+
+
+def _calls(kind) -> dict:
+    return _CALLS if kind is _INDEXER else _ATTN_CALLS
+
+
+def _allocating(kind, ts, extra, validate, stream):
+    """``out`` and ``workspace`` of an allocating call, allocated on its stream where not given."""
+    import torch
+
+    call = _remembered_call(_calls(kind), ts, extra, lambda: validate(allocating=True))
+    dev = call.dev
+    stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+    out, q, *_, idx, _, workspace = ts
+
+    def outputs():
+        with alloc_on(stream, dev):
+            return (torch.empty(*idx.shape, dtype=torch.float32, device=q.device) if out is None else out,
+                    torch.empty(call.need, dtype=torch.uint8, device=q.device) if workspace is None and call.need else workspace)
+
+    return allocate(outputs)
+
+
+def sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, qhead_per_kv_head=None, topk_length=None, topk_indices_global=False,
+                                   out=None, stream=None, *, workspace=None):
+    """cudnn's ``sparse_indexer_score_recompute_wrapper``: returns ``{'predict'}``, (B, S_q, topk) fp32.
+
+    q_indexer (B, S_q, H, 128), k_indexer (B, S_k, 128), weights (B, S_q, H) bf16; topk_indices (B, S_q,
+    topk) int32, per-batch local ids unless ``topk_indices_global`` (``b * S_k + local``), a negative id
+    for an empty slot (its predict is 0); topk_length (B, S_q) int32 or None: the slots at and past it
+    are 0 whatever they hold. Device values the op cannot check, as upstream: every scored id must be a
+    key row of its own batch and ``0 <= topk_length <= topk`` (the arches differ otherwise: SM90 scores
+    such a slot as 0, SM100 reads stale shared memory; tests/gpu/ref_score_recompute.py cites the code).
+    ``out`` is allocated when not given, and on SM90 the ``workspace``
+    (``sparse_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."""
+    ts = (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace)
+    if out is None or workspace is None:
+        out, workspace = _allocating(_INDEXER, ts, (qhead_per_kv_head, topk_indices_global),
+                                     lambda allocating: _validate(_INDEXER, ts, qhead_per_kv_head, topk_indices_global, None, allocating), stream)
+    sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length, topk_indices_global, stream,
+                                        workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
+    return Outputs(predict=out)
+
+
+def sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, topk_indices_global=False, stream=None, *,
+                                        workspace=None, qhead_per_kv_head=None):
+    """``sparse_indexer_score_recompute`` into a caller's ``out`` (and, on SM90, ``workspace``):
+    capture-safe from the first call, allocates nothing. Returns ``out``."""
+    ts = (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace)
+    extra = (qhead_per_kv_head, topk_indices_global)
+    call, p = cached(_CALLS, ts, extra,
+                     lambda: _plan_indexer(*ts, topk_indices_global=topk_indices_global, qhead_per_kv_head=qhead_per_kv_head))
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+    return out
+
+
+def sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, qhead_per_kv_head=None, topk_length=None, topk_indices_global=False,
+                                out=None, stream=None, *, workspace=None):
+    """cudnn's ``sparse_attn_score_recompute_wrapper``: returns ``{'target'}``, (B, S_q, topk) fp32, the
+    L1-normalised ``sum_h exp(softmax_scale q_h . k_slot - lse_h)`` over each query's slots.
+
+    q_attn (B, S_q, H, D) bf16 with D 512 or 576, k_attn (B, S_k, D) bf16, lse (B, S_q, H) fp32 (the
+    forward's, natural log); topk_indices (B, S_q, topk) int32, per-batch local ids unless
+    ``topk_indices_global``, a negative id for an empty slot (its target is 0); topk_length (B, S_q)
+    int32 or None. As upstream's docstring says, ``topk_length`` does not replace the -1 padding: slots
+    at and past it must hold -1, because on SM100 upstream runs the non-compact kernel where the tiles
+    match (the op does the same) and that kernel skips slots by their id. ``softmax_scale`` > 0, any
+    value (no scale is compiled in: SM90's host-code literal is the launcher's argument here). Device
+    values the op cannot check: every scored id a key row of its own batch, ``0 <= topk_length <= topk``.
+    ``out`` is allocated when not given, and on SM90 the ``workspace``
+    (``sparse_attn_score_recompute_workspace_bytes``). Every tensor contiguous."""
+    ts = (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace)
+    if out is None or workspace is None:
+        out, workspace = _allocating(_ATTENTION, ts, (softmax_scale, qhead_per_kv_head, topk_indices_global),
+                                     lambda allocating: _validate(_ATTENTION, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, allocating),
+                                     stream)
+    sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length, topk_indices_global, stream,
+                                     workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
+    return Outputs(target=out)
+
+
+def sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False, stream=None, *,
+                                     workspace=None, qhead_per_kv_head=None):
+    """``sparse_attn_score_recompute`` into a caller's ``out`` (and, on SM90, ``workspace``):
+    capture-safe from the first call, allocates nothing. Returns ``out``."""
+    ts = (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace)
+    extra = (softmax_scale, qhead_per_kv_head, topk_indices_global)
+    call, p = cached(_ATTN_CALLS, ts, extra,
+                     lambda: _plan_attention(*ts, softmax_scale=softmax_scale, topk_indices_global=topk_indices_global,
+                                             qhead_per_kv_head=qhead_per_kv_head))
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+    return out
+
+
+def _plan_indexer(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, workspace=None, *, topk_indices_global=False,
+                  qhead_per_kv_head=None):
+    """Validate an indexer call and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
+    return _plan(_INDEXER, (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace), qhead_per_kv_head, topk_indices_global, None)
+
+
+def _plan_attention(out, q_attn, k_attn, lse, topk_indices, topk_length=None, workspace=None, *, softmax_scale, topk_indices_global=False,
+                    qhead_per_kv_head=None):
+    """Validate an attention call and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
+    return _plan(_ATTENTION, (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace), qhead_per_kv_head, topk_indices_global, softmax_scale)
+
+
+def _plan(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale):
+    c = _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale)
+    rec = Recorder(len(ts), len(c.x))
+    if c.kernel is not None:
+        op, key = c.kernel
+        if op.endswith("_sm90"):
+            rec.first(_transposed_into_workspace(ts[3].shape, 3, 6, kind.aux_dtype, c.dev))
+        rec.launch(launcher(FAMILY, op, key, c.dev), *_launch_args(op, key, ts, rec.p, rec.s, rec.x))
+    return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
+
+
+def _transposed_into_workspace(shape, src, ws, dtype, dev):
+    """The plan step that copies tensor ``ts[src]`` (B, S_q, H) of ``dtype`` transposed, (B, H, S_q), into the
+    workspace ``ts[ws]``: what every SM90 score-recompute kernel reads (S_q the unit stride), as upstream
+    makes it on every call."""
+    import torch
+
+    b, s_q, h = shape
+    t = getattr(torch, dtype)
+    nbytes = b * h * s_q * t.itemsize  # (resolved once per plan: the step runs on every call)
+
+    def step(ts, stream):
+        with alloc_on(stream, dev):
+            ts[ws][:nbytes].view(t).view(b, h, s_q).copy_(ts[src].transpose(1, 2))
+
+    return step
+
+
+def _remembered_call(cache, ts, extra, validate):
+    """An allocating form's validation: the one its last call with these options and tensors like these
+    proved (a loop of one shape validates once), else ``validate()`` kept for the next."""
+    hit = remembered(cache, ALLOC, ts, extra)
+    c = hit and hit[0]
+    if c is None:
+        c = validate()
+        remember(cache, ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
+    return c
+
+
+def _launch_args(op, key, ts, p, s, x=()) -> tuple:
+    """The host-function arguments of entry ``op`` (``key``) in upstream's order (``ts``: anything with
+    ``shape`` and ``stride()``, in the ``_into`` order; ``p``: their pointers; ``x``: the attention's
+    scale as the kernel reads it)."""
+    out, q, k, aux, idx, length, _ = ts
+    lens = tensor_args(length, p[5]) if length is not None and key["length"] else ()  # SM100 attention: dropped where upstream drops it
+    if op in ("sparse_indexer", "sparse_attention"):  # SM100: q, k, w / lse, ids, out, [lengths], scale (the indexer's: 1.0), stream
+        return (*tensor_args(q, p[1]), *tensor_args(k, p[2]), *tensor_args(aux, p[3]), *tensor_args(idx, p[4]), *tensor_args(out, p[0]), *lens,
+                x[0] if x else 1.0, s)
+    b, s_k, d = k.shape
+    b, s_q, h = aux.shape
+    kv4 = (p[2], b, s_k, 1, d, s_k * d, d, d)  # k.unsqueeze(2): the SM90 kernel takes kv as (B, S_k, H_kv = 1, D)
+    # SM90: q, kv, ids, stream, out, the weights / LSE transposed (B, H, S_q) in the workspace, [lengths], (no L1 denominator),
+    # then the attention's softmax_scale_log2 (the spec's LITERALS: upstream bakes it into the host code)
+    return (*tensor_args(q, p[1]), *kv4, *tensor_args(idx, p[4]), s, *tensor_args(out, p[0]), *flat_args(p[6], (b, h, s_q)), *lens, *x)
+
+
+class SparseIndexerScoreRecompute(Plan):
+    """cudnn's SparseIndexerScoreRecompute shape: ``SparseIndexerScoreRecompute(out, q_indexer, k_indexer,
+    weights, topk_indices, topk_length=None, workspace=None, *, topk_indices_global=False,
+    qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+
+    _build = staticmethod(_plan_indexer)
+    _tensors = _INDEXER.tensors
+
+
+class SparseAttnScoreRecompute(Plan):
+    """cudnn's SparseAttnScoreRecompute shape: ``SparseAttnScoreRecompute(out, q_attn, k_attn, lse,
+    topk_indices, topk_length=None, workspace=None, *, softmax_scale, topk_indices_global=False,
+    qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+
+    _build = staticmethod(_plan_attention)
+    _tensors = _ATTENTION.tensors
+
+
+_CALLS: dict = {}  # the indexer's plans
+_ATTN_CALLS: dict = {}  # the attention's
+
+
+def _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, allocating=False) -> _Call:
+    """Every problem with a call, raised together before anything is touched (``allocating``: ``out``
+    and ``workspace`` given as None will be allocated; ``softmax_scale``: None for the indexer)."""
+    import torch
+
+    out, q, k, aux, idx, length, workspace = ts
+    names = kind.tensors
+    problems = []
+    glob = flag(problems, "topk_indices_global", topk_indices_global)
+    scale = None if kind is _INDEXER else scalar_f32(problems, "softmax_scale", softmax_scale, positive=True)
+    dims = " or ".join(map(str, kind.dims))
+    if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != 4 or q.device.type != "cuda":
+        problems.append(f"{names[1]}: expected a (B, S_q, H, {dims}) CUDA tensor, got {getattr(q, 'shape', type(q).__name__)}")
+        raise input_error(problems)
+    if not isinstance(k, torch.Tensor) or k.ndim != 3 or not isinstance(idx, torch.Tensor) or idx.ndim != 3:
+        problems.append(f"{names[2]}: expected (B, S_k, D) and topk_indices (B, S_q, topk) tensors")
+        raise input_error(problems)
+    dev = q.device.index
+    arch, sm100 = arch_or_refuse(problems, dev)
+    b, s_q, h, d = q.shape
+    s_k, topk = k.shape[1], idx.shape[2]
+    bf16 = torch.bfloat16
+    check(problems, q, names[1], (b, s_q, h, d), bf16, dev, 16)
+    check(problems, k, names[2], (b, s_k, d), bf16, dev, 16)
+    check(problems, aux, names[3], (b, s_q, h), getattr(torch, kind.aux_dtype), dev, 16)
+    check(problems, idx, "topk_indices", (b, s_q, topk), torch.int32, dev, 16)
+    if length is not None:
+        check(problems, length, "topk_length", (b, s_q), torch.int32, dev, 16)
+    if not (allocating and out is None):
+        check(problems, out, "out", (b, s_q, topk), torch.float32, dev, 16)
+    if qhead_per_kv_head is not None and qhead_per_kv_head != h:
+        problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal q's heads ({h}; k has one KV head)")
+    if d not in kind.dims:
+        problems.append(f"D={d} (expected {dims})")
+    if topk % 128 or not 128 <= topk <= 2048:
+        problems.append(f"topk={topk} (the kernels take 128..2048 slots in multiples of 128: pad the rows with -1)")
+    if not s_k and b * s_q:
+        problems.append(f"{names[2]}: S_k = 0 (expected at least one key row)")
+    x = ()
+    if scale is not None and not problems:
+        # SM100 reads the scale; SM90 the f32 of scale * log2 e its host code would have computed
+        x = (scale,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", scale * _LOG2_E),)
+    if not problems:
+        for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
+            if n >= _I32:
+                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+    kernel = None
+    need = 0
+    if not problems:
+        if kind is _INDEXER:
+            ks = policy.kernels(arch, h, topk, length is not None, glob)
+        else:
+            ks = policy.attention_kernels(arch, h, d, topk, length is not None, glob)
+        require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
+        kernel = ks["main"] if b * s_q else None
+        need = policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
+        if need and not (allocating and workspace is None):
+            problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:6])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
+    if not problems:
+        problems += aliasing([("out", out)], list(zip(names[1:6], ts[1:6])))
+    if problems:
+        raise input_error(problems)
+    foot = footprint(ts, writes=(0, 6), masks=(15,) * 6 + (15 if need else 0,), sizes={6: need})
+    return _Call(dev, arch, need, kernel, foot, x)
+
+
+# --- the dense wrappers: dense_indexer_ / dense_attn_score_recompute_wrapper --------------------------------
+
+_NEG_INF = 0xFF800000  # fp32 -inf: what a key the ratio-causal rule hides holds in ``out``
+
+
+@dataclass(frozen=True)
+class _DenseKind:
+    """What differs between the two dense wrappers."""
+
+    name: str
+    tensors: tuple  # argument names in _into order (the block-scaled ones' scales last)
+    aux_dtype: str  # weights bf16 / lse fp32
+    aux_bytes: int
+    dims: tuple  # bf16's head dims (the block-scaled ones: policy.DIM / policy.MX_ATTN_DIMS)
+    precisions: tuple  # what the build ships for it
+
+
+_DENSE_TENSORS = ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
+_SCALES = ("q_scale", "k_scale", "cu_seqlens_q_scale_padded", "cu_seqlens_k_scale_padded")  # a block-scaled call's, after _DENSE_TENSORS
+_DENSE_INDEXER = _DenseKind("dense_indexer_score_recompute", _DENSE_TENSORS + _SCALES, "bfloat16", 2, (policy.DIM,), policy.DENSE_PRECISIONS)
+_DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", _DENSE_TENSORS[:4] + ("lse",) + _DENSE_TENSORS[5:] + _SCALES, "float32", 4,
+                              policy.ATTN_DIMS, policy.ATTN_PRECISIONS)
+_QK_DTYPES = {"bf16": "bfloat16", "mxfp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn_x2"}  # Q / K as each precision stores them
+
+
+@dataclass(frozen=True)
+class _DenseCall:
+    dev: int
+    arch: str
+    varlen: bool
+    b: int
+    s_q: int  # S_q, or max_seqlen_q (THD)
+    s_k: int  # S_k, or max_seqlen_k (THD)
+    need: int
+    kernel: tuple | None
+    foot: list
+    x: tuple  # the scale as the kernel reads it: SM100 an argument; SM90 the attention's literal argument, the indexer's none (in the cubin)
+    segs: tuple = ()  # SM90 THD: the segments launched, policy.thd_segments
+    regions: tuple = ()  # SM90 THD: their workspace regions, policy.thd_workspace
+    no_keys: tuple = ()  # SM90 THD: (q_start, S_q) of the segments with queries and no key
+
+
+def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None, cu_seqlens_q=None, cu_seqlens_k=None) -> int:
+    """uint8 bytes the ``workspace`` of a dense indexer call with ``weights`` of this shape needs on GPU
+    ``device`` (None: the current one); none on SM100. SM90 BSHD, weights (B, S_q, H): their transposed
+    bf16 copy. SM90 THD, weights (T_q, H) and the call's ``cu_seqlens_q`` / ``cu_seqlens_k`` (on the host:
+    CPU tensors or lists; device ones are read back): per segment the transposed copy and the scores and
+    denominators the kernel writes before they are copied into the packed outputs, as upstream allocates
+    them."""
+    return _dense_workspace_bytes(_INDEXER, weights_shape, device, cu_seqlens_q, cu_seqlens_k)
+
+
+def dense_attn_score_recompute_workspace_bytes(lse_shape, device=None, cu_seqlens_q=None, cu_seqlens_k=None) -> int:
+    """uint8 bytes the ``workspace`` of a dense attention call with ``lse`` of this shape needs on GPU
+    ``device`` (None: the current one): as :func:`dense_indexer_score_recompute_workspace_bytes`, with the
+    fp32 LSE in place of the weights."""
+    return _dense_workspace_bytes(_ATTENTION, lse_shape, device, cu_seqlens_q, cu_seqlens_k)
+
+
+def _dense_workspace_bytes(kind, aux_shape, device, cu_q, cu_k) -> int:
+    if cu_q is None and cu_k is None:
+        return _workspace_bytes(kind, aux_shape, device)
+    from ..runtime.device import device_index
+
+    problems = []
+    shape = tuple(aux_shape) if isinstance(aux_shape, (tuple, list)) or type(aux_shape).__name__ == "Size" else None
+    if shape is None or len(shape) != 2:
+        problems.append(f"{kind.tensors[3]}_shape={aux_shape!r} (expected (T_q, H) with cu_seqlens: THD)")
+    else:
+        for i, n in enumerate(shape):
+            integer(problems, f"{kind.tensors[3]}_shape[{i}]", n, 0, _I32 - 1)
+    dev = device_index(device)
+    arch, sm100 = arch_or_refuse(problems, dev)
+    if problems:
+        raise input_error(problems)
+    if sm100:
+        return 0
+    cu = _host_offsets(problems, cu_q, cu_k, dev, None)
+    if problems:
+        raise input_error(problems)
+    return policy.thd_workspace(policy.thd_segments(*cu), shape[1], kind.aux_bytes)[1]
+
+
+def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=None, denom_out=None, sm_scale=1.0, ratio=1, cu_seqlens_q=None,
+                                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None,
+                                  k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, stream=None, *,
+                                  workspace=None):
+    """cudnn's ``dense_indexer_score_recompute_wrapper``: returns ``{'out', 'denom'}``: the indexer's logits
+    ``out[b, i, j] = sm_scale * sum_h w[b, i, h] relu(q[b, i, h] . k[b, j, h // qhpkv])`` over every key,
+    -inf where the ratio-causal rule hides key j from row i (``j >= (offset_b + i + 1) // ratio``), and
+    ``denom`` their log-sum-exp per row (-inf for a row that sees no key).
+
+    BSHD: q (B, S_q, H, 128), k (B, S_k, H_kv, 128), weights (B, S_q, H) bf16; ``out`` (B, S_q, S_k), ``denom``
+    (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): q (T_q, H, 128), k (T_k, H_kv, 128), weights
+    (T_q, H); ``out`` (T_q, max_seqlen_k), ``denom`` (T_q,). SM100 runs THD natively, from ``cu_seqlens``
+    on the device (int32): the allocating form reads missing ``max_seqlen_*`` back from it as upstream
+    does (refused under capture: pass them), ``_into`` needs them. SM90 runs upstream's per-segment form
+    (one BSHD launch per segment with queries and keys, through workspace temporaries): it needs the
+    segment bounds on the host, so ``cu_seqlens`` given as CPU tensors or lists make it sync-free and
+    capture-safe; device ones are read back as upstream does (a synchronisation, refused under capture).
+    Rows of a segment with no key get ``denom`` -inf (upstream leaves them unwritten). Upstream's plan
+    classes do not run SM90 THD, nor do ours. ``q_causal_offsets`` (B,) int32 or None. On SM90 the
+    kernel bakes ``sm_scale`` in as a float32 immediate: the build ships the scales its manifest lists (a
+    call at another is a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin).
+    ``out`` / ``denom_out`` are allocated when not given, and on SM90 the ``workspace``
+    (``dense_indexer_score_recompute_workspace_bytes``; THD: of the call's ``cu_seqlens``). Every tensor
+    contiguous.
+
+    ``precision``: "bf16", or on SM100 the block-scaled "mxfp8" (q / k float8_e4m3fn) and "mxfp4" (q / k
+    float4_e2m1fn_x2, last dim 64: two values a byte), one KV head and 32 or 64 q heads, with e8m0
+    (float8_e8m0fnu) scales, one per 32 values, in upstream's packed layout: BSHD ``q_scale`` (B,
+    ceil128(S_q * H), 4) and ``k_scale`` (B, ceil128(S_k), 4); THD both (1, a multiple of 128 rows, 4),
+    each segment's rows padded to 128 at ``cu_seqlens_q_scale_padded`` / ``cu_seqlens_k_scale_padded``
+    (int32, B + 1). ``sf_vec_size`` 32 only. SM90 refuses them (upstream raises NotImplementedError)."""
+    _sf_vec(sf_vec_size)
+    out, denom_out = _dense_call(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                                 (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
+    return Outputs(out=out, denom=denom_out)
+
+
+def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                                       max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None,
+                                       precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    """``dense_indexer_score_recompute`` into a caller's ``out`` and ``denom_out`` (and, on SM90,
+    ``workspace``); SM100 THD needs ``max_seqlen_q`` / ``max_seqlen_k``, SM90 THD host ``cu_seqlens``.
+    The block-scaled precisions and their scales as there (SM100). Capture-safe from the first call (SM90
+    THD with host ``cu_seqlens``), allocates nothing. Returns ``(out, denom_out)``."""
+    return _dense_into(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                       (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
+
+
+def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None, out=None, denom_out=None, ratio=1, cu_seqlens_q=None,
+                               cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None,
+                               k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, stream=None, *,
+                               workspace=None):
+    """cudnn's ``dense_attn_score_recompute_wrapper``: returns ``{'out', 'denom'}``: the attention's
+    probabilities summed over heads, ``out[b, i, j] = sum_h exp(softmax_scale q[b, i, h] . k[b, j, h // qhpkv]
+    - lse[b, i, h])`` for every key the ratio-causal rule shows row i, -inf where it hides one, and ``denom``
+    their sum per row (the L1 norm; ``out`` is not divided by it).
+
+    Layouts as :func:`dense_indexer_score_recompute` with ``lse`` (B, S_q, H) / (T_q, H) fp32 in place of the
+    weights and D 512 or 576. ``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code
+    literal is the launcher's argument). THD as the indexer's (SM90: per segment, host ``cu_seqlens``
+    sync-free; rows of a segment with no key get ``denom`` 0, the sum of no probability).
+
+    ``precision``: "bf16", or on SM100 "mxfp8": q / k float8_e4m3fn, D512 or D128, one KV head and 64 or 128
+    q heads, e8m0 scales in the indexer's packed layout with ceil4(D / 32) columns (16 at D512, 4 at D128).
+    Its K block is upstream's choice from S_k (BSHD) or ``max_seqlen_k`` (THD): at D512 256-wide from 4096
+    keys, 128 below (two entries). ``out`` is zeroed before the launch, not -inf filled (the kernel
+    accumulates into it), and ``denom`` too at D512 H128 and D128 H64, as upstream does. SM90 refuses it
+    (upstream raises NotImplementedError)."""
+    _sf_vec(sf_vec_size)
+    out, denom_out = _dense_call(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                                 (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
+    return Outputs(out=out, denom=denom_out)
+
+
+def dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                                    max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None,
+                                    precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    """``dense_attn_score_recompute`` into a caller's ``out`` and ``denom_out`` (and, on SM90,
+    ``workspace``); THD as :func:`dense_indexer_score_recompute_into`; mxfp8 and its scales as there
+    (SM100). Capture-safe from the first call, allocates nothing. Returns ``(out, denom_out)``."""
+    return _dense_into(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
+                       (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
+
+
+def _dense_calls(kind) -> dict:
+    return _DENSE_CALLS if kind is _DENSE_INDEXER else _DATTN_CALLS
+
+
+def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
+    """The allocating forms: THD maxima read back where missing, the outputs and workspace allocated on the
+    call's stream where not given, then the ``_into`` form (``scales``: the four block-scale tensors, None
+    where not given). Returns (out, denom_out)."""
+    import torch
+
+    precision = _lower(precision)
+    host = None
+    if cu_q is not None or cu_k is not None:
+        host, cu_q, cu_k, refused = _sm90_segments(q, cu_q, cu_k, stream, precision)
+        if host is None and not refused and (max_q is None or max_k is None):
+            max_q, max_k = max_lengths(cu_q, cu_k, max_q, max_k, stream)
+    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
+    if out is None or denom_out is None or workspace is None:
+        extra = (scale, ratio, max_q, max_k, qhpkv, host, precision)
+        c = _remembered_call(_dense_calls(kind), ts, extra,
+                             lambda: _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True, host=host, precision=precision))
+        stream_handle(stream, c.dev)
+
+        def outputs():
+            with alloc_on(stream, c.dev):
+                rows = (q.shape[0],) if c.varlen else (c.b, c.s_q)
+                return (torch.empty(*rows, c.s_k, dtype=torch.float32, device=q.device) if out is None else out,
+                        torch.empty(*rows, dtype=torch.float32, device=q.device) if denom_out is None else denom_out,
+                        torch.empty(c.need, dtype=torch.uint8, device=q.device) if workspace is None and c.need else workspace)
+
+        out, denom_out, workspace = allocate(outputs)
+        ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
+    return _dense_run(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision, stream)
+
+
+def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
+    precision = _lower(precision)
+    host = None
+    if cu_q is not None or cu_k is not None:
+        host, cu_q, cu_k, _ = _sm90_segments(q, cu_q, cu_k, stream, precision)
+    return _dense_run(kind, (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales), scale, ratio, max_q, max_k, qhpkv, host, precision,
+                      stream)
+
+
+def _dense_run(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision, stream):
+    """Both forms' last step, from the call's tensors ``ts`` and SM90 THD bounds ``host`` already resolved (the
+    allocating form resolved them once, reading device bounds back at most once). Returns (out, denom_out)."""
+    extra = (scale, ratio, max_q, max_k, qhpkv, host, precision)
+    call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision))
+    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+    return ts[0], ts[1]
+
+
+def _sm90_segments(q, cu_q, cu_k, stream, precision="bf16"):
+    """(host segment bounds, None, None, False) for a THD call on an SM90 GPU, whose kernel runs once per segment
+    from bounds the host knows: ``cu_seqlens_*`` given on the host as they are, device ones read back
+    (upstream's sync; refused under capture). Otherwise (None, cu_q, cu_k, refused) unchanged (SM100 reads
+    them on the device; a malformed call is for the validation to describe); ``refused``: a block-scaled call
+    on SM90, which the validation refuses, so nothing is read back for it."""
+    if getattr(q, "is_cuda", False):
+        arch, sm100 = arch_or_refuse([], q.device.index)
+        if arch is not None and not sm100:
+            if precision != "bf16":
+                return None, cu_q, cu_k, True
+            problems = []
+            host = _host_offsets(problems, cu_q, cu_k, q.device.index, stream)
+            if problems:
+                raise input_error(problems)
+            return host, None, None, False
+    return None, cu_q, cu_k, False
+
+
+def _host_offsets(problems, cu_q, cu_k, dev, stream):
+    """(cu_seqlens_q, cu_seqlens_k) as tuples of ints: from lists / tuples / 1-D integer CPU tensors, or
+    1-D int32 tensors on GPU ``dev`` read back (a synchronisation, refused under graph capture). None with
+    ``problems`` appended for anything else."""
+    import torch
+
+    got = []
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if isinstance(t, torch.Tensor):
+            if t.ndim != 1 or t.dtype not in (torch.int32, torch.int64) or t.numel() < 1 or (t.is_cuda and t.device.index != dev):
+                problems.append(f"{name}: {t.dtype} {tuple(t.shape)} on {t.device} (expected batch + 1 integer offsets: a 1-D CPU tensor or list, "
+                                f"or int32 on cuda:{dev})")
+                continue
+            if t.is_cuda:
+                if torch.cuda.is_current_stream_capturing():
+                    problems.append(f"{name} on the device under CUDA-graph capture: SM90 THD launches the BSHD kernel per segment, so the "
+                                    "segment bounds must be known on the host; pass cu_seqlens_q / cu_seqlens_k as CPU tensors or lists "
+                                    "(the sync-free form)")
+                    continue
+                with alloc_on(stream, dev):
+                    t = t.tolist()  # upstream's read back (a synchronisation)
+            else:
+                t = t.tolist()
+        if not isinstance(t, (list, tuple)) or not t or not all(type(v) is int for v in t):
+            problems.append(f"{name}: {type(t).__name__} (THD on SM90 needs batch + 1 integer offsets: a 1-D CPU tensor or list, or int32 "
+                            f"on cuda:{dev}, read back)")
+            continue
+        got.append(tuple(t))
+    return tuple(got) if len(got) == 2 else None
+
+
+def _lower(precision):
+    """``precision`` as upstream compares it (lower case); anything else as it is, for the validation to name."""
+    return precision.lower() if isinstance(precision, str) else precision
+
+
+def _sf_vec(sf_vec_size):
+    if not (type(sf_vec_size) is int and sf_vec_size == policy.SF_VEC):
+        raise input_error([f"sf_vec_size={sf_vec_size!r}: upstream's {policy.SF_VEC} only (values per e8m0 scale)"])
+
+
+def _dense_precision(problems, kind, precision, scales) -> str:
+    """The call's precision as upstream takes it (lower case); problems appended for one ``kind`` does not
+    take and for block scales given with bf16 (upstream's ValueError)."""
+    p = _lower(precision)
+    if p not in kind.precisions:
+        problems.append(f"precision={precision!r} (expected one of {', '.join(map(repr, kind.precisions))})")
+    elif p == "bf16" and any(t is not None for t in scales):
+        names = [n for n, t in zip(_SCALES, scales) if t is not None]
+        problems.append(f"{', '.join(names)}: block scales go with precision={' or '.join(map(repr, kind.precisions[1:]))} (this call's is 'bf16'; "
+                        "upstream's ValueError)")
+    return p
+
+
+def _plan_dense(out, denom_out, q, k, weights, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
+                cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, sm_scale=1.0, ratio=1, max_seqlen_q=None, max_seqlen_k=None,
+                qhead_per_kv_head=None, precision="bf16"):
+    """Validate a dense indexer call and compile what it does."""
+    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace, q_scale, k_scale, cu_seqlens_q_scale_padded,
+          cu_seqlens_k_scale_padded)
+    return _plan_dense_kind(_DENSE_INDEXER, ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, precision=_lower(precision))
+
+
+def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None,
+                          k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, softmax_scale, ratio=1, max_seqlen_q=None,
+                          max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16"):
+    """Validate a dense attention call and compile what it does."""
+    ts = (out, denom_out, q, k, lse, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace, q_scale, k_scale, cu_seqlens_q_scale_padded,
+          cu_seqlens_k_scale_padded)
+    return _plan_dense_kind(_DENSE_ATTENTION, ts, softmax_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, precision=_lower(precision))
+
+
+def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None, precision="bf16"):
+    c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=host, precision=precision)
+    out, aux = ts[0], ts[4]
+    rec = Recorder(len(ts), len(c.x))
+    if c.varlen and not is_sm100(c.arch):
+        _record_sm90_thd(rec, kind, ts, c)
+    elif c.kernel is not None:
+        op, key = c.kernel
+        if op.endswith("_sm90"):
+            rec.first(_transposed_into_workspace(aux.shape, 4, 8, kind.aux_dtype, c.dev))
+        if key.get("precision") == "mxfp8" and op == "dense_attention":
+            # upstream zeroes out (the kernel accumulates into it and writes -inf where the causal rule hides a key) and, for
+            # the kernels that accumulate into denom too, denom (it zeroes out twice there: once is the same)
+            rec.memset(rec.p[0], out.numel() * 4)
+            if policy.mx_zeroes_denom(key["dim"], key["heads"]):
+                rec.memset(rec.p[1], ts[1].numel() * 4)
+        else:
+            # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
+            rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
+        rec.launch(launcher(FAMILY, op, key, c.dev), *_dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
+    elif ts[1].numel():
+        # queries and no key (S_k 0): nothing to launch, and each row gets what the kernel writes for a row
+        # that sees no key, the LSE of none (-inf) or the sum of none (0), not the caller's old bytes
+        rec.memset(rec.p[1], ts[1].numel() * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
+    return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
+
+
+def _record_sm90_thd(rec, kind, ts, c):
+    """Upstream's SM90 THD host loop as one plan, from host segment bounds: every segment's weights / LSE
+    transposed into its workspace region; ``out`` filled with -inf and so is each segment's scores
+    region (the BSHD call's fill); the denominators of rows whose segment has no key written as the
+    kernel writes a row that sees none (upstream leaves them unwritten); one BSHD launch per segment
+    into its regions; the regions copied into the packed outputs."""
+    import torch
+
+    out, _, q, k, _, _, _, offs, _ = ts[:9]
+    p = rec.p
+    h, d, h_kv = q.shape[1], q.shape[2], k.shape[1]
+    t = getattr(torch, kind.aux_dtype)
+    segs, regions, dev = c.segs, c.regions, c.dev
+
+    def transpose(ts, stream):
+        with alloc_on(stream, dev):
+            for (_, qs, sq, _, _), (wo, _, _) in zip(segs, regions):
+                ts[8][wo:wo + h * sq * t.itemsize].view(t).view(h, sq).copy_(ts[4][qs:qs + sq].t())
+
+    def copy_back(ts, stream):
+        with alloc_on(stream, dev):
+            ws = ts[8]
+            for (_, qs, sq, _, sk), (_, oo, do) in zip(segs, regions):
+                ts[0][qs:qs + sq, :sk].copy_(ws[oo:oo + sq * sk * 4].view(torch.float32).view(sq, sk))
+                ts[1][qs:qs + sq].copy_(ws[do:do + sq * 4].view(torch.float32))
+
+    if segs:
+        rec.first(transpose)
+    rec.memset(p[0], out.numel() * 4, _NEG_INF)
+    for qs, sq in c.no_keys:  # the LSE of no key is -inf, the attention's sum of none 0
+        rec.memset(p[1] + qs * 4, sq * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
+    for (_, _, sq, _, sk), (_, oo, _) in zip(segs, regions):
+        rec.memset(p[8] + oo, sq * sk * 4, _NEG_INF)
+    entry = launcher(FAMILY, *c.kernel, c.dev) if segs else None
+    for (b, qs, sq, ks, sk), (wo, oo, do) in zip(segs, regions):
+        rec.launch(entry, *_sm90_dense_args(p[2] + qs * h * d * 2, p[3] + ks * h_kv * d * 2, p[8] + oo, p[8] + wo, p[8] + do,
+                                            None if offs is None else p[7] + 4 * b, 1, sq, sk, h, h_kv, d, rec.s, rec.x))
+    if segs:
+        rec.then(copy_back)
+
+
+def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:
+    """The host-function arguments of dense entry ``op`` in upstream's order (``x``: the scale as the kernel
+    reads it, see :class:`_DenseCall`)."""
+    out, denom, q, k, aux, cu_q, cu_k, offs, _ = ts[:9]
+    if not op.endswith("_sm90"):
+        # SM100: q, k, w / lse, [q_scale, k_scale], out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k,
+        # [their scale-padded twins]], [offsets], stream; block-scaled when the call has scales (the validation ties them to the precision)
+        mx = len(ts) > 9 and ts[9] is not None
+        o = tensor_args(offs, p[7]) if offs is not None else ()
+        cu = (*tensor_args(cu_q, p[5]), *tensor_args(cu_k, p[6])) if c.varlen else ()
+        sc = (*tensor_args(ts[9], p[9]), *tensor_args(ts[10], p[10])) if mx else ()
+        if mx and c.varlen:
+            cu += (*tensor_args(ts[11], p[11]), *tensor_args(ts[12], p[12]))
+        return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(aux, p[4]), *sc, *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0],
+                c.s_q, c.s_k, *cu, *o, s)
+    b, s_q, h = aux.shape
+    return _sm90_dense_args(p[2], p[3], p[0], p[8], p[1], None if offs is None else p[7], b, s_q, k.shape[1], h, k.shape[2], q.shape[3], s, x)
+
+
+def _sm90_dense_args(q, k, out, aux_t, denom, offs, b, s_q, s_k, h, h_kv, d, s, x) -> tuple:
+    """The SM90 dense host function's arguments, compact BSHD buffers at these pointers: q, kv, (no ids),
+    stream, out, the weights / LSE transposed (B, H, S_q), (no lengths), denom, [offsets], then the
+    attention's softmax_scale_log2 (the spec's LITERALS)."""
+    o = flat_args(offs, (b,)) if offs is not None else ()
+    return (*flat_args(q, (b, s_q, h, d)), *flat_args(k, (b, s_k, h_kv, d)), s, *flat_args(out, (b, s_q, s_k)), *flat_args(aux_t, (b, h, s_q)),
+            *flat_args(denom, (b, s_q)), *o, *x)
+
+
+class DenseIndexerScoreRecompute(Plan):
+    """cudnn's DenseIndexerScoreRecompute shape: ``DenseIndexerScoreRecompute(out, denom_out, q, k, weights,
+    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
+    cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, sm_scale=1.0, ratio=1, max_seqlen_q=None,
+    max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16")``; ``execute(<the tensors>, stream=None)``.
+    cudnn's class is bf16 only; this one also plans the SM100 block-scaled calls of
+    :func:`dense_indexer_score_recompute_into`."""
+
+    _build = staticmethod(_plan_dense)
+    _tensors = _DENSE_INDEXER.tensors
+
+
+class DenseAttnScoreRecompute(Plan):
+    """cudnn's DenseAttnScoreRecompute shape: ``DenseAttnScoreRecompute(out, denom_out, q, k, lse,
+    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
+    cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, softmax_scale, ratio=1, max_seqlen_q=None,
+    max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16")``; ``execute(<the tensors>, stream=None)``.
+    cudnn's class is bf16 only; this one also plans the SM100 mxfp8 calls of
+    :func:`dense_attn_score_recompute_into`."""
+
+    _build = staticmethod(_plan_dense_attention)
+    _tensors = _DENSE_ATTENTION.tensors
+
+
+_DENSE_CALLS: dict = {}  # the dense indexer's plans
+_DATTN_CALLS: dict = {}  # the dense attention's
+
+
+def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False, host=None, precision="bf16") -> _DenseCall:
+    """Every problem with a dense call, raised together before anything is touched (``host``: an SM90 THD
+    call's segment bounds, :func:`_sm90_segments`; its ``cu_seqlens`` are then None in ``ts``; ``ts[9:]``:
+    the block scales)."""
+    import torch
+
+    out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts[:9]
+    scales = ts[9:]
+    names = kind.tensors
+    attention = kind is _DENSE_ATTENTION
+    problems = []
+    prec = _dense_precision(problems, kind, precision, scales)
+    mx = prec in policy.MX_PRECISIONS
+    what = f"the block-scaled dense {'attention' if attention else 'indexer'}"
+    dims_ok = policy.MX_ATTN_DIMS if attention and mx else kind.dims
+    x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", scale, positive=attention)
+    integer(problems, "ratio", ratio, 1, _I32 - 1)
+    varlen = cu_q is not None or cu_k is not None or host is not None
+    rank = 3 if varlen else 4
+    dims = " or ".join(map(str, dims_ok))
+    shape_q = f"(T_q, H, {dims})" if varlen else f"(B, S_q, H, {dims})"
+    if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != rank or q.device.type != "cuda":
+        problems.append(f"q: expected a {shape_q} CUDA tensor{' (THD: cu_seqlens given)' if varlen else ''}, got {getattr(q, 'shape', type(q).__name__)}")
+        raise input_error(problems)
+    if not isinstance(k, torch.Tensor) or k.ndim != rank:
+        problems.append(f"k: expected a {'(T_k, H_kv, D)' if varlen else '(B, S_k, H_kv, D)'} tensor, got {getattr(k, 'shape', type(k).__name__)}")
+        raise input_error(problems)
+    dev = q.device.index
+    arch, sm100 = arch_or_refuse(problems, dev)
+    if mx and arch is not None and not sm100:
+        problems.append(f"precision={prec!r}: {what} is SM100 only (upstream raises NotImplementedError on SM90, which takes bf16)")
+    h, d = q.shape[-2], q.shape[-1]
+    h_kv = k.shape[-2]
+    lead = tuple(q.shape[:-2])
+    segs = no_keys = ()
+    if host is not None:
+        b, max_q, max_k, segs, no_keys = _host_thd(problems, host, q.shape[0], k.shape[0], max_q, max_k)
+    else:
+        b = thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev)
+    if varlen:
+        s_q, s_k = max_q, max_k
+        k_shape = (k.shape[0], h_kv, d)
+        score = (lead[0], s_k if isinstance(s_k, int) else 0)
+        if not sm100 and host is None and not mx:
+            problems.append(f"THD on SM90 in a plan: as upstream's plan classes, none runs it (the kernel is BSHD-native: each call needs the "
+                            f"segment bounds on the host); call dsa_aot.dsa.{kind.name}_into with cu_seqlens_q / cu_seqlens_k as CPU tensors or "
+                            "lists")
+    else:
+        b, s_q = lead
+        s_k = k.shape[1]
+        k_shape = (b, s_k, h_kv, d)
+        score = (b, s_q, s_k)
+    f32 = torch.float32
+    qk = getattr(torch, _QK_DTYPES.get(prec, "bfloat16"))
+    check(problems, q, "q", lead + (h, d), qk, dev, 16)
+    check(problems, k, "k", k_shape, qk, dev, 16)
+    check(problems, aux, names[4], lead + (h,), getattr(torch, kind.aux_dtype), dev, 16)
+    if not (allocating and out is None):
+        check(problems, out, "out", score, f32, dev, 16)
+    if not (allocating and denom is None):
+        check(problems, denom, "denom_out", lead, f32, dev, 16)
+    if offs is not None and b is not None:
+        check(problems, offs, "q_causal_offsets", (b,), torch.int32, dev, 4 if not sm100 else 16)
+    if prec == "mxfp4" and d != policy.DIM // 2:
+        problems.append(f"q / k last dim {d} (mxfp4 stores D {policy.DIM} as {policy.DIM // 2} float4_e2m1fn_x2 elements, two values each)")
+    elif prec != "mxfp4" and d not in dims_ok:
+        problems.append(f"D={d} (expected {dims})")
+    qhpkv = h // h_kv if h_kv and h % h_kv == 0 else None
+    if qhpkv is None or h <= h_kv:
+        problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
+    elif qhead_per_kv_head is not None and qhead_per_kv_head != qhpkv:
+        problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
+    elif mx and (h_kv != 1 or qhpkv not in policy.mx_heads(attention)):
+        problems.append(f"H={h} over H_kv={h_kv}: {what} takes one KV head and {' or '.join(map(str, policy.mx_heads(attention)))} q heads "
+                        "(upstream's ValueError; the attention's H32 does not compile)")
+    if mx:  # the scales' columns follow the logical head dim (mxfp4 stores two values an element)
+        block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, *scales, dim=2 * d if prec == "mxfp4" else d)
+    x = ()
+    if not problems:
+        rows = q.numel() // (h * d)
+        for what, n in (("q elements", q.numel()), ("k elements", k.numel()), ("rows*S_k", rows * s_k)):
+            if n >= _I32:
+                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+        # the scale as the kernel reads it: SM100 an argument; SM90 attention f32(scale * log2 e), the host
+        # code's literal; SM90 indexer none (a float32 immediate in the cubin: part of the key)
+        x = (x32,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x32 * _LOG2_E),) if attention else ()
+    kernel, need, regions = None, 0, ()
+    if not problems:
+        if attention:
+            # the K block is upstream's pick from the S_k hint: max_seqlen_k (THD), S_k (BSHD; max_seqlen_k is refused there)
+            ks = policy.dense_attention_kernels(arch, qhpkv, d, ratio, varlen, offs is not None, prec, s_k)
+        else:
+            ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, x32, prec)
+        require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
+        rows = q.numel() // (h * d)
+        kernel = ks["main"] if (segs if host is not None else rows and s_k and s_q and b) else None
+        if host is not None:
+            regions, need = policy.thd_workspace(segs, h, kind.aux_bytes)
+        else:
+            regions, need = (), 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
+        if need and not (allocating and workspace is None):
+            problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:8])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
+    if not problems:
+        problems += aliasing([("out", out), ("denom_out", denom)], list(zip(names[2:8] + names[9:], ts[2:8] + ts[9:])))
+    if problems:
+        raise input_error(problems)
+    masks = tuple(3 if i == 7 and not sm100 else (0 if i == 8 and not need else 15) for i in range(len(ts)))
+    foot = footprint(ts, writes=(0, 1, 8), masks=masks, sizes={8: need})
+    return _DenseCall(dev, arch, varlen, b or 0, s_q, s_k, need, kernel, foot, x, segs, regions, no_keys)
+
+
+def _host_thd(problems, host, t_q, t_k, max_q, max_k):
+    """(batch, max_seqlen_q, max_seqlen_k, segments, (q_start, S_q) of those with queries and no key) of
+    an SM90 THD call from its host bounds; the maxima default to the longest segments and, where given,
+    must cover them. Problems appended."""
+    cu_q, cu_k = host
+    b = len(cu_q) - 1
+    if len(cu_k) != len(cu_q) or b < 0:
+        problems.append(f"cu_seqlens_q ({len(cu_q)} offsets) and cu_seqlens_k ({len(cu_k)}): the same number, batch + 1")
+        return None, max_q, max_k, (), ()
+    for name, cu, total in (("cu_seqlens_q", cu_q, t_q), ("cu_seqlens_k", cu_k, t_k)):
+        if cu[0] < 0 or any(y < x for x, y in zip(cu, cu[1:])) or cu[-1] > total:
+            problems.append(f"{name} = {list(cu)[:8]}{'...' if len(cu) > 8 else ''}: expected non-decreasing offsets from >= 0 to at most "
+                            f"{total} (the packed {'q' if name[-1] == 'q' else 'k'} rows)")
+    if problems:
+        return b, max_q, max_k, (), ()
+    longest = [max((y - x for x, y in zip(cu, cu[1:])), default=0) for cu in (cu_q, cu_k)]
+    got = []
+    for name, v, n in (("max_seqlen_q", max_q, longest[0]), ("max_seqlen_k", max_k, longest[1])):
+        if v is None:
+            v = n
+        elif isinstance(v, bool) or not isinstance(v, int) or not n <= v < _I32:
+            problems.append(f"{name}={v!r}: expected an integer from {n} (the longest segment) to {_I32 - 1}")
+        got.append(v)
+    no_keys = tuple((cu_q[i], cu_q[i + 1] - cu_q[i]) for i in range(b) if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i])
+    return b, got[0], got[1], policy.thd_segments(cu_q, cu_k), no_keys
+
+
+# --- cudnn.DSA.sparse_attention_score_recompute (deepseek_sparse_attention/training.py) ----------------
+
+_TOPK_TILE = 128  # upstream pads the index rows with -1 to a multiple of 128 slots
+
+
+def sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale=None, topk_length=None):
+    """cudnn's ``DSA.sparse_attention_score_recompute`` (training.py): the attention's target distribution
+    over each query's index slots, in the training layout. Returns ``{'target', 'indices'}``: ``target``
+    (S_q, K) fp32, L1-normalised over the row's valid slots, 0 elsewhere, no gradient attached (as
+    upstream); ``indices`` the slots as scored, ids outside [0, S_kv) and slots at or past
+    ``clamp(topk_length, 0, K)`` set to -1 (positions unchanged, no compaction).
+
+    q (S_q, H, D) bf16, kv (S_kv, D) bf16, lse (S_q, H) fp32 (the forward's KV-only natural-log
+    statistic, e.g. :func:`dsa_aot.dsa.sparse_attention`'s ``lse``), indices (S_q, K) int32 ids into kv,
+    topk_length (S_q,) int32 or None; every tensor contiguous on one device, no empty extent;
+    ``softmax_scale`` finite and > 0 (default 1/sqrt(D)). The rows are padded with -1 to a multiple of
+    128 slots and run as one batch of :func:`sparse_attn_score_recompute` with local ids and no
+    ``topk_length`` (upstream's call). Upstream accepts compute capability 10.0 only (and its training
+    heads, not H128 D576); this runs wherever the build has the score-recompute entry (SM90 as well),
+    and refuses anything else before any work, naming the bucket to add. Runs on torch's current stream.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    problems = []
+    dev, h, d, k, scale = _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length)
+    if problems:
+        raise input_error(problems)
+    padded = -(-k // _TOPK_TILE) * _TOPK_TILE
+    arch, _ = arch_or_refuse(problems, dev)
+    if problems:
+        raise input_error(problems)
+    require(FAMILY, policy.attention_kernels(arch, h, d, padded, False, False), dev)
+    s_kv = kv.shape[0]
+    with alloc_on(None, dev):  # torch's current stream of the tensors' device (upstream: torch.cuda.device(q.device))
+        valid = (indices >= 0) & (indices < s_kv)
+        if topk_length is not None:
+            slots = torch.arange(k, dtype=torch.int32, device=indices.device)
+            valid &= slots[None, :] < topk_length.clamp(0, k)[:, None]
+        safe = torch.where(valid, indices, -1)
+        ids = F.pad(safe, (0, padded - k), value=-1) if padded != k else safe
+        target = sparse_attn_score_recompute(q[None], kv[None], lse[None], ids[None], scale)["target"][0]
+        target = target[:, :k].contiguous() if padded != k else target
+    return Outputs(target=target, indices=safe)
+
+
+def _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length):
+    """Upstream's training contract (training._validate_contract and its lse check) as problems:
+    (device, H, D, K, scale); the kernels' own limits are the score recompute's, checked when it runs."""
+    import torch
+
+    named = (("q", q, 3), ("kv", kv, 2), ("lse", lse, 2), ("indices", indices, 2), ("topk_length", topk_length, 1))
+    for name, t, rank in named:
+        if t is None and name == "topk_length":
+            continue
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type != "cuda" or t.ndim != rank:
+            problems.append(f"{name}: expected a {rank}-D CUDA tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if problems:
+        return None, 0, 0, 0, 0.0
+    dev = q.device.index
+    s_q, h, d = q.shape
+    k = indices.shape[1]
+    want = (("q", q, (s_q, h, d), torch.bfloat16), ("kv", kv, (kv.shape[0], d), torch.bfloat16), ("lse", lse, (s_q, h), torch.float32),
+            ("indices", indices, (s_q, k), torch.int32), ("topk_length", topk_length, (s_q,), torch.int32))
+    for name, t, shape, dtype in want:
+        if t is not None:
+            check(problems, t, name, shape, dtype, dev, 16 if name in ("q", "kv") else 4)
+    if not (s_q and kv.shape[0] and k):
+        problems.append(f"S_q = {s_q}, S_kv = {kv.shape[0]}, K = {k} (expected each >= 1, as upstream)")
+    scale = scalar_f32(problems, "softmax_scale", d**-0.5 if softmax_scale is None else softmax_scale, positive=True)
+    return dev, h, d, k, scale
+
+
+# --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------
+
+
+def _t_sparse_indexer(q_indexer, k_indexer, weights, topk_indices, topk_length=None, topk_indices_global=False):
+    return sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, topk_length=topk_length,
+                                          topk_indices_global=topk_indices_global)["predict"]
+
+
+def _f_sparse_indexer(q, k, aux, topk_indices, *args, **kwargs):  # both sparse wrappers: (B, S_q, topk) fp32
+    import torch
+
+    return topk_indices.new_empty(topk_indices.shape, dtype=torch.float32)
+
+
+def _t_sparse_indexer_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, topk_indices_global=False, workspace=None):
+    sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length, topk_indices_global, workspace=workspace)
+
+
+def _t_sparse_attn(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False):
+    return sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=topk_length,
+                                       topk_indices_global=topk_indices_global)["target"]
+
+
+def _t_sparse_attn_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False, workspace=None):
+    sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length, topk_indices_global, workspace=workspace)
+
+
+def _t_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
+    r = sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale, topk_length)
+    return r["target"], r["indices"]
+
+
+def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
+    import torch
+
+    return indices.new_empty(indices.shape, dtype=torch.float32), indices.new_empty(indices.shape)
+
+
+def _t_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    r = dense_indexer_score_recompute(q, k, weights, sm_scale=sm_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
+                                      q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
+                                      cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
+    return r["out"], r["denom"]
+
+
+def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    import torch
+
+    if cu_seqlens_q is not None:
+        if max_seqlen_k is None:
+            raise input_error(["max_seqlen_k: the torch op needs it for THD (the output's width)"])
+        rows, s_k = (q.shape[0],), max_seqlen_k
+    else:
+        rows, s_k = tuple(q.shape[:2]), k.shape[1]
+    return q.new_empty((*rows, s_k), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
+
+
+def _t_dense_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                  q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
+                  workspace=None):
+    dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                       q_causal_offsets, workspace=workspace, precision=precision, q_scale=q_scale, k_scale=k_scale,
+                                       cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
+
+
+def _t_dattn(q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    r = dense_attn_score_recompute(q, k, lse, softmax_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
+                                   q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
+                                   cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
+    return r["out"], r["denom"]
+
+
+def _f_dattn(q, k, lse, softmax_scale, *args, **kwargs):
+    return _f_dense(q, k, lse, None, *args, **kwargs)
+
+
+def _t_dattn_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                  q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
+                  workspace=None):
+    dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    q_causal_offsets, workspace=workspace, precision=precision, q_scale=q_scale, k_scale=k_scale,
+                                    cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
+
+
+_IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
+_IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
+_IN_SCALED = ("int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, "
+              "Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")  # both dense ops' tail
+_IN_DENSE = f"Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
+_IN_DATTN = f"Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
+TORCH_OPS = {
+    "dsa_dense_attn_score_recompute": (f"({_IN_DATTN}) -> (Tensor, Tensor)", _t_dattn, _f_dattn),
+    "dsa_dense_attn_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DATTN}, Tensor(c!)? workspace=None) -> ()", _t_dattn_into,
+                                            writes_only),
+    "dsa_dense_indexer_score_recompute": (f"({_IN_DENSE}) -> (Tensor, Tensor)", _t_dense, _f_dense),
+    "dsa_dense_indexer_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DENSE}, Tensor(c!)? workspace=None) -> ()", _t_dense_into,
+                                               writes_only),
+    "dsa_sparse_indexer_score_recompute": (f"({_IN}) -> Tensor", _t_sparse_indexer, _f_sparse_indexer),
+    "dsa_sparse_indexer_score_recompute_into": (f"(Tensor(a!) out, {_IN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_indexer_into, writes_only),
+    "dsa_sparse_attn_score_recompute": (f"({_IN_ATTN}) -> Tensor", _t_sparse_attn, _f_sparse_indexer),
+    "dsa_sparse_attention_score_recompute": ("(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) "
+                                             "-> (Tensor, Tensor)", _t_training, _f_training),
+    "dsa_sparse_attn_score_recompute_into": (f"(Tensor(a!) out, {_IN_ATTN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_attn_into, writes_only),
+}

@@ -1,0 +1,123 @@
+"""The shipped build's index: which entry serves (family, op, key, arch), and its loaded form per device.
+
+Nothing here runs at import. ``index.json`` is read on first use; an entry is loaded on a device the
+first time it is used there (or by :func:`dsa_aot.runtime.preload`), see :mod:`dsa_aot.runtime.loaded`.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ..errors import ArchMismatchError, KernelNotFoundError
+from ..policy.artifact import load_index, lookup_fields
+from .device import arch_of, device
+
+__all__ = ["Index", "index", "nearest", "GENERATED"]
+
+GENERATED = Path(__file__).resolve().parent.parent / "_generated"
+
+
+def _sms(e) -> int:
+    return e.get("target", {}).get("sm_count", 0)
+
+
+def _add_target(arch, sms, have, why) -> str:
+    return (f"this GPU has {sms} SMs; this build's {arch} cubins are for {', '.join(map(str, sorted(have)))} SMs and {why}. Add a "
+            f"[[target]] with arch = {arch!r}, sm_count = {sms} to the manifest and rebuild")
+
+
+def nearest(by_sms: dict, sms):
+    """Of one key's entries by target SM count, the one for ``sms`` SMs (the lower count on a tie; any when ``sms`` is None)."""
+    return by_sms[min(by_sms, key=lambda n: (abs(n - (sms or n)), n))]
+
+
+class Index:
+    """index.json of a build directory: entries by (family, op, key, arch).
+
+    The index is checked against ``index.sha256`` beside it and every entry's fields against what the
+    runtime needs before anything is looked up; the files an entry names are checked when it loads."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.doc, keys = load_index(self.root)  # checked as the build tool checks it before shipping
+        self.entries = entries = self.doc["entries"]
+        # looked up by the op's own key fields (what the spec derived from them is not part of the lookup),
+        # then by the SM count of the target it was built for (several where the manifest has several)
+        self.by_key: dict = {}
+        for e, k in zip(entries, keys):
+            self.by_key.setdefault((e["family"], e["op"], k, e["arch"]), {})[_sms(e)] = e
+        self.arches = sorted({e["arch"] for e in self.entries})
+        self._sms: dict = {}
+        for e in self.entries:
+            self._sms.setdefault(e["arch"], set()).add(_sms(e))
+        self._loaded: dict = {}
+        self._loading: dict = {}
+        self._lock = threading.Lock()
+
+    def target_sm_count(self, arch, sms: int) -> int:
+        """The SM count of the build's target of ``arch`` for a GPU with ``sms`` SMs, for the ops that bake it
+        in (persistent grids): that GPU's own; ArchMismatchError naming the target to add when the build has
+        none."""
+        have = self._sms.get(arch)
+        if not have:
+            raise ArchMismatchError(f"this build has no target for {arch} (it has: {', '.join(self.arches)})")
+        if sms not in have:
+            raise ArchMismatchError(_add_target(arch, sms, have, "its persistent kernels bake the SM count in"))
+        return sms
+
+    def find(self, family, op, key: dict, arch, hint="", sms=None, exact=False):
+        """The entry of (family, op, key) for a GPU of ``arch`` with ``sms`` SMs: the target with that SM
+        count; where there is none, for an op that does not bake the SM count in (``exact`` false), the
+        target with the nearest (the lower on a tie); otherwise ArchMismatchError naming the target to add."""
+        try:
+            by_sms = self.by_key.get((family, op, lookup_fields(key), arch))
+        except TypeError:  # an unhashable key value: no entry has it
+            by_sms = None
+        if by_sms:
+            e = by_sms.get(sms)
+            if e is not None:
+                return e
+            if exact and sms is not None:
+                raise ArchMismatchError(_add_target(arch, sms, by_sms, f"{family}/{op} bakes the SM count into its cubins"))
+            return nearest(by_sms, sms)
+        if arch not in self.arches:
+            raise ArchMismatchError(f"this build has no cubins for {arch} (it has: {', '.join(self.arches)}). Add a [[target]] with arch = {arch!r} to the manifest and rebuild")
+        fields = "\n  ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in sorted(key.items()))
+        raise KernelNotFoundError(
+            f"no shipped {family}/{op} entry for {key} on {arch}{hint}. Add to the manifest:\n"
+            f"  [[bucket]]\n  family = {family!r}\n  op = {op!r}\n  {fields}\nand rebuild the wheel"
+        )
+
+    def arch_for(self, dev: int) -> str:
+        """The arch of this build's cubins that GPU ``dev`` runs (ArchMismatchError when there is none)."""
+        return arch_of(device(dev), self.arches)
+
+    def loaded(self, entry, dev: int):
+        """``entry`` loaded on GPU ``dev`` (loaded on first use, once per process)."""
+        k = (entry["id"], dev)
+        le = self._loaded.get(k)
+        if le is None:
+            from .loaded import LoadedEntry
+
+            with self._lock:  # one lock per (entry, device): different entries load in parallel
+                lock = self._loading.setdefault(k, threading.Lock())
+            with lock:
+                le = self._loaded.get(k)
+                if le is None:
+                    le = LoadedEntry(self.root, entry, dev)
+                    self._loaded[k] = le
+        return le
+
+
+_INDEX = None
+_INDEX_LOCK = threading.Lock()
+
+
+def index() -> Index:
+    global _INDEX
+    if _INDEX is None:
+        with _INDEX_LOCK:
+            if _INDEX is None:
+                _INDEX = Index(GENERATED)
+    return _INDEX
