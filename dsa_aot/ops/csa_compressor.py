@@ -34,6 +34,8 @@ def backward_workspace_bytes(total_comp, ratio, head_dim, coff, device=None) -> 
     one_of(problems, "ratio", ratio, (2, 4, 128))
     one_of(problems, "coff", coff, (1, 2))
     integer(problems, "head_dim", head_dim, 1, policy.MAX_HEAD_DIM)
+    if not (device is None or (isinstance(device, (int, str)) and not isinstance(device, bool)) or type(device).__name__ == "device"):
+        problems.append(f"device={device!r} (expected None, an int, 'cuda:N' or a torch.device)")  # checked where unused too (ratio != 128)
     if problems:
         raise input_error(problems)
     if total_comp == 0:

@@ -302,6 +302,8 @@ def _validate(ts, sm_scale, loss_coeff, block_I, ratio, max_seqlen_q, max_seqlen
         need = policy.workspace_bytes(index_k.numel(), dk_f32)
         if need and not skip(workspace):
             problems += workspace_problems(workspace, need, dev, list(zip(_TENSORS, ts[:14])), "dsa_aot.dsa.dense_indexer_backward_workspace_bytes")
+        elif workspace is not None and not isinstance(workspace, torch.Tensor):  # not needed, but given: a tensor or None
+            problems.append(f"workspace: got {type(workspace).__name__} (expected None or a 1-D uint8 CUDA tensor)")
     if not problems:
         named = [(n, t) for n, t in zip(_TENSORS, ts)]
         problems += aliasing([named[i] for i in _WRITES[:4]], [nt for i, nt in enumerate(named[:14]) if i not in _WRITES])

@@ -366,6 +366,8 @@ def _validate(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_s
                      ("topk_indices", topk_indices), ("grad_loss", grad_loss), ("d_index_q", d_index_q), ("d_weights", d_weights),
                      ("d_index_k", d_index_k))
             problems += workspace_problems(workspace, need, dev, named, "dsa_aot.dsa.indexer_backward_workspace_bytes")
+        elif workspace is not None and not isinstance(workspace, torch.Tensor):  # not needed, but given: a tensor or None
+            problems.append(f"workspace: got {type(workspace).__name__} (expected None or a 1-D uint8 CUDA tensor)")
     if not problems:
         # attn_score is written too (the score-grad signal): it may alias nothing either
         problems += aliasing((("attn_score", attn_score), ("d_index_q", d_index_q), ("d_weights", d_weights), ("d_index_k", d_index_k)),

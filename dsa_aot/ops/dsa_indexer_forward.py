@@ -24,7 +24,7 @@ returns the (..., S_k) scores contiguous, as upstream does; ``_into`` takes that
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, footprint, input_error, integer, launcher, require,
+from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, footprint, input_error, integer, launcher, require,
                        row_major, scalar_f32, stream_handle, tensor_args, thd_batch, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
@@ -60,8 +60,12 @@ class _Call:
         return self.scores[:-1] + (policy.padded(self.s_k),) if self.sm100 else self.scores
 
 
-def _precision(problems, precision, sm100) -> str:
-    p = precision.lower() if isinstance(precision, str) else precision
+def _precision(problems, precision, sm100) -> str | None:
+    allowed = policy.SM100_PRECISIONS if sm100 else policy.SM90_PRECISIONS
+    if not isinstance(precision, str):  # a list or a dict would reach dict lookups below (unhashable: a bare TypeError)
+        problems.append(f"precision={precision!r} (expected a string: one of {', '.join(map(repr, allowed))})")
+        return None
+    p = precision.lower()
     allowed = policy.SM100_PRECISIONS if sm100 else policy.SM90_PRECISIONS
     if p not in allowed:
         where = ("SM90 only" if p == "fp8" else "SM100 only") if p in policy.SM90_PRECISIONS + policy.SM100_PRECISIONS else "unknown"
@@ -296,6 +300,9 @@ def indexer_forward(q, k, w, ratio=4, qhead_per_kv_head=None, m_block_size=128, 
                     precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, lse=want_lse, staged=True, tuning=tuning)
         if not (type(sf_vec_size) is int and sf_vec_size == 32):
             problems.append(f"sf_vec_size={sf_vec_size!r} (the block-scaled kernels take 32; unused on SM90)")
+        flag(problems, "return_lse", return_lse)
+        if lse_out is not None and not _is_tensor(lse_out):
+            problems.append(f"lse_out: got {type(lse_out).__name__} (expected None or a float32 CUDA tensor)")
         if c is not None and out is not None and (not _is_tensor(out) or tuple(out.shape) != c.scores or out.dtype != torch.float32
                                                   or out.device != q.device):
             problems.append(f"out: {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))} (expected float32 "

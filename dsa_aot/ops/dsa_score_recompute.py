@@ -622,8 +622,11 @@ def _host_offsets(problems, cu_q, cu_k, dev, stream):
 
 
 def _lower(precision):
-    """``precision`` as upstream compares it (lower case); anything else as it is, for the validation to name."""
-    return precision.lower() if isinstance(precision, str) else precision
+    """``precision`` as upstream compares it (lower case). Anything but a string is refused here, at once: it
+    keys the call caches before the validation runs, and a list or a dict there is a bare TypeError."""
+    if not isinstance(precision, str):
+        raise input_error([f"precision={precision!r} (expected a string: 'bf16', or on SM100 'mxfp8' / 'mxfp4')"])
+    return precision.lower()
 
 
 def _sf_vec(sf_vec_size):

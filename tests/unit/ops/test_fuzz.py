@@ -170,6 +170,53 @@ def test_ten_thousand_malformed_calls_raise_aot_errors_and_change_nothing(env, t
     assert set(by_op) == {c[0].__name__ for c in cases}
 
 
+class _Opaque:
+    """An argument of no type any op takes (and not hashable)."""
+
+    __hash__ = None
+
+
+def _unhashable_and_foreign(v) -> list:
+    """Values of wrong type for a parameter whose valid value is ``v``: unhashable ones (a list, a dict, a
+    set) and an object of no known type; a tensor parameter's too (it must not reach a key lookup)."""
+    return [[v], {"v": v}, {1, 2}, _Opaque()]
+
+
+def test_every_option_of_every_op_refuses_wrong_types_and_unhashable_values(env, torch_steps):
+    """Each non-tensor parameter of each public op (defaults included: an option a valid call leaves at its
+    default too), given a list, a dict, a set or a foreign object: an dsa_aot.errors class, nothing launched
+    or written (a cache key built from it raised a bare TypeError: unhashable type, issue 30)."""
+    cases = _cases(env)
+    env.launches.clear()
+    env.memsets.clear()
+    tried, escapes = 0, []
+    for fn, bound, writes in cases:
+        full = inspect.signature(fn).bind(**bound)
+        full.apply_defaults()
+        tensors = [v for v in full.arguments.values() if isinstance(v, torch.Tensor)]
+        before = [stand_in.contents(t) for t in tensors]
+        for name, v in full.arguments.items():
+            if isinstance(v, torch.Tensor) or name == "stream" or inspect.signature(fn).parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                continue
+            for bad in _unhashable_and_foreign(v):
+                tried += 1
+                try:
+                    fn(**dict(full.arguments, **{name: bad}))
+                except AotError:
+                    pass
+                except Exception as e:  # noqa: BLE001
+                    escapes.append(f"{fn.__name__}({name}={bad!r}): {type(e).__name__}: {e}")
+                else:
+                    escapes.append(f"{fn.__name__}({name}={bad!r}): accepted")
+                if env.launches or env.memsets:
+                    escapes.append(f"{fn.__name__}({name}={bad!r}): launched or memset before refusing")
+                    env.launches.clear()
+                    env.memsets.clear()
+        assert [stand_in.contents(t) for t in tensors] == before, fn.__name__
+    assert not escapes, f"{len(escapes)} of {tried} calls escaped:\n" + "\n".join(escapes)
+    assert tried > 400, tried
+
+
 def test_preload_refuses_a_bad_device(env):
     import dsa_aot.runtime
 

@@ -59,17 +59,13 @@ def test_a_float_ratio_is_refused_before_the_main_kernel_launches(env):
 
 
 def test_indexer_with_no_keys_and_bf16_dk_without_workspace(env):
-    """Problem 5: S_k = 0 with a bf16 d_index_k and no workspace once launched, then subscripted None."""
+    """Problem 5: S_k = 0 with a bf16 d_index_k and no workspace once launched, then subscripted None. Now no key
+    row is refused by name, before anything is written or launched."""
     fn, args, kw, writes = op_calls.indexer_backward(0, env.new_stream(0), s_k=0)
     args = list(args)
     args[2] = stand_in.cuda_tensor(torch.zeros(args[2].shape, dtype=torch.bfloat16))
-    env.launches.clear()
-    try:
-        fn(*args, **kw)
-    except InputError:
-        assert not env.launches and not env.memsets
-    else:  # nothing to read: every output is defined without a key row
-        assert all(L.kernel for L in env.launches)
+    msg = _refused(env, fn, args, kw, (*writes, args[2]))
+    assert "index_k: S_k = 0 (expected at least one key row)" in msg and msg.startswith("1 invalid input(s)"), msg
 
 
 @pytest.mark.parametrize("bad", [{"ratio": None}, {"ratio": [4]}, {"head_dim": "128"}, {"stream": "s0"}, {"total_comp": -1}, {"total_comp": 2**40}])
