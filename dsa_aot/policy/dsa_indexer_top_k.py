@@ -34,6 +34,7 @@ LARGE_ROWS = 148  # large_occupancy = n_rows > 148 (compile_topk_kernel: a liter
 COPY_BITS = 256  # num_copy_bits: upstream's default
 ALIGN = 32  # INPUT_ALIGN / BUFFER_ALIGN: the input and the radix scratch are 32-byte aligned
 MAX_COLS = 1 << 20
+MAX_ROWS = (1 << 31) - 1  # the kernel indexes rows with int32
 _I32 = (1 << 31) - 1
 _BOOL = Choice(False, True)
 _SM100_CAPABILITY = (10, 0)

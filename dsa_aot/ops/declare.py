@@ -1,0 +1,453 @@
+"""Op declarations: what a public op takes and does, said once; every form of it derived.
+
+A family's op module declares each public op as an :class:`Op`: its tensors (:class:`In`, :class:`Out`,
+:class:`Workspace`: dtypes, shape symbols, alignment, may-be-None), its options (:class:`Int`,
+:class:`Flag`, :class:`OneOf`: range or choices and default; ``per_call=True`` for a scalar the plan
+takes as ``x[j]`` rather than compiling in), cudnn's two signatures (the allocating and the ``_into``
+form, keyword names and defaults as upstream's), the entries a call needs (``entries(c)``), the rules
+between fields (``rules(c, problems)``) and the plan body (``plan(rec, c)``: what the call launches).
+From that, once for every op, :meth:`Op.forms` makes the ``_into`` function, the allocating function
+and the plan class; :meth:`Op.torch_ops` the ``torch.library`` schemas, implementations and fakes; the
+validation (types, ranks, dtypes, devices, shape symbols, layout, alignment, aliasing) runs before any
+write, allocation or launch; the fast paths are :mod:`dsa_aot.ops.plan`'s.
+
+``c``, what the rules, ``entries`` and ``plan`` read: every argument by name (``c.top_k``,
+``c.input_values``), the shape symbols (``c.sym["n_rows"]``), the device (``c.dev``), the loaded entries
+(``c.entry[role]``, in ``plan`` only) and the symbolic pointers (``c.p.<tensor>``, in ``plan`` only).
+"""
+
+from __future__ import annotations
+
+from ._support import (aliasing, alloc_on, allocate, check, footprint, input_error, launcher, require, stream_handle, writes_only)
+from .outputs import Outputs
+from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
+
+__all__ = ["In", "Out", "Workspace", "Int", "Flag", "OneOf", "Op", "REQUIRED", "OPS", "clear_caches"]
+
+OPS: list = []  # every declared op of the process, in declaration order (the tests' fuzz and cache resets walk it)
+
+
+def clear_caches() -> None:
+    """Forget every declared op's validated calls (in place: the generated forms hold the dicts)."""
+    for op in OPS:
+        op.cache.clear()
+
+REQUIRED = object()  # an option without a default
+_I32 = 2**31 - 1
+_TORCH_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8")
+
+
+class _Tensor:
+    role = "in"
+
+    def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None):
+        self.name, self.dtypes, self.shape, self.align = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), tuple(shape), align
+        self.optional, self.when, self.staged, self.returns = optional or when is not None, when, staged, returns or name
+
+    def dtype_of(self, c):
+        """The torch dtypes this tensor may have in call ``c`` ("like <tensor>": that tensor's)."""
+        import torch
+
+        if self.dtypes[0].startswith("like "):
+            return (getattr(c, self.dtypes[0][5:]).dtype,)
+        return tuple(getattr(torch, d) for d in self.dtypes)
+
+    def mask(self, t) -> int:
+        return (t.element_size() if self.align == "element" else self.align) - 1
+
+
+class In(_Tensor):
+    """An input tensor: read only. ``staged``: the allocating form copies it to the layout the kernels take
+    (contiguous, aligned) on the launch stream, as upstream does; the ``_into`` form requires that layout."""
+
+
+class Out(_Tensor):
+    """An output tensor (written). ``when``: the name of a flag option; the output exists (and is written)
+    only when it is true, and must be None otherwise. ``returns``: its key in the allocating form's result."""
+
+    role = "out"
+
+
+class Workspace(_Tensor):
+    """Caller-provided scratch (uint8, 1-D): ``nbytes(c)`` bytes of it are used (0: none needed, may be None);
+    ``sizer``: the public function that sizes it, named in the messages."""
+
+    role = "workspace"
+
+    def __init__(self, name, nbytes, sizer, *, align=16):
+        super().__init__(name, "uint8", ("bytes",), align=align, optional=True)
+        self.nbytes, self.sizer = nbytes, sizer
+
+
+class _Option:
+    torch_type = "int"
+
+    def __init__(self, name, default=REQUIRED, *, per_call=False, torch=True):
+        self.name, self.default, self.per_call, self.torch = name, default, per_call, torch
+
+    def bad_values(self) -> list:
+        """Values of the wrong type for this option (the fuzz's malformed cases)."""
+        return [None, "1", [1], {"a": 1}, {1}, 1j]
+
+
+class Int(_Option):
+    """An integer in [lo, hi] (bools refused)."""
+
+    def __init__(self, name, lo, hi, default=REQUIRED, **kw):
+        super().__init__(name, default, **kw)
+        self.lo, self.hi = lo, hi
+
+    def check(self, problems, v):
+        if isinstance(v, bool) or not isinstance(v, int) or not self.lo <= v <= self.hi:
+            problems.append(f"{self.name}={v!r} (expected an integer in [{self.lo}, {self.hi}])")
+
+    def bad_values(self):
+        return super().bad_values() + [self.lo - 1, self.hi + 1, float(self.lo), True]
+
+
+class Flag(_Option):
+    """True or False (0 and 1 too, as Python's bool())."""
+
+    torch_type = "bool"
+
+    def check(self, problems, v):
+        if not (v is True or v is False or (type(v) is int and v in (0, 1))):
+            problems.append(f"{self.name}={v!r} (expected True or False)")
+
+    def bad_values(self):
+        return super().bad_values() + [2, 0.5, "yes"]
+
+
+class OneOf(_Option):
+    """One of ``choices``, compared by type and value (4.0 is not 4, True is not 1)."""
+
+    def __init__(self, name, choices, default=REQUIRED, **kw):
+        super().__init__(name, default, **kw)
+        self.choices = tuple(choices)
+        self.torch_type = {int: "int", str: "str", float: "float", bool: "bool"}[type(self.choices[0])]
+
+    def check(self, problems, v):
+        if not any(type(v) is type(a) and v == a for a in self.choices):
+            problems.append(f"{self.name}={v!r} (expected one of {', '.join(repr(a) for a in self.choices)})")
+
+    def bad_values(self):
+        return super().bad_values() + [float(self.choices[0]) if isinstance(self.choices[0], int) else 0]
+
+
+class _Ctx:
+    """What one call of an op is: its arguments by name, its shape symbols, its device."""
+
+    def __init__(self, values: dict):
+        self.__dict__.update(values)
+        self.sym, self.dev, self.entry, self.p = {}, None, {}, None
+
+
+class Op:
+    """One public op, declared. See the module docstring for what each part is; :meth:`forms` makes its
+    functions and plan class, :meth:`torch_ops` its torch.library registrations."""
+
+    def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
+                 into_returns=None, hint=None, note=""):
+        self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
+        self.tensors, self.options = tuple(tensors), tuple(options)
+        self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
+        self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
+        self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
+        self.key = tuple(o.name for o in self.options if not o.per_call)  # the cache key's options, one order for every form
+        self.scalars = tuple(o.name for o in self.options if o.per_call)
+        self.ins = tuple(t.name for t in self.tensors if t.role == "in")  # the allocating form's tensors
+        self.results = tuple((t.returns, i) for i, t in enumerate(self.tensors) if t.role == "out")
+        self.cache: dict = {}
+        self._by_name = {t.name: t for t in self.tensors} | {o.name: o for o in self.options}
+        OPS.append(self)
+
+    # --- validation -------------------------------------------------------------------------------
+
+    def _values(self, ts, opts, scal=()):
+        return dict(zip(self.names, ts)) | dict(zip(self.key, opts)) | dict(zip(self.scalars, scal))
+
+    def validate(self, values: dict, allocating=False) -> _Ctx:
+        """Every check of a call (``allocating``: only its inputs, staged ones without layout); the call's
+        :class:`_Ctx`, or InputError listing every problem. Nothing has been touched either way."""
+        import torch
+
+        c, problems = _Ctx(values), []
+        for o in self.options:
+            o.check(problems, values[o.name])
+        if problems:  # options fix shapes and keys below: nothing more is meaningful with a wrong one
+            raise input_error(problems)
+        for o in self.options:
+            if isinstance(o, Int):
+                c.sym[o.name] = values[o.name]
+        bad = set()
+        order = [t for t in self.tensors if t.role == "in"] + ([] if allocating else [t for t in self.tensors if t.role != "in"])
+        for t in order:
+            v = values[t.name]
+            wanted = t.when is None or bool(values[t.when])
+            if t.role == "workspace":
+                continue  # sized by the call's shapes, checked last
+            if v is None and (t.optional and (t.role == "in" or not wanted)):
+                continue
+            if not wanted:
+                problems.append(f"{t.name}: must be None when {t.when}=False")
+                continue
+            if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.ndim != len(t.shape):
+                bad.add(t.name)
+                got = f"{getattr(v, 'dtype', '')} {tuple(getattr(v, 'shape', ()))}" if isinstance(v, torch.Tensor) else type(v).__name__
+                problems.append(f"{t.name}: expected a dense {len(t.shape)}-D ({', '.join(map(str, t.shape))}) "
+                                f"{' or '.join(t.dtypes).replace('like ', 'the dtype of ')} CUDA tensor, got {got}")
+                continue
+            if c.dev is None:
+                c.dev = v.device.index if v.device.type == "cuda" else None
+                if c.dev is None:
+                    problems.append(f"{t.name}: on {v.device} (expected a CUDA tensor)")
+                    bad.add(t.name)
+                    continue
+            like = t.dtypes[0][5:] if t.dtypes[0].startswith("like ") else None
+            dts = (v.dtype,) if like in bad else t.dtype_of(c)  # "like" a malformed tensor: that one's problem says it
+            if v.dtype not in dts:
+                problems.append(f"{t.name}: dtype {v.dtype} (expected {' or '.join(map(str, dts))})")
+            shape = []
+            for s, n in zip(t.shape, v.shape):
+                if isinstance(s, int):
+                    shape.append(s)
+                else:
+                    shape.append(c.sym.setdefault(s, n))
+            staged = allocating and t.staged
+            check(problems, v, t.name, tuple(shape), v.dtype, c.dev, t.mask(v) + 1, layout=not staged)
+        if not problems and self.rules is not None:
+            self.rules(c, problems)
+        if not problems and not allocating:
+            self._check_workspace(c, values, problems)
+        if not problems and not allocating:
+            outs = [(t.name, values[t.name] if t.role != "workspace" else c.ws_used) for t in self.tensors if t.role != "in"]
+            problems += aliasing(outs, [(t.name, values[t.name]) for t in self.tensors if t.role == "in"])
+        if problems:
+            raise input_error(problems)
+        return c
+
+    def _check_workspace(self, c, values, problems):
+        import torch
+
+        c.ws_used, c.ws_need = None, 0
+        for t in self.tensors:
+            if t.role != "workspace":
+                continue
+            w, need = values[t.name], t.nbytes(c)
+            c.ws_need = need
+            if not need:
+                if w is not None and not isinstance(w, torch.Tensor):
+                    problems.append(f"{t.name}: got {type(w).__name__} (expected None or a 1-D uint8 CUDA tensor)")
+                continue
+            if w is None:
+                problems.append(f"{t.name}: missing ({need} uint8 bytes needed; see {t.sizer})")
+            elif not isinstance(w, torch.Tensor) or w.layout != torch.strided or w.ndim != 1:
+                problems.append(f"{t.name}: expected a 1-D uint8 CUDA tensor of at least {need} bytes ({t.sizer}), got "
+                                f"{tuple(getattr(w, 'shape', ())) or type(w).__name__}")
+            else:
+                check(problems, w, t.name, w.shape, torch.uint8, c.dev, t.align)
+                if not problems and w.numel() < need:
+                    problems.append(f"{t.name}: {w.numel()} bytes, the call needs {need} ({t.sizer})")
+                c.ws_used = w[:need]
+
+    # --- the compiled call ------------------------------------------------------------------------
+
+    def build(self, ts, opts, scal):
+        """Validate a call of the ``_into`` form and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
+        c = self.validate(self._values(ts, opts, scal))
+        rec = Recorder(len(ts), len(self.scalars))
+        c.p = _Ptrs(self.names, rec.p)
+        c.x = dict(zip(self.scalars, rec.x))
+        for role, (op, key) in (self.entries(c) if self.entries else {}).items():
+            c.entry[role] = launcher(self.family, op, key, c.dev, self.hint(c, key) if self.hint else "")
+        self.plan(rec, c)
+        writes = tuple(i for i, t in enumerate(self.tensors) if t.role != "in")
+        masks = tuple(15 if v is None else spec.mask(v) for spec, v in zip(self.tensors, ts))
+        sizes = {i: c.ws_need for i, t in enumerate(self.tensors) if t.role == "workspace"}
+        foot = footprint(ts, writes=writes, masks=masks, sizes=sizes)
+        return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, tuple(scal), self._scalar_check if self.scalars else None)
+
+    def _scalar_check(self, **kw):
+        problems = []
+        x = []
+        for name in self.scalars:
+            self._by_name[name].check(problems, kw[name])
+            x.append(kw[name])
+        if problems:
+            raise input_error(problems)
+        return tuple(x)
+
+    def scalars_of(self, *values):
+        """The per-call scalars, checked (InputError otherwise): what every call of the op passes as ``x``."""
+        return self._scalar_check(**dict(zip(self.scalars, values)))
+
+    def run_alloc(self, ins, opts, scal, stream):
+        """The allocating form: validate the inputs (once per signature: the memo), refuse a bad stream and a
+        missing entry before allocating, stage the inputs, allocate the outputs and workspace on the launch
+        stream, then the ``_into`` form's call."""
+        hit = remembered(self.cache, ALLOC, ins, opts)
+        if hit is not None:
+            c, box, shapes = hit[0]
+            x = ins
+        else:
+            values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | dict(zip(self.key, opts)) | dict(zip(self.scalars, scal))
+            c = self.validate(values, allocating=True)
+            stream_handle(stream, c.dev)  # a bad stream, and a missing entry, refused before anything is allocated
+            if self.entries:
+                ks = self.entries(c)
+                require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
+            box = [None]  # the _into call, once known (plan.fresh)
+            shapes = self._shapes(c, values)
+            masks = tuple(15 if t is None else self._by_name[n].mask(t) for n, t in zip(self.ins, ins))
+            direct = all(t is None or (t.is_contiguous() and not t.data_ptr() & m) for t, m in zip(ins, masks))
+            x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c.dev)) for n, t in zip(self.ins, ins))
+            if direct:
+                remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, footprint(ins, writes=(), masks=masks)), (c, box, shapes))
+        s = stream_handle(stream, c.dev)
+        ts = allocate(lambda: self._tensors_of(x, shapes, stream, c.dev))
+        call, p = fresh(box, self.cache, ts, opts, lambda: self.build(ts, opts, scal))
+        call.run(p, s, self.scalars_of(*scal) if self.scalars else call.x, ts, stream)
+        return Outputs(**{r: ts[i] for r, i in self.results})
+
+    def _shapes(self, c, values) -> tuple:
+        """Per tensor of the plan, where it comes from in an allocating call: ("in", input slot) or ("new",
+        shape, dtype) or None (an output not written)."""
+        import torch
+
+        out = []
+        for t in self.tensors:
+            if t.role == "in":
+                out.append(("in", self.ins.index(t.name)))
+            elif t.role == "workspace":
+                need = t.nbytes(c)
+                out.append(("new", (need,), torch.uint8) if need else None)
+            elif t.when is not None and not values[t.when]:
+                out.append(None)
+            else:
+                out.append(("new", tuple(s if isinstance(s, int) else c.sym[s] for s in t.shape), t.dtype_of(c)[0]))
+        return tuple(out)
+
+    def _tensors_of(self, x, shapes, stream, dev):
+        import torch
+
+        device = x[0].device
+        with alloc_on(stream, dev):
+            return tuple(None if s is None else x[s[1]] if s[0] == "in" else torch.empty(s[1], dtype=s[2], device=device) for s in shapes)
+
+    def _stage(self, name, t, stream, dev):
+        mask = self._by_name[name].mask(t) if t is not None else 0
+        if t is None or (t.is_contiguous() and not t.data_ptr() & mask):
+            return t
+        with alloc_on(stream, dev):
+            x = t.contiguous()
+            return x if not x.data_ptr() & mask else x.clone()
+
+    # --- the public forms ----------------------------------------------------------------------------
+
+    def forms(self, namespace: dict):
+        """(the allocating function, the ``_into`` function, the plan class), with cudnn's signatures. The
+        bodies are what a hand-written op would be (one cached call, one run), so a call costs no more."""
+        import inspect
+
+        tup = lambda names: "(" + "".join(n + ", " for n in names) + ")"  # noqa: E731
+        x = f"OP.scalars_of{tup(self.scalars)}" if self.scalars else "call.x"
+        src = (f"def {self.name}_into({self.into_sig}):\n"
+               f"    ts = {tup(self.names)}\n"
+               f"    opts = {tup(self.key)}\n"
+               f"    call, p = cached(CACHE, ts, opts, lambda: OP.build(ts, opts, {tup(self.scalars)}))\n"
+               f"    call.run(p, stream_handle(stream, call.dev), {x}, ts, stream)\n"
+               f"    return {', '.join(self.into_returns)}\n\n"
+               f"def {self.name}({self.alloc_sig}):\n"
+               f"    return OP.run_alloc({tup(self.ins)}, {tup(self.key)}, {tup(self.scalars)}, stream)\n")
+        env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle}
+        exec(compile(src, f"<dsa_aot op: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
+        into, alloc = env[f"{self.name}_into"], env[self.name]
+        for fn in (into, alloc):
+            fn.__module__ = namespace.get("__name__", fn.__module__)
+            fn.__qualname__ = fn.__name__
+        into.__doc__ = f"``{self.name}`` into caller-provided outputs (capture-safe from the first call; allocates nothing). {self.note}"
+        alloc.__doc__ = f"cudnn's {self.name}: returns {{{', '.join(repr(r) for r, _ in self.results)}}}. {self.note}"
+        sig = inspect.signature(into)
+        plan_sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "stream"])  # cudnn's plan takes no stream
+        op = self
+
+        def build(*args, **kwargs):
+            b = plan_sig.bind(*args, **kwargs)
+            b.apply_defaults()
+            a = b.arguments
+            return op.build(tuple(a[n] for n in op.names), tuple(a[k] for k in op.key), tuple(a[k] for k in op.scalars))
+
+        doc = (f"cudnn's {self.plan_class} shape: ``{self.plan_class}{plan_sig}`` validates and resolves everything once; "
+               f"``execute({', '.join(self.names)}, stream=None)`` then launches (see :class:`dsa_aot.ops.plan.Plan`).")
+        cls = type(self.plan_class, (Plan,), {"_build": staticmethod(build), "_tensors": self.names, "_scalars": self.scalars, "__doc__": doc,
+                                              "__module__": namespace.get("__name__", __name__)})
+        return alloc, into, cls
+
+    def torch_ops(self, namespace: str, alloc, into, names=None) -> dict:
+        """``{name: (schema, impl, fake)}`` of the allocating and the ``_into`` op (what :mod:`dsa_aot.ops.library` registers)."""
+        import inspect
+
+        def params(fn):
+            out, letters = [], iter("abcdefghijklmnop")
+            for p in inspect.signature(fn).parameters.values():
+                spec = self._by_name.get(p.name)
+                if p.name == "stream" or spec is None or (isinstance(spec, _Option) and not spec.torch):
+                    continue
+                if isinstance(spec, _Tensor):
+                    alias = f"({next(letters)}!)" if spec.role != "in" else ""
+                    opt = "?" if spec.optional or p.default is None else ""
+                    txt = f"Tensor{alias}{opt} {p.name}"
+                else:
+                    txt = f"{spec.torch_type} {p.name}"
+                if p.default is not inspect.Parameter.empty:
+                    txt += f"={p.default!r}"
+                out.append((p.name, txt))
+            return out
+
+        outs = [t for t in self.tensors if t.role == "out"]
+        listy = any(t.when for t in outs)
+        ret = "Tensor[]" if listy else "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
+        ap, ip = params(alloc), params(into)
+        op = self
+
+        def t_alloc(*args):
+            r = alloc(**dict(zip([n for n, _ in ap], args)))
+            got = [r[t.returns] for t in outs]
+            return [g for g in got if g is not None] if listy else got[0] if len(got) == 1 else tuple(got)
+
+        def f_alloc(*args):
+            values = dict.fromkeys(op.names) | dict(zip([n for n, _ in ap], args))
+            for o in op.options:
+                values.setdefault(o.name, o.default)
+            c = _Ctx(values)
+            for o in op.options:
+                if isinstance(o, Int):
+                    c.sym[o.name] = values[o.name]
+            for t in op.tensors:
+                v = values.get(t.name)
+                if t.role == "in" and v is not None:
+                    for s, n in zip(t.shape, v.shape):
+                        if not isinstance(s, int):
+                            c.sym.setdefault(s, n)
+            like = next(values[t.name] for t in op.tensors if t.role == "in")
+            got = []
+            for t in outs:
+                if t.when is not None and not values[t.when]:
+                    continue
+                dt = values[t.dtypes[0][5:]].dtype if t.dtypes[0].startswith("like ") else getattr(__import__("torch"), t.dtypes[0])
+                got.append(like.new_empty(tuple(s if isinstance(s, int) else c.sym[s] for s in t.shape), dtype=dt))
+            return got if listy else got[0] if len(got) == 1 else tuple(got)
+
+        def t_into(*args):
+            into(**dict(zip([n for n, _ in ip], args)))
+
+        base = names or self.name
+        return {f"{namespace}_{base}": ("(" + ", ".join(t for _, t in ap) + f") -> {ret}", t_alloc, f_alloc),
+                f"{namespace}_{base}_into": ("(" + ", ".join(t for _, t in ip) + ") -> ()", t_into, writes_only)}
+
+
+class _Ptrs:
+    """The symbolic data pointers of a recorded call, by tensor name (``c.p.indices``)."""
+
+    def __init__(self, names, syms):
+        self.__dict__.update(zip(names, syms))
