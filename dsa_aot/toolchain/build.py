@@ -13,20 +13,35 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..errors import AotError, PolicyError, VerifyError
+from ..errors import AotError, ManifestError, PolicyError, VerifyError
 from . import compile as compile_stage
 from . import fidelity as fidelity_stage
 from . import lift, manifest, pack, shards, verify
 from .sources import REPO, stage_digest
 from .specs import SPECS
 
-__all__ = ["build", "lift_and_verify", "lift_and_verify_all", "check_fidelity", "check_policies"]
+__all__ = ["build", "select_only", "lift_and_verify", "lift_and_verify_all", "check_fidelity", "check_policies"]
+
+
+def select_only(entries, pattern: str) -> list:
+    """The entries whose id ``pattern`` matches (``re.search``); ManifestError when it is not a regular
+    expression or matches none (a typo must not build nothing and look done)."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise ManifestError(f"--only {pattern!r}: not a regular expression ({e})") from None
+    got = [e for e in entries if rx.search(e.id)]
+    if not got:
+        raise ManifestError(f"--only {pattern!r} matches none of the manifest's {len(entries)} entry ids "
+                         f"(python -m dsa_aot manifest check MANIFEST lists them)")
+    return got
 
 
 def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
@@ -143,7 +158,7 @@ def _check_policies(families, targets, path) -> list:
 
 
 def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", jobs=None, samples=50, progress=True, fidelity=True,
-          debug_dump=None, shard=None, balance=None) -> dict:
+          debug_dump=None, shard=None, balance=None, only=None) -> dict:
     """Build every entry of the manifest into ``out_dir`` (what the wheel ships as dsa_aot/_generated); return the index.
 
     ``debug_dump``: keep the DSL's PTX and cubin files in that directory; the build is marked not for
@@ -151,11 +166,15 @@ def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", job
 
     ``shard`` (i, n): build only shard i of n (:func:`select_shard`, balanced by the seconds of the earlier
     build report ``balance``) into ``out_dir`` as a partial build (:func:`dsa_aot.toolchain.shards.write_partial`),
-    for :func:`dsa_aot.toolchain.shards.merge`; returns the partial build's record."""
+    for :func:`dsa_aot.toolchain.shards.merge`; returns the partial build's record.
+
+    ``only``: a regular expression; build just the manifest's entries whose id it matches (``re.search``),
+    for rebuilding a few entries or checks that need a handful of real cubins. The index records it
+    (``partial``), and ``check-build`` refuses such a build for shipping unless asked."""
     t0 = time.perf_counter()
     m = manifest.load(manifest_path)
+    entries = m.entries if only is None else select_only(m.entries, only)
     check_policies(m)
-    entries = m.entries
     if shard is not None:
         entries = shards.select_shard(m.entries, *shard, shards.seconds_of(balance) if balance else None)
     compiled = compile_stage.compile_entries(entries, work_dir, cache_dir=cache_dir, jobs=jobs, progress=progress, debug_dump=debug_dump)
@@ -178,7 +197,8 @@ def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", job
                   f"({sum(c.cached for c in compiled)} from cache); compile {t1 - t0:.1f}s, lift+verify {t2 - t1:.1f}s, fidelity {t3 - t2:.1f}s "
                   f"-> {out_dir} (combine the shards with python -m dsa_aot merge)", file=sys.stderr)
         return rec
-    index = pack.pack(dirs, out_dir, manifest_path, fidelity=verdicts)
+    partial = {"only": only, "entries": len(entries), "of": len(m.entries)} if only is not None else None
+    index = pack.pack(dirs, out_dir, manifest_path, fidelity=verdicts, partial=partial)
     stages = {"compile": t1 - t0, "lift+verify": t2 - t1, "fidelity": t3 - t2, "pack": time.perf_counter() - t3}
     pack.write_build_report(work_dir, index, seconds, verdicts, stages)
     if progress:

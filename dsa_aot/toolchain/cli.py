@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     b.add_argument("--no-fidelity", action="store_true", help="skip the check against cudnn's own JIT path (dsa_aot.toolchain.fidelity); the report says 'not checked'")
     b.add_argument("--shard", metavar="I/N", default=None,
                    help="build only shard I of N of the manifest's entries into --out as a partial build; combine the N with 'merge'")
+    b.add_argument("--only", metavar="REGEX", default=None,
+                   help="build only the manifest's entries whose id matches REGEX (re.search); the index says it is a partial build, which check-build refuses to ship")
     b.add_argument("--balance", metavar="REPORT", default=None,
                    help="split shards by the seconds an earlier build measured: its <work>/report.json, or a shard's seconds.json")
     mg = sub.add_parser("merge", help="combine the partial builds of 'build --shard i/N' into one build (byte-identical to a one-machine build)")
@@ -36,6 +38,7 @@ def main(argv=None) -> int:
     cb = sub.add_parser("check-build", help="check a finished build (e.g. merged from shards) before it ships: intact, and the manifest's entries")
     cb.add_argument("dir")
     cb.add_argument("--manifest", default="manifests/default.toml")
+    cb.add_argument("--allow-partial", action="store_true", help="accept a partial build (build --only): its entries must be some of the manifest's")
     lv = sub.add_parser("lift-verify", help="re-run lift and verify on one entry directory of a previous build")
     lv.add_argument("entry_dir")
     fc = sub.add_parser("fidelity", help="prove shipped cubins byte-identical to what cudnn's own JIT path builds")
@@ -65,9 +68,12 @@ def main(argv=None) -> int:
                 p.error(str(e))
             if a.balance and not shard:
                 p.error("--balance only with --shard")
+            if a.only is not None and shard:
+                p.error("--only and --shard: a shard is a part of the whole manifest (merge checks it); pick one")
             idx = build(a.manifest, a.out, a.work, a.cache or None, a.jobs, a.samples, fidelity=not a.no_fidelity, debug_dump=a.debug_dump,
-                        shard=shard, balance=a.balance)
-            print(f"built {len(idx['entries'])} entries into {a.out}" + (f" (shard {a.shard}: merge the shards with python -m dsa_aot merge)" if shard else ""))
+                        shard=shard, balance=a.balance, only=a.only)
+            print(f"built {len(idx['entries'])} entries into {a.out}" + (f" (shard {a.shard}: merge the shards with python -m dsa_aot merge)" if shard else "")
+                  + (f" (partial: --only {a.only!r}, {idx['partial']['entries']} of {idx['partial']['of']} entries; not for shipping)" if a.only is not None else ""))
         elif a.cmd == "merge":
             from .shards import merge
 
@@ -76,8 +82,9 @@ def main(argv=None) -> int:
         elif a.cmd == "check-build":
             from .pack import check_build
 
-            doc = check_build(a.dir, a.manifest)
-            print(f"{a.dir}: ok, {len(doc['entries'])} entries of {a.manifest}, every file as the index names it")
+            doc = check_build(a.dir, a.manifest, allow_partial=a.allow_partial)
+            print(f"{a.dir}: ok, {len(doc['entries'])} entries of {a.manifest}" + (" (a partial build)" if doc.get("partial") else "")
+                  + ", every file as the index names it")
         elif a.cmd == "lift-verify":
             from .build import lift_and_verify
 

@@ -38,12 +38,13 @@ from ..errors import PackError
 __all__ = ["pack", "write_build_report", "check_build"]
 
 
-def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
+def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> dict:
     """Pack compiled, lifted and verified ``entry_dirs`` into ``out_dir``; return the index dict (with the build records index.json leaves out).
 
     ``fidelity``: optional ``{entry id: verdict dict}`` from :func:`dsa_aot.toolchain.fidelity.check`; entries not in it
     use ``<entry dir>/fidelity.json`` when present, else "not checked". A "differs" or "error" verdict
-    refuses the pack.
+    refuses the pack. ``partial``: ``{"only": regex, "entries": n, "of": manifest entries}`` for a build of
+    some of the manifest's entries (``build --only``), recorded in the index (a whole build has no such key).
     """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +108,8 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None) -> dict:
         _same_cubin_for_every_sm_count(entries)
         # a build whose compiles kept PTX/cubin files (python -m dsa_aot build --debug-dump) is for reading, not for shipping
         index = {"format": 1, "manifest": _manifest_name(manifest_path), "tools": tools or {}, "for_shipping": not dumped, "entries": entries}
+        if partial is not None:
+            index["partial"] = partial
         shipped = dict(index, entries=[{k: v for k, v in e.items() if k not in _BUILD_RECORDS} for e in entries])
         text = json.dumps(shipped, indent=1, sort_keys=True).encode()
         (tmp / "index.json").write_bytes(text)
@@ -147,11 +150,13 @@ def _same_cubin_for_every_sm_count(entries) -> None:
                             f"count with either): add it there")
 
 
-def check_build(build_dir, manifest_path) -> dict:
+def check_build(build_dir, manifest_path, allow_partial=False) -> dict:
     """A finished build (e.g. merged from shards on other machines) before it ships: what the runtime checks
     when it loads it (index.sha256, the index's format and every entry's fields, every cubin and launcher by
     its sha256: :mod:`dsa_aot.policy.artifact`, the code the runtime loads it with), for shipping, and holding exactly the
-    entries of ``manifest_path`` in its order. Returns the index; PackError otherwise."""
+    entries of ``manifest_path`` in its order. A partial build (``build --only``) is refused unless
+    ``allow_partial``; then its entries must be some of the manifest's, in its order. Returns the index;
+    PackError otherwise."""
     from ..errors import AotError
     from ..policy.artifact import load_index, read_checked
     from . import manifest
@@ -173,6 +178,16 @@ def check_build(build_dir, manifest_path) -> dict:
                 problems.append(str(err))
     want = [e.id for e in manifest.load(manifest_path).entries]
     got = [e["id"] for e in entries]
+    part = doc.get("partial")
+    if part is not None and not allow_partial:
+        problems.append(f"a partial build (--only {part.get('only')!r}: {len(got)} of the manifest's {len(want)} entries): not for shipping "
+                        f"(build the whole manifest, or pass --allow-partial to check it as a partial build)")
+    if part is not None and allow_partial:
+        wanted = set(got)
+        want = [i for i in want if i in wanted]  # the manifest's order, restricted to what it built
+        stray = sorted(wanted - set(want))
+        if stray:
+            problems.append(f"{len(stray)} entries are not the manifest's (first: {stray[0]})")
     if got != want:
         problems.append(f"its entries are not the manifest's ({len(got)} vs {len(want)}; first difference: "
                         f"{next((g, w) for g, w in zip(got + [None] * len(want), want + [None] * len(got)) if g != w)})")

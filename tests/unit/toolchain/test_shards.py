@@ -3,6 +3,7 @@ toolchain installed) shards 1/2 + 2/2 merged byte-identical to a one-machine bui
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -159,3 +160,27 @@ def test_a_merged_build_is_checked_before_it_ships(built, tmp_path):
     (merged / "index.sha256").unlink()
     with pytest.raises(PackError, match="index.sha256 is missing"):
         pack.check_build(merged, built / "m.toml")
+
+
+def test_only_builds_the_matching_entries_as_a_partial_build_that_does_not_ship(built, tmp_path):
+    """build --only REGEX: the matching entries, their files byte for byte the whole build's, an index that
+    says it is partial; check-build refuses it unless asked, and a regex matching nothing is refused."""
+    from dsa_aot.errors import ManifestError
+    from dsa_aot.toolchain import build, pack
+
+    whole = json.loads((built / "whole" / "index.json").read_text())
+    pick = whole["entries"][1]["id"]
+    idx = build.build(built / "m.toml", tmp_path / "only", tmp_path / "work", built / "cache", jobs=2, progress=False, only=re.escape(pick))
+    assert [e["id"] for e in idx["entries"]] == [pick]
+    doc = json.loads((tmp_path / "only" / "index.json").read_text())
+    assert doc["partial"] == {"only": re.escape(pick), "entries": 1, "of": len(whole["entries"])} and "partial" not in whole
+    got = next(e for e in doc["entries"])
+    assert got == next(e for e in whole["entries"] if e["id"] == pick)
+    assert (tmp_path / "only" / got["cubin"]).read_bytes() == (built / "whole" / got["cubin"]).read_bytes()
+    with pytest.raises(PackError, match=r"a partial build \(--only"):
+        pack.check_build(tmp_path / "only", built / "m.toml")
+    assert [e["id"] for e in pack.check_build(tmp_path / "only", built / "m.toml", allow_partial=True)["entries"]] == [pick]
+    for bad, match in (("no-such-entry", "matches none"), ("(", "not a regular expression")):
+        with pytest.raises(ManifestError, match=match):
+            build.build(built / "m.toml", tmp_path / "none", tmp_path / "work", built / "cache", jobs=2, progress=False, only=bad)
+    assert not (tmp_path / "none").exists()
