@@ -30,17 +30,17 @@ from .specs import SPECS
 __all__ = ["build", "select_only", "lift_and_verify", "lift_and_verify_all", "check_fidelity", "check_policies"]
 
 
-def select_only(entries, pattern: str) -> list:
+def select_only(entries, pattern: str, path="manifest") -> list:
     """The entries whose id ``pattern`` matches (``re.search``); ManifestError when it is not a regular
     expression or matches none (a typo must not build nothing and look done)."""
     try:
         rx = re.compile(pattern)
     except re.error as e:
-        raise ManifestError(f"--only {pattern!r}: not a regular expression ({e})") from None
+        raise ManifestError(path, [f"--only {pattern!r}: not a regular expression ({e})"]) from None
     got = [e for e in entries if rx.search(e.id)]
     if not got:
-        raise ManifestError(f"--only {pattern!r} matches none of the manifest's {len(entries)} entry ids "
-                         f"(python -m dsa_aot manifest check MANIFEST lists them)")
+        raise ManifestError(path, [f"--only {pattern!r} matches none of the manifest's {len(entries)} entry ids "
+                                   f"(python -m dsa_aot manifest check {path} lists them)"])
     return got
 
 
@@ -173,7 +173,7 @@ def build(manifest_path, out_dir, work_dir="_build", cache_dir=".cache/aot", job
     (``partial``), and ``check-build`` refuses such a build for shipping unless asked."""
     t0 = time.perf_counter()
     m = manifest.load(manifest_path)
-    entries = m.entries if only is None else select_only(m.entries, only)
+    entries = m.entries if only is None else select_only(m.entries, only, manifest_path)
     check_policies(m)
     if shard is not None:
         entries = shards.select_shard(m.entries, *shard, shards.seconds_of(balance) if balance else None)
