@@ -41,7 +41,9 @@ class _Tensor:
     role = "in"
 
     def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None):
-        self.name, self.dtypes, self.shape, self.align = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), tuple(shape), align
+        # shape: a tuple of ints and symbol names; "like <tensor>": that tensor's; None: any (the op's rules check it)
+        self.name, self.dtypes, self.align = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), align
+        self.shape = shape if shape is None or isinstance(shape, str) else tuple(shape)
         self.optional, self.when, self.staged, self.returns = optional or when is not None, when, staged, returns or name
 
     def dtype_of(self, c):
@@ -52,13 +54,27 @@ class _Tensor:
             return (getattr(c, self.dtypes[0][5:]).dtype,)
         return tuple(getattr(torch, d) for d in self.dtypes)
 
+    def shape_of(self, c):
+        """The shape spec in call ``c``: symbols and ints, another tensor's shape ("like"), or None (any)."""
+        if isinstance(self.shape, str):
+            other = getattr(c, self.shape[5:])
+            return tuple(other.shape) if hasattr(other, "shape") else None
+        return self.shape
+
+    def size_in(self, c) -> tuple:
+        """The shape an allocated output has in call ``c`` (another tensor's as it is: SymInts under fake tensors)."""
+        if isinstance(self.shape, str):
+            return tuple(getattr(c, self.shape[5:]).shape)
+        return tuple(s if isinstance(s, int) else c.sym[s] for s in self.shape)
+
     def mask(self, t) -> int:
         return (t.element_size() if self.align == "element" else self.align) - 1
 
 
 class In(_Tensor):
     """An input tensor: read only. ``staged``: the allocating form copies it to the layout the kernels take
-    (contiguous, aligned) on the launch stream, as upstream does; the ``_into`` form requires that layout."""
+    (contiguous, aligned) on the launch stream, as upstream does; the ``_into`` form requires that layout.
+    ``staged="contiguous"``: only a strided one is copied (upstream's ``.contiguous()``); a misaligned one is refused."""
 
 
 class Out(_Tensor):
@@ -147,10 +163,14 @@ class Op:
     functions and plan class, :meth:`torch_ops` its torch.library registrations."""
 
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
-                 into_returns=None, hint=None, note=""):
+                 into_returns=None, hint=None, note="", alloc_view=None, symbols=None):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
+        # alloc_view(inputs) -> inputs: the allocating form's inputs (staged: contiguous) as the _into form takes them
+        # (compactify's (B, S, cols) as (B * S, cols)); symbols(c, problems): shape symbols the inputs' declared shapes
+        # cannot bind (a rank that varies), bound once the inputs passed, before the outputs are checked
+        self.alloc_view, self.symbols = alloc_view, symbols
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call)  # the cache key's options, one order for every form
@@ -172,6 +192,7 @@ class Op:
         import torch
 
         c, problems = _Ctx(values), []
+        c.allocating = allocating
         for o in self.options:
             o.check(problems, values[o.name])
         if problems:  # options fix shapes and keys below: nothing more is meaningful with a wrong one
@@ -180,8 +201,15 @@ class Op:
             if isinstance(o, Int):
                 c.sym[o.name] = values[o.name]
         bad = set()
-        order = [t for t in self.tensors if t.role == "in"] + ([] if allocating else [t for t in self.tensors if t.role != "in"])
-        for t in order:
+        ins, outs = [t for t in self.tensors if t.role == "in"], [] if allocating else [t for t in self.tensors if t.role != "in"]
+        for t in ins + outs:
+            if t is (outs or [None])[0]:  # the inputs fix the symbols the outputs are checked against
+                if problems:
+                    break
+                if self.symbols is not None:
+                    self.symbols(c, problems)
+                    if problems:
+                        break
             v = values[t.name]
             wanted = t.when is None or bool(values[t.when])
             if t.role == "workspace":
@@ -191,11 +219,12 @@ class Op:
             if not wanted:
                 problems.append(f"{t.name}: must be None when {t.when}=False")
                 continue
-            if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.ndim != len(t.shape):
+            want = t.shape_of(c)
+            if not isinstance(v, torch.Tensor) or v.layout != torch.strided or (want is not None and v.ndim != len(want)):
                 bad.add(t.name)
                 got = f"{getattr(v, 'dtype', '')} {tuple(getattr(v, 'shape', ()))}" if isinstance(v, torch.Tensor) else type(v).__name__
-                problems.append(f"{t.name}: expected a dense {len(t.shape)}-D ({', '.join(map(str, t.shape))}) "
-                                f"{' or '.join(t.dtypes).replace('like ', 'the dtype of ')} CUDA tensor, got {got}")
+                what = "" if want is None else f" {len(want)}-D ({', '.join(map(str, want))})"
+                problems.append(f"{t.name}: expected a dense{what} {' or '.join(t.dtypes).replace('like ', 'the dtype of ')} CUDA tensor, got {got}")
                 continue
             if c.dev is None:
                 c.dev = v.device.index if v.device.type == "cuda" else None
@@ -208,13 +237,14 @@ class Op:
             if v.dtype not in dts:
                 problems.append(f"{t.name}: dtype {v.dtype} (expected {' or '.join(map(str, dts))})")
             shape = []
-            for s, n in zip(t.shape, v.shape):
-                if isinstance(s, int):
-                    shape.append(s)
-                else:
-                    shape.append(c.sym.setdefault(s, n))
+            for s, n in zip(want if want is not None else v.shape, v.shape):
+                shape.append(s if isinstance(s, int) else c.sym.setdefault(s, n))
             staged = allocating and t.staged
             check(problems, v, t.name, tuple(shape), v.dtype, c.dev, t.mask(v) + 1, layout=not staged)
+            if staged == "contiguous" and v.is_contiguous() and v.data_ptr() & t.mask(v):  # only a strided one is copied
+                problems.append(f"{t.name}: data pointer 0x{v.data_ptr():x} is not {t.mask(v) + 1}-byte aligned (clone() the tensor)")
+        if not problems and allocating and self.symbols is not None:
+            self.symbols(c, problems)
         if not problems and self.rules is not None:
             self.rules(c, problems)
         if not problems and not allocating:
@@ -287,7 +317,7 @@ class Op:
         stream, then the ``_into`` form's call."""
         hit = remembered(self.cache, ALLOC, ins, opts)
         if hit is not None:
-            c, box, shapes = hit[0]
+            c, box, make = hit[0]
             x = ins
         else:
             values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | dict(zip(self.key, opts)) | dict(zip(self.scalars, scal))
@@ -297,14 +327,16 @@ class Op:
                 ks = self.entries(c)
                 require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
             box = [None]  # the _into call, once known (plan.fresh)
-            shapes = self._shapes(c, values)
+            make = self._maker(self._shapes(c, values))
             masks = tuple(15 if t is None else self._by_name[n].mask(t) for n, t in zip(self.ins, ins))
             direct = all(t is None or (t.is_contiguous() and not t.data_ptr() & m) for t, m in zip(ins, masks))
             x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c.dev)) for n, t in zip(self.ins, ins))
             if direct:
-                remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, footprint(ins, writes=(), masks=masks)), (c, box, shapes))
+                remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, footprint(ins, writes=(), masks=masks)), (c, box, make))
         s = stream_handle(stream, c.dev)
-        ts = allocate(lambda: self._tensors_of(x, shapes, stream, c.dev))
+        if self.alloc_view is not None:
+            x = self.alloc_view(x)
+        ts = allocate(lambda: self._tensors_of(make, x, stream, c.dev))
         call, p = fresh(box, self.cache, ts, opts, lambda: self.build(ts, opts, scal))
         call.run(p, s, self.scalars_of(*scal) if self.scalars else call.x, ts, stream)
         return Outputs(**{r: ts[i] for r, i in self.results})
@@ -324,15 +356,30 @@ class Op:
             elif t.when is not None and not values[t.when]:
                 out.append(None)
             else:
-                out.append(("new", tuple(s if isinstance(s, int) else c.sym[s] for s in t.shape), t.dtype_of(c)[0]))
+                out.append(("new", t.size_in(c), t.dtype_of(c)[0]))
         return tuple(out)
 
-    def _tensors_of(self, x, shapes, stream, dev):
+    def _maker(self, shapes):
+        """``make(x)``: the plan's tensors of an allocating call, from its (staged) inputs ``x``: straight-line
+        code with the shapes and dtypes bound as constants, as a hand-written op allocates."""
         import torch
 
-        device = x[0].device
+        env, items = {"E": torch.empty}, []
+        for i, sh in enumerate(shapes):
+            if sh is None:
+                items.append("None")
+            elif sh[0] == "in":
+                items.append(f"x[{sh[1]}]")
+            else:
+                env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
+                items.append(f"E(S{i}, dtype=D{i}, device=x[0].device)")
+        src = f"def make(x):\n    return ({', '.join(items)},)\n"
+        exec(compile(src, f"<dsa_aot alloc: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
+        return env["make"]
+
+    def _tensors_of(self, make, x, stream, dev):
         with alloc_on(stream, dev):
-            return tuple(None if s is None else x[s[1]] if s[0] == "in" else torch.empty(s[1], dtype=s[2], device=device) for s in shapes)
+            return make(x)
 
     def _stage(self, name, t, stream, dev):
         mask = self._by_name[name].mask(t) if t is not None else 0
@@ -340,7 +387,7 @@ class Op:
             return t
         with alloc_on(stream, dev):
             x = t.contiguous()
-            return x if not x.data_ptr() & mask else x.clone()
+            return x if not x.data_ptr() & mask or self._by_name[name].staged == "contiguous" else x.clone()
 
     # --- the public forms ----------------------------------------------------------------------------
 
@@ -420,22 +467,25 @@ class Op:
             for o in op.options:
                 values.setdefault(o.name, o.default)
             c = _Ctx(values)
+            c.allocating = True
             for o in op.options:
                 if isinstance(o, Int):
                     c.sym[o.name] = values[o.name]
             for t in op.tensors:
                 v = values.get(t.name)
-                if t.role == "in" and v is not None:
+                if t.role == "in" and v is not None and isinstance(t.shape, tuple):
                     for s, n in zip(t.shape, v.shape):
                         if not isinstance(s, int):
                             c.sym.setdefault(s, n)
+            if op.symbols is not None:
+                op.symbols(c, [])
             like = next(values[t.name] for t in op.tensors if t.role == "in")
             got = []
             for t in outs:
                 if t.when is not None and not values[t.when]:
                     continue
                 dt = values[t.dtypes[0][5:]].dtype if t.dtypes[0].startswith("like ") else getattr(__import__("torch"), t.dtypes[0])
-                got.append(like.new_empty(tuple(s if isinstance(s, int) else c.sym[s] for s in t.shape), dtype=dt))
+                got.append(like.new_empty(t.size_in(c), dtype=dt))
             return got if listy else got[0] if len(got) == 1 else tuple(got)
 
         def t_into(*args):

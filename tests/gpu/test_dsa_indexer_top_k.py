@@ -159,7 +159,7 @@ def test_the_first_call_captures_in_a_cuda_graph_and_replays_on_new_values():
     import dsa_aot.dsa
     import dsa_aot.ops.dsa_indexer_top_k as op
 
-    op._CACHE.clear()
+    op.TOP_K.cache.clear()
     x, lens = _inputs(96, 32768, seed=30)
     idx = torch.full((96, 2048), -1, dtype=torch.int32, device=DEV)
     val = torch.full((96, 2048), float("nan"), device=DEV)

@@ -21,9 +21,9 @@ def env(small_build, monkeypatch) -> stand_in.Driver:
     import dsa_aot.ops.dsa_sparse_attention_backward as sab
     import dsa_aot.ops.dsa_sparse_attention_forward as saf
     import dsa_aot.ops.dsa_indexer_top_k  # noqa: F401 (declared ops: declare.clear_caches below)
-    import dsa_aot.ops.dsa_topk_utils as tk
+    import dsa_aot.ops.dsa_topk_utils  # noqa: F401
 
-    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (tk, "_L2G"), (tk, "_CMP"), (ifw, "_CALLS"), (saf, "_CALLS"), (didx, "_CALLS"), (srec, "_CALLS"), (srec, "_ATTN_CALLS"), (srec, "_DENSE_CALLS"), (srec, "_DATTN_CALLS")):
+    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (ifw, "_CALLS"), (saf, "_CALLS"), (didx, "_CALLS"), (srec, "_CALLS"), (srec, "_ATTN_CALLS"), (srec, "_DENSE_CALLS"), (srec, "_DATTN_CALLS")):
         monkeypatch.setattr(mod, name, {})
     declare.clear_caches()
     return stand_in.install(monkeypatch, Index(small_build))

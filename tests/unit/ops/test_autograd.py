@@ -347,7 +347,7 @@ def test_malformed_sparse_attention_calls_raise_input_error_before_anything_runs
     import dsa_aot.dsa
     import dsa_aot.ops.dsa_topk_utils as tk
 
-    monkeypatch.setattr(tk, "_CMP", {})
+    tk.COMPACTIFY.cache.clear()
     env = sm100_env
     cases, good = _bad_sparse_calls()
     env.launches.clear()
@@ -364,7 +364,7 @@ def test_a_missing_entry_is_the_forwards_or_compactifys_own_error(sm100_env, mon
     import dsa_aot.dsa
     import dsa_aot.ops.dsa_topk_utils as tk
 
-    monkeypatch.setattr(tk, "_CMP", {})
+    tk.COMPACTIFY.cache.clear()
     env = sm100_env
     env.launches.clear()
     q, kv, idx, sink, tl = _sparse_inputs(d=576, length=True, k=128)
@@ -385,7 +385,7 @@ def sparse_forward(sm100_env, on_stand_in, monkeypatch):
     import dsa_aot.ops.dsa_sparse_attention_forward as fwd
     import dsa_aot.ops.dsa_topk_utils as tk
 
-    monkeypatch.setattr(tk, "_CMP", {})
+    tk.COMPACTIFY.cache.clear()
     calls = []
     real = fwd.sparse_attention_forward
 
