@@ -139,6 +139,50 @@ from cudnn.deepseek_sparse_attention.sparse_attention_backward import sparse_att
 rows["cudnn, outputs given"] = lambda: f(*args, dq=dq, dkv=dkv, workspace=ws)
 rows["cudnn, allocating"] = lambda: f(*args)
 """),
+    "DSA indexer top-k": (r"""
+n_rows, cols, K = 64, 8192, 2048
+x = torch.randn(n_rows, cols, device=dev)
+sl = torch.full((n_rows,), cols, dtype=torch.int32, device=dev)
+idx, val = torch.empty(n_rows, K, dtype=torch.int32, device=dev), torch.empty(n_rows, K, device=dev)
+""", r"""
+import dsa_aot.dsa
+ws = torch.empty(dsa_aot.dsa.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=dev)
+P = dsa_aot.dsa.IndexerTopK(idx, val, x, sl, K, workspace=ws)
+rows["plan.execute"] = lambda: P.execute(idx, val, x, sl, ws)
+rows["functional _into"] = lambda: dsa_aot.dsa.indexer_top_k_into(idx, val, x, sl, K, workspace=ws)
+rows["allocating"] = lambda: dsa_aot.dsa.indexer_top_k(x, sl, K)
+""", r"""
+from cudnn.deepseek_sparse_attention.indexer_top_k import indexer_top_k_wrapper
+rows["cudnn, allocating"] = lambda: indexer_top_k_wrapper(x, sl, K)
+"""),
+    "DSA local_to_global": (r"""
+B, S_q, K, S_k = 2, 1024, 2048, 8192
+local = torch.randint(0, S_k, (B, S_q, K), dtype=torch.int32, device=dev)
+g = torch.empty_like(local)
+""", r"""
+import dsa_aot.dsa
+P = dsa_aot.dsa.LocalToGlobal(g, local, S_k)
+rows["plan.execute"] = lambda: P.execute(g, local)
+rows["functional _into"] = lambda: dsa_aot.dsa.local_to_global_into(g, local, S_k)
+rows["allocating"] = lambda: dsa_aot.dsa.local_to_global(local, S_k)
+""", r"""
+from cudnn.deepseek_sparse_attention.indexer_top_k import local_to_global_wrapper
+rows["cudnn, allocating"] = lambda: local_to_global_wrapper(local, S_k)
+"""),
+    "DSA compactify": (r"""
+rows_, cols = 4096, 2048
+ids = torch.randint(-1, 8192, (rows_, cols), dtype=torch.int32, device=dev)
+out, n = torch.empty_like(ids), torch.empty(rows_, dtype=torch.int32, device=dev)
+""", r"""
+import dsa_aot.dsa
+P = dsa_aot.dsa.Compactify(out, n, ids)
+rows["plan.execute"] = lambda: P.execute(out, n, ids)
+rows["functional _into"] = lambda: dsa_aot.dsa.compactify_into(out, n, ids)
+rows["allocating"] = lambda: dsa_aot.dsa.compactify(ids)
+""", r"""
+from cudnn.deepseek_sparse_attention.indexer_top_k import compactify_wrapper
+rows["cudnn, allocating"] = lambda: compactify_wrapper(ids)
+"""),
 }
 
 FLOOR = r"""
@@ -159,10 +203,11 @@ print(json.dumps(out_ns))
 """
 
 
-def run(side, case, calls):
+def run(side, case, calls, root=ROOT):
+    """One (side, case) in a fresh process; ``root``: the source tree the AOT side imports dsa_aot from."""
     setup, aot_rows, jit_rows = CASES[case]
-    code = f"ROOT = {ROOT!r}\nSIDE = {side!r}\nCALLS = {calls}\n" + PRELUDE + setup + (aot_rows if side == "aot" else jit_rows) + MEASURE
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    code = f"ROOT = {root!r}\nSIDE = {'aot' if side.startswith('aot') else side!r}\nCALLS = {calls}\n" + PRELUDE + setup + (jit_rows if side == "cudnn" else aot_rows) + MEASURE
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     if p.returncode:
         return {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -175,14 +220,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--before", metavar="ROOT", default=None,
+                    help="another source tree (an earlier commit, with the same _generated build) measured interleaved as a third side: "
+                         "the table then gives this tree's cost over that one's per row")
     a = ap.parse_args()
     cases = [c for c in CASES if c in a.cases.split(",")]
-    sides = ["aot"] + (["cudnn"] if importlib.util.find_spec("cutlass") and importlib.util.find_spec("cudnn") else [])
+    sides = ["aot"] + (["aot@before"] if a.before else []) + (["cudnn"] if importlib.util.find_spec("cutlass") and importlib.util.find_spec("cudnn") else [])
     got, errors = {}, {}
     for _ in range(a.rounds):
         for case in cases:
             for side in sides:
-                res = run(side, case, a.calls)
+                res = run(side, case, a.calls, os.path.abspath(a.before) if side == "aot@before" else ROOT)
+                if side == "aot@before":
+                    res = {f"before: {k}": v for k, v in res.items()} if "error" not in res else res
                 if "error" in res:
                     errors[side, case] = res["error"]
                     continue
@@ -203,6 +253,13 @@ def main():
         vals = [x for (c, m), v in got.items() if m == n for x in v]
         if vals:
             print(f"| {n[len('floor: '):]} | {statistics.median(vals) / 1e3:.1f} |")
+    if a.before:
+        print(f"\n| host us per call, this tree vs --before {a.before} (same run, interleaved) | this tree | before | this / before |")
+        print("|---|---:|---:|---:|")
+        for c in cases:
+            for n in ("plan.execute", "functional _into", "allocating"):
+                x, y = med.get((c, n), nan), med.get((c, "before: " + n), nan)
+                print(f"| {c}: {n} | {x:.2f} | {y:.2f} | {x / y:.3f} |")
     if errors:
         print("\nerrors:", json.dumps({f"{s} {c}": e for (s, c), e in errors.items()}, indent=1))
 
