@@ -596,7 +596,7 @@ def cmd_jit(args):
 
 class AotApi(SpiedAot):
     OP_MODULE = "dsa_aot.ops.dsa_indexer_top_k"
-    CACHES = ("_CACHE",)
+    CACHES = ("TOP_K.cache",)
 
     def call(self, spec, x):
         a, kw = _args(spec)

@@ -402,7 +402,7 @@ def cmd_jit(args):
 
 class AotApi(SpiedAot):
     OP_MODULE = "dsa_aot.ops.dsa_topk_utils"
-    CACHES = ('_L2G', '_CMP',)
+    CACHES = ("LOCAL_TO_GLOBAL.cache", "COMPACTIFY.cache")
 
     def call(self, spec, x):
         if spec["op"] == "local_to_global":

@@ -677,6 +677,8 @@ class LauncherSpy:
         for c in caches:
             c.clear()
         self._used, self._loaded = [], set(self.runtime.load_stats())
+        if not hasattr(op_mod, "launcher"):  # a declared op (dsa_aot.ops.declare) resolves its entries there
+            op_mod = importlib.import_module("dsa_aot.ops.declare")
         orig = op_mod.launcher
 
         def spy(family, op, key, dev, hint=""):
@@ -695,6 +697,14 @@ class LauncherSpy:
         return {"keys": self._used, "new": bool(new), "loaded": {f"{k[0]}@{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in new.items()}}
 
 
+def cache_of(mod, name: str) -> dict:
+    """The cache ``name`` of op module ``mod``: a module global (``_CALLS``) or a declared op's (``TOP_K.cache``)."""
+    obj = mod
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 class SpiedAot:
     """The AOT side's api base for an op module (``OP_MODULE``, its name) whose validated calls live in
     its ``CACHES`` (emptied before a first call): ``begin_first`` / ``end_first`` / ``restore`` record a
@@ -708,7 +718,7 @@ class SpiedAot:
 
     def begin_first(self, spec):
         mod = importlib.import_module(self.OP_MODULE)
-        self.spy.begin(mod, *(getattr(mod, c) for c in self.CACHES))
+        self.spy.begin(mod, *(cache_of(mod, c) for c in self.CACHES))
 
     def restore(self):
         self.spy.restore()

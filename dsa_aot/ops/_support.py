@@ -15,6 +15,7 @@ __all__ = [
     "check", "scalar_f32", "integer", "one_of", "flag", "aliasing", "overlapping", "input_error", "block_scales",  # validation
     "signature", "footprint", "recheck", "recheck_ptrs",  # the fast paths
     "writes_only",  # torch.library fakes
+    "cast_into", "f32_scalar",  # steps two families share: the fp32 -> bf16 cast out of a workspace, a plan's fp32 scalar
     "tensor_args", "flat_args", "row_major", "cute_args",  # host-function arguments
 ]  # fmt: skip
 
@@ -465,6 +466,37 @@ def memset0(ptr, nbytes, stream, dev, word=0):
         finally:
             if pushed:
                 d.cuCtxPopCurrent()
+
+
+def cast_into(d_index_k, workspace, shape, stream, dev, offset=0):
+    """The trailing fp32 -> bf16 cast upstream does with torch, on the launch stream (``stream`` is
+    the caller's argument: None means torch's current stream of ``dev``, which is where the kernels went
+    and where torch runs an op on ``dev``'s tensors whatever the current device: no switch needed)."""
+    import torch
+
+    n = shape[0] * shape[1] * shape[2]
+    acc = None
+    if offset % 4 == 0:  # the fewest torch ops (each is ~1 µs of host time)
+        try:  # view(dtype) needs the workspace's size and storage offset in whole fp32s
+            acc = workspace.view(torch.float32)[offset // 4 : offset // 4 + n]
+        except RuntimeError:
+            pass
+    if acc is None:
+        acc = workspace[offset : offset + 4 * n].view(torch.float32)
+    if stream is None:
+        d_index_k.view(-1).copy_(acc)
+    else:
+        with alloc_on(stream, dev):
+            d_index_k.view(-1).copy_(acc)
+
+
+def f32_scalar(name, v) -> tuple:
+    """``(v,)``: the one per-call fp32 scalar of a plan (InputError unless :func:`scalar_f32` accepts it)."""
+    problems = []
+    x = scalar_f32(problems, name, v)
+    if problems:
+        raise input_error(problems)
+    return (x,)
 
 
 def allocate(fn):

@@ -23,9 +23,8 @@ import functools
 from dataclasses import dataclass
 
 from ..policy import dsa_dense_indexer_backward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flat_args, footprint, input_error, integer, launcher, max_lengths,
+from ._support import (aliasing, cast_into, alloc_on, allocate, arch_or_refuse, check, flat_args, footprint, input_error, integer, launcher, max_lengths,
                        require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
-from .dsa_indexer_backward import _cast_into
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
@@ -183,7 +182,7 @@ def _plan(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score
         rec.launch(launcher(FAMILY, op, key, c.dev), *_launch_args(op, ts, P, c.varlen, c.s_q, c.s_k, f32, grad_scale, sm, s))
     if not f32:
         def cast_dk(ts, stream, shape=(1, 1, index_k.numel())):
-            _cast_into(ts[2], ts[14], shape, stream, c.dev)
+            cast_into(ts[2], ts[14], shape, stream, c.dev)
 
         rec.then(cast_dk)
     return compile_call("dsa_dense_indexer_backward", rec, c.dev, ts, c.foot, x, defaults)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
+from ._support import cast_into as _cast_into  # (a module global: the CPU tests stub it)
 from ._support import (aliasing, alloc_on, allocate, arch_of, check, flag, flat_args, footprint, input_error, integer, launcher, one_of, require,
                        scalar_f32, stream_handle, target_sm_count, tensor_args, workspace_problems, writes_only)
 from .outputs import Outputs
@@ -229,28 +230,6 @@ def _plan_backward(d_index_q, d_weights, d_index_k, index_q, weights, index_k, a
 
         rec.then(cast_dk)
     return compile_call("dsa_indexer_backward", rec, dev, ts, call.foot, x, defaults)
-
-
-def _cast_into(d_index_k, workspace, shape, stream, dev, offset=0):
-    """The trailing fp32 -> bf16 cast upstream does with torch, on the launch stream (``stream`` is
-    the caller's argument: None means torch's current stream of ``dev``, which is where the kernels went
-    and where torch runs an op on ``dev``'s tensors whatever the current device: no switch needed)."""
-    import torch
-
-    n = shape[0] * shape[1] * shape[2]
-    acc = None
-    if offset % 4 == 0:  # the fewest torch ops (each is ~1 µs of host time)
-        try:  # view(dtype) needs the workspace's size and storage offset in whole fp32s
-            acc = workspace.view(torch.float32)[offset // 4 : offset // 4 + n]
-        except RuntimeError:
-            pass
-    if acc is None:
-        acc = workspace[offset : offset + 4 * n].view(torch.float32)
-    if stream is None:
-        d_index_k.view(-1).copy_(acc)
-    else:
-        with alloc_on(stream, dev):
-            d_index_k.view(-1).copy_(acc)
 
 
 class IndexerBackward(Plan):

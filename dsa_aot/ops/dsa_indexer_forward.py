@@ -24,7 +24,7 @@ returns the (..., S_k) scores contiguous, as upstream does; ``_into`` takes that
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, footprint, input_error, integer, launcher, require,
+from ._support import (aliasing, f32_scalar, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, footprint, input_error, integer, launcher, require,
                        row_major, scalar_f32, stream_handle, tensor_args, thd_batch, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
@@ -74,7 +74,7 @@ def _precision(problems, precision, sm100) -> str | None:
     return p
 
 
-def _inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
+def check_inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
             precision, q_scale, k_scale, cu_q_scale=None, cu_k_scale=None, lse=False, staged=False, tuning=None):
     """A :class:`_Call` for valid inputs (problems appended otherwise). ``staged``: layout and alignment of
     the inputs are not checked (the allocating form copies them, as upstream does for strided ones)."""
@@ -175,11 +175,7 @@ def _hint(op, key) -> str:
 
 
 def _scale(sm_scale) -> tuple:
-    problems = []
-    x = scalar_f32(problems, "sm_scale", sm_scale)
-    if problems:
-        raise input_error(problems)
-    return (x,)
+    return f32_scalar("sm_scale", sm_scale)
 
 
 def _record(rec, c: _Call, op, le, ts):
@@ -221,7 +217,7 @@ def _plan_forward(scores, lse, q, k, w, ratio=4, sm_scale=1.0, cu_seqlens_q=None
 
     problems = []
     scalar_f32(problems, "sm_scale", sm_scale)
-    c = _inputs(problems, q, k, w, ratio, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets, precision, q_scale,
+    c = check_inputs(problems, q, k, w, ratio, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets, precision, q_scale,
                 k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, lse=lse is not None)
     if c is not None:
         padded = c.scores[:-1] + (policy.padded(c.s_k),)
@@ -296,7 +292,7 @@ def indexer_forward(q, k, w, ratio=4, qhead_per_kv_head=None, m_block_size=128, 
         problems = []
         x = (scalar_f32(problems, "sm_scale", sm_scale),)
         tuning = {"m_block_size": m_block_size, "n_block_size": n_block_size, "q_stage": q_stage, "kv_stage": kv_stage}
-        c = _inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
+        c = check_inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
                     precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, lse=want_lse, staged=True, tuning=tuning)
         if not (type(sf_vec_size) is int and sf_vec_size == 32):
             problems.append(f"sf_vec_size={sf_vec_size!r} (the block-scaled kernels take 32; unused on SM90)")

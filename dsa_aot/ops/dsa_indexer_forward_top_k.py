@@ -15,13 +15,18 @@ r) - G(off_b)`` with ``G(n) = sum_{i<n} (i + 1) // ratio`` (:func:`dsa_aot.polic
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward_top_k as policy
-from ._support import aliasing, check, footprint, input_error, integer, launcher, stream_handle, tensor_args, writes_only
-from .dsa_indexer_forward import _scale
+from ._support import aliasing, check, f32_scalar, footprint, input_error, integer, launcher, stream_handle, tensor_args, writes_only
 from .outputs import Outputs
 from .plan import Recorder, cached, compile_call
 
 __all__ = ["compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets", "indexer_forward_top_k",
            "indexer_forward_top_k_into"]
+
+
+
+def _scale(sm_scale) -> tuple:
+    return f32_scalar("sm_scale", sm_scale)
+
 
 FAMILY = policy.FAMILY
 _I32 = 2**31 - 1
@@ -320,7 +325,7 @@ def _plan_fused(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, rati
     integer(problems, "top_k", top_k, 1, policy.MAX_TOP_K)
     flag(problems, "topk_indices_global", topk_indices_global)
     flag(problems, "deterministic", deterministic)
-    c = fwd._inputs(problems, q, k, w, ratio, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets, precision, q_scale,
+    c = fwd.check_inputs(problems, q, k, w, ratio, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets, precision, q_scale,
                     k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
     if c is not None and not c.sm100:
         problems.append(f"cuda:{c.dev} runs {c.arch}: cudnn's fused indexer forward + top-k exists for SM100 only")
@@ -405,7 +410,7 @@ def _plan_fused(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, rati
         if topk_indices_global:
             _record_l2g(rec, c.dev, tensor_args(indices, p[0]), s_k, [tensor_args(cu_seqlens_q, p[12]), tensor_args(cu_seqlens_k, p[13])] if vl else [])
     foot = footprint(ts, writes=(0, 1, 2, 3, 4))
-    return compile_call("dsa_indexer_forward_top_k.fused", rec, c.dev, ts, foot, (scalar_f32([], "sm_scale", sm_scale),), fwd._scale, keep=keep)
+    return compile_call("dsa_indexer_forward_top_k.fused", rec, c.dev, ts, foot, (scalar_f32([], "sm_scale", sm_scale),), _scale, keep=keep)
 
 
 def indexer_forward_top_k_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, stream=None,
@@ -459,7 +464,7 @@ def indexer_forward_top_k(q, k, w, top_k, ratio=4, qhead_per_kv_head=None, m_blo
     tuning = {"m_block_size": m_block_size, "n_block_size": n_block_size, "q_stage": q_stage, "kv_stage": kv_stage}
     vl = cu_seqlens_q is not None or cu_seqlens_k is not None
     given = [v if v is not None or not vl else 0 for v in (max_seqlen_q, max_seqlen_k)]  # worked out below when not given
-    c = fwd._inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, *given, q_causal_offsets, precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, staged=True, tuning=tuning)
+    c = fwd.check_inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, *given, q_causal_offsets, precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, staged=True, tuning=tuning)
     if not (type(sf_vec_size) is int and sf_vec_size == 32):
         problems.append(f"sf_vec_size={sf_vec_size!r} (the block-scaled kernels take 32)")
     if return_softmax not in (None, True, False):

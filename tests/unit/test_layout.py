@@ -146,3 +146,133 @@ def test_every_registered_family_has_each_piece_of_the_recipe():
         if f'family = "{family}"' not in manifest:
             missing.append(f"manifests/default.toml: buckets of {family}")
     assert not missing, missing
+
+
+def _graph(root: Path) -> dict:
+    """{module: {imported package modules}}: every import of the package and the specs, function-level ones
+    included (a cycle through a function's import is still a cycle of the code's structure)."""
+    mods = {}
+    for path in _files(root):
+        rel = path.relative_to(root).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts)
+        mods[name] = path
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for _, mod in _imports(path, root):
+            while mod and mod not in mods:  # `from .x import name` names x.name: the module is x
+                mod = mod.rpartition(".")[0]
+            if mod and mod != name and not name.startswith(mod + "."):  # a package's own __init__ is no dependency cycle
+                deps.add(mod)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+# The one cycle left (issue 30, item 4, open): the zygote imports the compile and fidelity stages' task
+# functions in its compile processes, and both stages start zygotes. Breaking it changes what a compile
+# process imports before it compiles, which can change the two-CTA cubins (docs/fidelity.md): it needs a
+# byte-for-byte comparison of those entries before and after, not done yet. Any other cycle fails.
+KNOWN_CYCLES = [["dsa_aot.toolchain.compile", "dsa_aot.toolchain.fidelity", "dsa_aot.toolchain.zygote"]]
+
+
+def test_no_import_cycle_but_the_known_one():
+    assert _cycles(_graph(ROOT)) == KNOWN_CYCLES
+
+
+def test_the_cycle_check_finds_a_new_cycle(tmp_path):
+    shutil_copy(tmp_path)
+    (tmp_path / "dsa_aot" / "policy" / "keys.py").write_text((ROOT / "dsa_aot/policy/keys.py").read_text() + "\nfrom . import arch  # probe\n")
+    (tmp_path / "dsa_aot" / "policy" / "arch.py").write_text((ROOT / "dsa_aot/policy/arch.py").read_text() + "\nfrom . import keys  # probe\n")
+    assert ["dsa_aot.policy.arch", "dsa_aot.policy.keys"] in _cycles(_graph(tmp_path))
+
+
+def shutil_copy(tmp_path):
+    import shutil
+
+    shutil.copytree(ROOT / "dsa_aot", tmp_path / "dsa_aot", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def _private_imports(root: Path) -> list:
+    """Imports of another family's private names (``_x`` from dsa_aot.{ops,policy}.<family> or kernels.<family>)."""
+    from dsa_aot.policy.families import FAMILIES
+
+    def family_of(mod):
+        parts = mod.split(".")
+        for i, p in enumerate(parts):
+            if p in FAMILIES and (parts[:i] in (["dsa_aot", "ops"], ["dsa_aot", "policy"], ["kernels"])):
+                return p
+        return None
+
+    bad = []
+    for path in _files(root):
+        rel = path.relative_to(root)
+        me = family_of(".".join(rel.with_suffix("").parts))
+        pkg = list(rel.with_suffix("").parts)[:-1]
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}  # a name bound to another family's module (``from . import dsa_indexer_forward as fwd``) -> that family
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else [])) if node.level else node.module
+                for a in node.names:
+                    owner = family_of(f"{base}.{a.name}")
+                    if owner and owner != me and not family_of(base):
+                        aliases[a.asname or a.name] = owner
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases and node.attr.startswith("_"):
+                bad.append(f"{rel}:{node.lineno} uses {node.value.id}.{node.attr} ({aliases[node.value.id]}'s private name)")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else [])) if node.level else node.module
+            for a in node.names:
+                target = f"{base}.{a.name}" if family_of(f"{base}.{a.name}") and not family_of(base) else base
+                owner = family_of(target)
+                name = a.name if target == base else None
+                if owner and owner != me and name and name.startswith("_"):
+                    bad.append(f"{rel}:{node.lineno} imports {name} from {base} ({owner}'s private name)")
+    return bad
+
+
+def test_no_module_imports_another_familys_private_names():
+    assert _private_imports(ROOT) == []
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    shutil_copy(tmp_path)
+    (tmp_path / "dsa_aot" / "ops" / "dsa_topk_utils.py").write_text(
+        (ROOT / "dsa_aot/ops/dsa_topk_utils.py").read_text() + "\nfrom .dsa_indexer_top_k import _rules  # probe\n")
+    assert _private_imports(tmp_path) == ["dsa_aot/ops/dsa_topk_utils.py:1 imports _rules from dsa_aot.ops.dsa_indexer_top_k (dsa_indexer_top_k's private name)".replace(
+        ":1 ", f":{len((tmp_path / 'dsa_aot/ops/dsa_topk_utils.py').read_text().splitlines())} ")]
