@@ -182,6 +182,17 @@ def _unhashable_and_foreign(v) -> list:
     return [[v], {"v": v}, {1, 2}, _Opaque()]
 
 
+def _declared_bad(fn, name) -> list:
+    """A declared op's own malformed values for option ``name`` (out of range, wrong type: dsa_aot.ops.declare)."""
+    from dsa_aot.ops import declare
+
+    for op in declare.OPS:
+        if fn.__name__ in (op.name, op.name + "_into"):
+            opt = op._by_name.get(name)
+            return opt.bad_values() if isinstance(opt, declare._Option) else []
+    return []
+
+
 def test_every_option_of_every_op_refuses_wrong_types_and_unhashable_values(env, torch_steps):
     """Each non-tensor parameter of each public op (defaults included: an option a valid call leaves at its
     default too), given a list, a dict, a set or a foreign object: an dsa_aot.errors class, nothing launched
@@ -198,7 +209,7 @@ def test_every_option_of_every_op_refuses_wrong_types_and_unhashable_values(env,
         for name, v in full.arguments.items():
             if isinstance(v, torch.Tensor) or name == "stream" or inspect.signature(fn).parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
                 continue
-            for bad in _unhashable_and_foreign(v):
+            for bad in _unhashable_and_foreign(v) + _declared_bad(fn, name):
                 tried += 1
                 try:
                     fn(**dict(full.arguments, **{name: bad}))
