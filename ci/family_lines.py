@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     print("|---|" + "---:|" * (len(cols) - 1) + "---|")
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in cols) + f" | {'yes' if r['ok'] else 'NO'} |")
-    print(f"| total | " + " | ".join(str(sum(r[c] for r in rows)) for c in cols[1:]) + " | |")
+    print("| total | " + " | ".join(str(sum(r[c] for r in rows)) for c in cols[1:]) + " | |")
     return 1 if a.check and not all(r["ok"] for r in rows) else 0
 
 

@@ -33,8 +33,6 @@ def clear_caches() -> None:
         op.cache.clear()
 
 REQUIRED = object()  # an option without a default
-_I32 = 2**31 - 1
-_TORCH_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8")
 
 
 class _Tensor:
@@ -183,6 +181,13 @@ class Op:
 
     # --- validation -------------------------------------------------------------------------------
 
+    def _context(self, values, allocating) -> _Ctx:
+        """A call's context: its arguments, and its integer options bound as shape symbols (``top_k``)."""
+        c = _Ctx(values)
+        c.allocating = allocating
+        c.sym.update((o.name, values[o.name]) for o in self.options if isinstance(o, Int))
+        return c
+
     def _values(self, ts, opts, scal=()):
         return dict(zip(self.names, ts)) | dict(zip(self.key, opts)) | dict(zip(self.scalars, scal))
 
@@ -191,15 +196,12 @@ class Op:
         :class:`_Ctx`, or InputError listing every problem. Nothing has been touched either way."""
         import torch
 
-        c, problems = _Ctx(values), []
-        c.allocating = allocating
+        problems = []
         for o in self.options:
             o.check(problems, values[o.name])
         if problems:  # options fix shapes and keys below: nothing more is meaningful with a wrong one
             raise input_error(problems)
-        for o in self.options:
-            if isinstance(o, Int):
-                c.sym[o.name] = values[o.name]
+        c = self._context(values, allocating)
         bad = set()
         ins, outs = [t for t in self.tensors if t.role == "in"], [] if allocating else [t for t in self.tensors if t.role != "in"]
         for t in ins + outs:
@@ -320,7 +322,7 @@ class Op:
             c, box, make = hit[0]
             x = ins
         else:
-            values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | dict(zip(self.key, opts)) | dict(zip(self.scalars, scal))
+            values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | self._values((), opts, scal)
             c = self.validate(values, allocating=True)
             stream_handle(stream, c.dev)  # a bad stream, and a missing entry, refused before anything is allocated
             if self.entries:
@@ -462,30 +464,17 @@ class Op:
             got = [r[t.returns] for t in outs]
             return [g for g in got if g is not None] if listy else got[0] if len(got) == 1 else tuple(got)
 
-        def f_alloc(*args):
-            values = dict.fromkeys(op.names) | dict(zip([n for n, _ in ap], args))
-            for o in op.options:
-                values.setdefault(o.name, o.default)
-            c = _Ctx(values)
-            c.allocating = True
-            for o in op.options:
-                if isinstance(o, Int):
-                    c.sym[o.name] = values[o.name]
+        def f_alloc(*args):  # the outputs' shapes and dtypes as the allocating form makes them, on fake tensors
+            values = dict.fromkeys(op.names) | {o.name: o.default for o in op.options} | dict(zip([n for n, _ in ap], args))
+            c = op._context(values, allocating=True)
             for t in op.tensors:
-                v = values.get(t.name)
+                v = values[t.name]
                 if t.role == "in" and v is not None and isinstance(t.shape, tuple):
-                    for s, n in zip(t.shape, v.shape):
-                        if not isinstance(s, int):
-                            c.sym.setdefault(s, n)
+                    c.sym.update((s, n) for s, n in zip(t.shape, v.shape) if not isinstance(s, int) and s not in c.sym)
             if op.symbols is not None:
                 op.symbols(c, [])
-            like = next(values[t.name] for t in op.tensors if t.role == "in")
-            got = []
-            for t in outs:
-                if t.when is not None and not values[t.when]:
-                    continue
-                dt = values[t.dtypes[0][5:]].dtype if t.dtypes[0].startswith("like ") else getattr(__import__("torch"), t.dtypes[0])
-                got.append(like.new_empty(t.size_in(c), dtype=dt))
+            like = values[op.ins[0]]
+            got = [like.new_empty(t.size_in(c), dtype=t.dtype_of(c)[0]) for t in outs if t.when is None or values[t.when]]
             return got if listy else got[0] if len(got) == 1 else tuple(got)
 
         def t_into(*args):
