@@ -58,7 +58,7 @@ INT_POISON = 0x7EADBEEF  # not -1 (a legitimate id), not an id of any case's inp
 @dataclasses.dataclass(frozen=True)
 class Jit:
     """cudnn's side. ``setup()`` imports cudnn's modules (timed) and returns what ``call`` gets as ``api``;
-    ``caches``: kind -> (module, attribute) of the compile caches its calls use; ``index_key(kind, key)``: a
+    ``caches``: kind -> (module, attribute or dotted path) of the compile caches its calls use; ``index_key(kind, key)``: a
     cache key as the shipped index's (op, key dict); ``call(api, spec, x, b)`` -> {output name: tensor}."""
 
     setup: Callable
@@ -86,7 +86,8 @@ class Parity:
     ``buffers(side, api, spec, x)`` -> the caller's tensors of one call (poisoned), or {};
     ``reference(spec, x, outputs)`` -> failure texts (empty: agrees); ``arches``: the GPUs the family has
     kernels for (others exit 2: not applicable); ``inputs_of(name, spec)``: the input file of a case
-    (cases may share one); ``families``: the index families its calls use (default: ``family``)."""
+    (cases may share one); ``families``: the index families its calls use (default: ``family``); ``bench``:
+    the cases bench/run.py times."""
 
     family: str
     doc: str
@@ -101,6 +102,8 @@ class Parity:
     arches: tuple = ()
     inputs_of: Callable = lambda name, spec: name
     families: tuple = ()
+    bench: tuple = ()  # the cases bench/run.py times (names of cases(False)); default: the first
+    canon: Optional[Callable] = None  # canon(spec, outputs) -> outputs in a canonical order (unordered slots), before any rule
     sync_every: int = 16
     calls: int = 100
     quick: str = "a shorter case list"
@@ -295,11 +298,13 @@ def _ulp_bf16(a, b):
     return torch.where(m == 0, torch.zeros_like(m), torch.pow(2.0, (e - 8).to(torch.float64)))
 
 
-def jitter_verdict(jo, ao, n):
-    """(ok, text, numbers): AOT output ``ao[n]`` against the JIT's ``jo[n]`` and the JIT's own jitter (its
-    reruns ``jo[n + '.runK']``). bf16: |aot - jit| <= 1 bf16 ulp (a sum in another order rounds to a
-    neighbour) + 2 * the JIT's max |jitter|, elementwise; fp32: max |diff| <= max(4 * jitter, 1e-6 *
-    max|jit|). Bitwise when the JIT reproduced itself bitwise."""
+def jitter_verdict(jo, ao, n, own=0.0):
+    """(ok, text, numbers): AOT output ``ao[n]`` against the JIT's ``jo[n]`` and the kernel's run-to-run jitter:
+    the max |difference| of the JIT's reruns ``jo[n + '.runK']`` from its first call, or ``own`` (the AOT's
+    reruns' from its first: the same cubins, sha256-checked, so the same nondeterminism; a rare race a few JIT
+    reruns did not show still counts). bf16: |aot - jit| <= 1 bf16 ulp (a sum in another order rounds to a
+    neighbour) + 2 * jitter, elementwise; fp32: max |diff| <= max(4 * jitter, 1e-6 * max|jit|). Bitwise when
+    neither side varied from run to run."""
     import torch
 
     j1, a1 = jo[n].double(), ao[n].double()
@@ -309,7 +314,8 @@ def jitter_verdict(jo, ao, n):
     eq, cnt = bitwise(jo[n], ao[n])
     if not eq and cnt < 0:
         return False, f"NO (shape {tuple(ao[n].shape)} {ao[n].dtype} vs {tuple(jo[n].shape)} {jo[n].dtype})", {}
-    jitter = max((float(_absdiff(jo[k].double(), j1).max()) for k in runs if jo[k].numel()), default=0.0 if j1.numel() == 0 else float("nan"))
+    jit_jitter = max((float(_absdiff(jo[k].double(), j1).max()) for k in runs if jo[k].numel()), default=0.0 if j1.numel() == 0 else float("nan"))
+    jitter = max(jit_jitter, own)
     diff = float(_absdiff(a1, j1).max()) if j1.numel() else 0.0
     unit = ""
     if bf16 and runs and j1.numel():
@@ -317,16 +323,18 @@ def jitter_verdict(jo, ao, n):
         diff, unit = float((_absdiff(a1, j1) / bound.clamp_min(1e-300)).max()), "x bound"
     fin = j1[torch.isfinite(j1)] if j1.numel() else j1
     scale = float(fin.abs().max()) if fin.numel() else 0.0
-    nums = dict(diff=diff, unit=unit, jitter=jitter, max_abs=scale, differing=cnt, nan=nans, jit_reruns=len(runs))
+    nums = dict(diff=diff, unit=unit, jitter=jitter, jit_jitter=jit_jitter, aot_jitter=own, max_abs=scale, differing=cnt, nan=nans, jit_reruns=len(runs))
     if nans or diff != diff:
         return False, f"NO ({nans} NaN)", nums
     if not runs:
         return False, "NO (no JIT rerun to measure jitter)", nums
+    if own != own:
+        return False, "NO (an AOT rerun differs from its first call by an infinity)", nums
     if jitter == 0.0:
-        return eq, ("bitwise" if eq else f"NO ({cnt} differ, JIT reproducible)"), dict(nums, limit=0.0)
+        return eq, ("bitwise" if eq else f"NO ({cnt} differ; neither side varied run to run)"), dict(nums, limit=0.0)
     limit = 1.0 if bf16 else max(4 * jitter, 1e-6 * scale)
     ok = diff <= limit
-    return ok, f"{'ok' if ok else 'NO'} {diff:.3g}{unit} (JIT jitter {jitter:.2e}, {cnt} differ)", dict(nums, limit=limit)
+    return ok, f"{'ok' if ok else 'NO'} {diff:.3g}{unit} (jitter JIT {jit_jitter:.2e}, AOT {own:.2e}; {cnt} differ)", dict(nums, limit=limit)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -376,15 +384,23 @@ class JitKeys:
         self.caches = {kind: importlib.import_module(mod) for kind, (mod, _) in caches.items()}
         self.attrs = {kind: attr for kind, (_, attr) in caches.items()}
 
+    def _owner(self, kind):
+        """(object holding the cache, its attribute): ``attr`` may be a dotted path (a function's ``compile_cache``)."""
+        *path, last = self.attrs[kind].split(".")
+        obj = self.caches[kind]
+        for part in path:
+            obj = getattr(obj, part)
+        return obj, last
+
     def table(self, kind):
-        return getattr(self.caches[kind], self.attrs[kind])
+        return getattr(*self._owner(kind))
 
     def begin(self):
         self.before, self.orig = {}, {}
         for kind, mod in self.caches.items():
             self.orig[kind] = self.table(kind)
             rec = Recording(self.orig[kind])
-            setattr(mod, self.attrs[kind], rec)
+            setattr(*self._owner(kind), rec)
             self.before[kind] = set(rec)
 
     def end(self, index_key):
@@ -392,7 +408,7 @@ class JitKeys:
         for kind, mod in self.caches.items():
             rec = self.table(kind)
             self.orig[kind].update(rec)  # cudnn's own dict again (others may hold it), with what the call compiled
-            setattr(mod, self.attrs[kind], self.orig[kind])
+            setattr(*self._owner(kind), self.orig[kind])
             for k in _unique(rec.used):
                 if k in rec:  # a key only probed and never compiled is not a kernel the call used
                     used.append(list(index_key(kind, k)))
@@ -414,6 +430,10 @@ class JitKeys:
         return out
 
 
+# the plan caches (signature -> validated call) of the op modules not yet on dsa_aot.ops.declare
+PLAN_CACHES = ("_CALLS", "_ATTN_CALLS", "_DENSE_CALLS", "_DATTN_CALLS", "_FWD", "_BWD", "_TAILS")
+
+
 class AotKeys:
     """The entries a first call resolves: every lookup of ``dsa_aot.ops._support._find`` (the op modules'
     and the declaration's launchers go through it), after the op modules' plan caches are emptied."""
@@ -428,10 +448,10 @@ class AotKeys:
         import dsa_aot.runtime
 
         self.declare.clear_caches()
-        for mod in self.modules:  # the undeclared ops' memos: module dicts named _CALLS, _FWD, ...
-            for name, v in vars(mod).items():
-                if name.startswith("_") and name[1:2].isupper() and name.upper() == name and isinstance(v, dict):
-                    v.clear()
+        for mod in self.modules:  # the ops not yet on the declaration keep their validated calls in these module dicts
+            for name in PLAN_CACHES:
+                if name in vars(mod):
+                    getattr(mod, name).clear()
         self.used, self.loaded = [], set(dsa_aot.runtime.load_stats())
 
         def spy(ix, family, op, key, *a, **kw):
@@ -505,11 +525,10 @@ def run_case(par, side, api, keys, name, spec, x, cpu, args, reruns):
     like = [res[n] for n in outs]
     del res
     for r in range(reruns):
-        b2 = par.buffers(side, api, spec, x)
-        res, pool = _pool_call(lambda: call(api, spec, x, b2), like)
+        res, pool = _pool_call(lambda: call(api, spec, x, par.buffers(side, api, spec, x)), like)
         torch.cuda.synchronize()
         keep(f"run{r + 2}", res)
-        del res, pool, b2
+        del res, pool
         check_inputs(f"rerun {r + 2}")
     if side == "aot" and par.aot.into is not None:
         bi = dict(par.buffers(side, api, spec, x))
@@ -674,36 +693,68 @@ def _forms(saved, n):
 
 def compare_outputs(par, spec, jo, ao):
     """(cell texts, failures) of one case's outputs, every AOT form against the JIT's first call by its rule."""
-    cells, failures = [], []
+    cells, failures, names = [], [], list(par.outputs(spec))
+    forms = sorted({f for n in names for f in _forms(ao, n)}, key=lambda f: (f != "first", f))
+    have = {f: all(_pick(ao, m, f) is not None for m in names) for f in forms}
     for n, rule in par.outputs(spec).items():
         if f"first.{n}" not in jo:
             failures.append(f"{n}: not saved on the jit side")
             continue
         j = {n: jo[f"first.{n}"], **{f"{n}.{k}": v for k, v in _forms(jo, n).items() if k != "first"}}
-        texts = []
-        for form, t in _forms(ao, n).items():
-            if rule == BITWISE:
+        cell = "missing"
+        for form in forms or ["first"]:
+            t = _pick(ao, n, form)
+            if t is None:
+                ok, text = False, "not saved on the aot side"
+            elif rule == BITWISE:
                 ok, cnt = bitwise(j[n], t)
                 text = "bitwise" if ok else f"NO ({cnt} differ)"
             elif rule == JITTER:
-                ok, text, _ = jitter_verdict(j, {n: t}, n)
+                ok, text, _ = jitter_verdict(j, {n: t}, n, own=_own_jitter(ao, n))
+            elif not have[form] or any(f"first.{m}" not in jo for m in names):
+                continue  # the missing output fails on its own
             else:
-                ok, text = rule(spec, {m: jo[f"first.{m}"] for m in par.outputs(spec)}, {m: _pick(ao, m, form) for m in par.outputs(spec)})
-            texts.append(text if form == "first" or not ok else "")
+                ok, text = rule(spec, {m: jo[f"first.{m}"] for m in names}, {m: _pick(ao, m, form) for m in names})
+            cell = text if form == "first" else cell
             if not ok:
                 failures.append(f"{n} ({form}): {text}")
         if rule == BITWISE:  # the JIT's own reruns: a bitwise rule must hold there too, or the rule is wrong
             for k in (k for k in j if k != n):
                 if not bitwise(j[n], j[k])[0]:
                     failures.append(f"{n}: the JIT's {k.split('.')[-1]} differs from its first call: a bitwise rule cannot hold")
-        cells.append(f"{n} {texts[0] if texts else 'missing'}")
-        if not texts:
-            failures.append(f"{n}: not saved on the aot side")
+        cells.append(f"{n} {cell}")
     return cells, failures
 
 
+def _own_jitter(ao, n):
+    """The AOT reruns' max |difference| from its first call (NaNs left out: they fail on their own)."""
+    import torch
+
+    if f"first.{n}" not in ao:
+        return 0.0  # fails as not saved
+    first = ao[f"first.{n}"].double()
+    runs = [ao[k].double() for k in ao if k.startswith(f"first.{n}.run") and ao[k].shape == first.shape]
+    d = [_absdiff(r, first) for r in runs if r.numel()]
+    if any(not bool(torch.isfinite(x[~torch.isnan(x)]).all()) for x in d):
+        return float("nan")  # an infinity one call has and another not: no jitter explains it
+    return max((float(x.nan_to_num(0.0).max()) for x in d), default=0.0)
+
+
+def _canonical(par, spec, saved):
+    """``saved`` with every call's outputs (first, each rerun, into) put through ``par.canon`` together."""
+    names, out = list(par.outputs(spec)), dict(saved)
+    for k in saved:
+        prefix, _, rest = k.partition(".")
+        if rest.split(".")[0] == names[0]:
+            keys = [f"{prefix}.{m}{rest[len(names[0]):]}" for m in names]
+            if all(x in saved for x in keys):
+                res = par.canon(spec, {m: saved[x] for m, x in zip(names, keys)})
+                out.update({x: res[m] for m, x in zip(names, keys)})
+    return out
+
+
 def _pick(saved, m, form):
-    return saved[f"into.{m}"] if form == "into" else saved[f"first.{m}" + ("" if form == "first" else f".{form}")]
+    return saved.get(f"into.{m}" if form == "into" else f"first.{m}" + ("" if form == "first" else f".{form}"))
 
 
 def compare_step(par, args) -> int:
@@ -729,13 +780,16 @@ def compare_step(par, args) -> int:
         if not fails:
             jo = torch.load(os.path.join(args.dir, "jit", f"{name}.pt"))
             ao = torch.load(os.path.join(args.dir, "aot", f"{name}.pt"))
+            if par.canon is not None:
+                jo, ao = _canonical(par, jr["spec"], jo), _canonical(par, jr["spec"], ao)
             cells, out_fails = compare_outputs(par, jr["spec"], jo, ao)
             fails += out_fails
             if par.reference is not None:
                 x = torch.load(os.path.join(args.dir, "inputs", f"{par.inputs_of(name, jr['spec'])}.pt"))
+                names = list(par.outputs(jr["spec"]))
                 bad = [f"{s} {form}: {t}" for s, saved in (("jit", jo), ("aot", ao)) for form in ("first", "into")
-                       if f"{form}.{next(iter(par.outputs(jr['spec'])))}" in saved
-                       for t in par.reference(jr["spec"], x, {m: saved[f"{form}.{m}"] for m in par.outputs(jr["spec"])})]
+                       if all(f"{form}.{m}" in saved for m in names)  # a missing output fails on its own
+                       for t in par.reference(jr["spec"], x, {m: saved[f"{form}.{m}"] for m in names})]
                 fails += [f"reference: {t}" for t in bad]
                 ref = "yes" if not bad else f"NO ({len(bad)})"
             fails += [f"input {t} modified on the {s} side" for s, r in (("jit", jr), ("aot", ar)) for t in r["touched"]]

@@ -1,126 +1,177 @@
-"""The parity scripts' ``compare`` step without a GPU: on the results a jit and an aot step would write
-(made up here, small), the dense indexer backward and score recompute compares pass when the sides
-agree, and fail on an output that differs, a kernel the AOT side did not share, a cubin whose sha256
-is not the shipped one, or an input one side modified. (The jit and aot steps need the H200.)"""
+"""The parity harness (ci/parity/harness.py) without a GPU: its ``compare`` step on results a jit and an
+aot step would write (made up here, small) passes when the sides agree and fails on each thing it checks;
+its recording dict sees every way cudnn looks up a compile cache; every family's declaration names cudnn
+compile caches that exist. (The jit and aot steps need the H200: docs/gpu-results.md.)"""
 
-import importlib
-import importlib.util
+import inspect
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "ci" / "parity"))
+import harness as H  # noqa: E402
+
+KEYS = [["op_a", {"n": 1}], ["op_b", {"n": 2}]]
 
 
-def _script(name):
-    import sys
-
-    sys.path.insert(0, str(ROOT / "ci" / "parity"))
-    spec = importlib.util.spec_from_file_location(f"parity_{name}", ROOT / "ci" / "parity" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _close(spec, jit, aot):
+    ok = bool(torch.allclose(jit["c"], aot["c"], atol=1e-3))
+    return ok, "close" if ok else "far"
 
 
-def _row(name, spec, keys, **kw):
-    row = dict(case=name, label=name, spec=spec, keys=keys, new=True, first_s=0.5, warm_us=10.0, warm_into_us=9.0, device_us=20.0,
-               inputs_untouched=True)
-    return {**row, **kw}
+PAR = H.Parity(family="fam", doc="A made-up family.", cases=lambda quick: [("c1", {"op": "x"})], inputs=lambda spec: {},
+               outputs=lambda spec: {"a": H.BITWISE, "b": H.JITTER, "c": _close},
+               reference=lambda spec, x, outs: [] if bool((outs["a"] >= 0).all()) else ["a is negative"],
+               jit=H.Jit(setup=None, caches={}, index_key=None, call=None), aot=H.Aot(call=None))
 
 
-def _write(d, family, rows, saved, keys):
-    """jit.json / aot.json and the saved outputs of each side; the index ships every key with sha 'aa'."""
-    for side in ("jit", "aot"):
-        (d / side).mkdir(parents=True, exist_ok=True)
-        for name, outs in saved[side].items():
-            torch.save(outs, d / side / f"{name}.pt")
-    meta = {"arch": "sm_90a", "device": "test", "sm_count": 132, "torch": torch.__version__, "import_s": 1.0, "torch_add_us": 5.0}
-    cubins = [{"op": op, "key": key, "jit_key": "k", "sha256": "aa", "bytes": 1} for op, key in keys]
-    entries = [{"family": family, "arch": "sm_90a", "op": op, "key": key, "sha256": "aa", "id": f"{op}{i}"} for i, (op, key) in enumerate(keys)]
-    (d / "jit.json").write_text(json.dumps({"meta": meta, "rows": rows["jit"], "cubins": cubins}))
-    (d / "aot.json").write_text(json.dumps({"meta": meta, "rows": rows["aot"], "index": {"entries": entries}}))
+def _outputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randint(0, 9, (4, 3), generator=g, dtype=torch.int32), "b": torch.rand(4, 3, generator=g).bfloat16(),
+            "c": torch.rand(5, generator=g)}
 
 
-class _Args:
-    def __init__(self, d):
-        self.dir = str(d)
+def _run(d, mutate=lambda jit, aot, jo, ao: None):
+    """Write both sides' results for one case (AOT = JIT: first, two reruns, into), apply ``mutate``, compare."""
+    o = _outputs()
+    jo = {f"first.{n}": t for n, t in o.items()} | {f"first.{n}.run{r}": t.clone() for n, t in o.items() for r in (2, 3)}
+    ao = {f"first.{n}": t.clone() for n, t in o.items()} | {f"first.{n}.run2": t.clone() for n, t in o.items()} | {f"into.{n}": t.clone() for n, t in o.items()}
+    row = dict(case="c1", label="x", spec={"op": "x"}, touched=[], buffers={"ws": [[64], "torch.uint8"]}, keys=KEYS, new=True, first_s=0.5,
+               warm_us=10.0, device_us=20.0)
+    meta = dict(arch="sm_90a", device="test", sm_count=132, torch=torch.__version__, import_s=1.0, torch_add_us=5.0)
+    jit = {"meta": meta, "rows": {"c1": dict(row)}, "cubins": [{"op": op, "key": k, "jit_key": "k", "sha256": f"s{i}"} for i, (op, k) in enumerate(KEYS)]}
+    aot = {"meta": dict(meta, loads_ms=[1.0]), "rows": {"c1": dict(row, warm_into_us=8.0)},
+           "index": {"entries": [{"family": "fam", "arch": "sm_90a", "op": op, "key": k, "sha256": f"s{i}"} for i, (op, k) in enumerate(KEYS)]}}
+    mutate(jit, aot, jo, ao)
+    for side, saved in (("jit", jo), ("aot", ao)):
+        (d / side).mkdir(parents=True)
+        torch.save(saved, d / side / "c1.pt")
+        (d / f"{side}.json").write_text(json.dumps({"jit": jit, "aot": aot}[side]))
+    (d / "inputs").mkdir()
+    torch.save({}, d / "inputs" / "c1.pt")
+    return H.compare_step(PAR, type("Args", (), {"dir": str(d)}))
 
 
-def test_score_recompute_compare(tmp_path, capsys):
-    mod = _script("dsa_score_recompute")
-    key = ["sparse_indexer_sm90", {"heads": 64, "topk": 512, "length": False, "topk_global": False}]
-    spec = dict(b=1, s_q=2, s_k=8, topk=512, length=False, glob=False, seed=1, op="indexer", h=64, d=128)
-    p = torch.rand(1, 2, 512)
-    good = {"out": p, "out.run2": p.clone(), "into.out": p.clone()}
+def _set(side, k, v):
+    def f(jit, aot, jo, ao):
+        {"jit": jo, "aot": ao}[side][k] = v(({"jit": jo, "aot": ao}[side])[k])
 
-    def run(d, aot_saved=None, aot_row=None, sha="aa"):
-        rows = {"jit": {"c": _row("c", spec, [key])}, "aot": {"c": aot_row or _row("c", spec, [key])}}
-        _write(d, mod.FAMILY, rows, {"jit": {"c": good}, "aot": {"c": aot_saved or good}}, [tuple(key)])
-        if sha != "aa":
-            j = json.loads((d / "jit.json").read_text())
-            j["cubins"][0]["sha256"] = sha
-            (d / "jit.json").write_text(json.dumps(j))
-        return mod.cmd_compare(_Args(d))
+    return f
 
-    assert run(tmp_path / "ok") == 0
-    off = dict(good, out=p + 1e-3)
-    assert run(tmp_path / "off", aot_saved=off) == 1
-    assert run(tmp_path / "into", aot_saved=dict(good, **{"into.out": p * 0})) == 1
-    assert run(tmp_path / "kernel", aot_row=_row("c", spec, [["sparse_indexer_sm90", dict(key[1], topk=1024)]])) == 1
-    assert run(tmp_path / "sha", sha="bb") == 1
-    assert run(tmp_path / "input", aot_row=_row("c", spec, [key], inputs_untouched=False)) == 1
+
+MUTATIONS = {
+    "bitwise output differs (first call)": (_set("aot", "first.a", lambda t: t + 1), "a (first): NO"),
+    "bitwise output differs (rerun)": (_set("aot", "first.a.run2", lambda t: t.flip(0)), "a (run2): NO"),
+    "the JIT does not reproduce a bitwise output": (_set("jit", "first.a.run3", lambda t: t + 1), "a bitwise rule cannot hold"),
+    "jitter output beyond a reproducible JIT": (_set("aot", "into.b", lambda t: t * 1.5), "b (into): NO"),
+    "NaN left in a jitter output": (_set("aot", "first.b", lambda t: t.index_fill(0, torch.tensor([1]), math.nan)), "NaN"),
+    "custom rule fails": (_set("aot", "into.c", lambda t: t + 1), "c (into): far"),
+    "reference fails on one side": (_set("jit", "first.a", lambda t: t - 100), "reference: jit first: a is negative"),
+    "an output the AOT side never saved": (lambda j, a, jo, ao: ao.pop("first.b"), "b (first): not saved on the aot side"),
+    "kernels differ": (lambda j, a, jo, ao: a["rows"]["c1"].update(keys=KEYS[:1]), "kernels differ"),
+    "workspace sizes differ": (lambda j, a, jo, ao: a["rows"]["c1"].update(buffers={"ws": [[128], "torch.uint8"]}), "caller buffers differ"),
+    "an input written": (lambda j, a, jo, ao: a["rows"]["c1"].update(touched=["q (first call)"]), "input q (first call) modified on the aot side"),
+    "a JIT cubin is not the shipped one": (lambda j, a, jo, ao: j["cubins"][1].update(sha256="zz"), "sha256 zz vs shipped"),
+    "a kernel without a shipped entry": (lambda j, a, jo, ao: a["index"]["entries"].pop(0), "has no shipped entry"),
+    "a case raised on one side": (lambda j, a, jo, ao: a["rows"]["c1"].update(error="RuntimeError: boom"), "aot raised RuntimeError: boom"),
+    "a case only the AOT side ran": (lambda j, a, jo, ao: a["rows"].update(c2=dict(a["rows"]["c1"])), "c2: run on the aot side only"),
+}
+
+
+def test_compare_passes_when_the_sides_agree(tmp_path, capsys):
+    assert _run(tmp_path) == 0
     out = capsys.readouterr().out
-    assert "OK: 1 cases" in out and "modified on the aot side" in out and "kernels differ" in out
+    assert "OK: 1 cases of fam" in out and "a bitwise; b bitwise; c close" in out
+    assert json.loads((tmp_path / "parity.json").read_text())["ok"] is True
 
 
-def test_dense_indexer_backward_compare_with_a_race_row(tmp_path, capsys):
-    mod = _script("dsa_dense_indexer_backward")
-    keys = [["score_grad_sm90", {"varlen": False, "ratio": 1, "offsets": False}],
-            ["gemm_sm90", {"heads": 64, "varlen": False, "ratio": 1, "offsets": False}]]
-    spec = dict(b=1, s_q=4, s_k=128, ratio=1, offsets=False, varlen=False, dk="bf16", seed=1)
-    race_spec = dict(spec, dk="f32", race=10)
-    t = {n: torch.rand(3, 5).bfloat16() for n in mod.JITTERY}
-    sig = torch.rand(4, 128)
-    jit_saved = {**t, **{f"{n}.run2": v.clone() for n, v in t.items()}, "index_score": sig}
-    aot_saved = {**t, **{f"into.{n}": v.clone() for n, v in t.items()}, "index_score": sig.clone(), "into.index_score": sig.clone()}
-
-    def run(d, aot_out=None, race_inputs=True):
-        rows = {"jit": {"c": _row("c", spec, keys), "r": _row("r", race_spec, keys, race_off=3)},
-                "aot": {"c": _row("c", spec, keys), "r": _row("r", race_spec, keys, race_off=4, inputs_untouched=race_inputs)}}
-        _write(d, mod.FAMILY, rows, {"jit": {"c": jit_saved}, "aot": {"c": aot_out or aot_saved}}, [tuple(k) for k in keys])
-        return mod.cmd_compare(_Args(d))
-
-    assert run(tmp_path / "ok") == 0
-    assert "JIT 3/10, AOT 4/10" in capsys.readouterr().out
-    bad_sig = dict(aot_saved, index_score=sig + 1)
-    assert run(tmp_path / "sig", aot_out=bad_sig) == 1
-    assert run(tmp_path / "race-input", race_inputs=False) == 1
-    assert "score-grad signal" in capsys.readouterr().out
+@pytest.mark.parametrize("what", MUTATIONS)
+def test_compare_fails_on(what, tmp_path, capsys):
+    mutate, text = MUTATIONS[what]
+    assert _run(tmp_path, mutate) == 1
+    assert text in capsys.readouterr().out
+    assert json.loads((tmp_path / "parity.json").read_text())["ok"] is False
 
 
-@pytest.mark.parametrize("name", ["dsa_indexer_backward", "dsa_indexer_forward", "dsa_indexer_forward_top_k", "dsa_indexer_top_k",
-                                  "dsa_sparse_attention_forward", "dsa_topk_utils", "dsa_dense_indexer_backward", "dsa_score_recompute"])
-def test_aot_sides_spy_on_their_op_modules_caches(name):
-    """Each script's AotApi names an op module and caches that exist (the spy empties them before a first call)."""
-    mod = _script(name)
-    ops = importlib.import_module(mod.AotApi.OP_MODULE)
-    import parity_common
-
-    assert all(isinstance(parity_common.cache_of(ops, c), dict) for c in mod.AotApi.CACHES)
-
-
-def test_jitter_verdict_compares_equal_infinities_as_equal():
-    """The dense score recompute's masked logits are -inf on both sides: equal, not NaN differences; a NaN
-    or a finite value where the JIT has -inf still fails."""
-    import parity_common as pc
-
+def test_jitter_rule_holds_a_jittery_jit_to_its_own_jitter():
     j = torch.tensor([[-math.inf, 1.0, 2.0]])
+    jo = {"out": j, "out.run2": torch.tensor([[-math.inf, 1.0, 2.0 + 1e-6]])}  # equal infinities are equal, not NaN differences
+    assert H.jitter_verdict(jo, {"out": torch.tensor([[-math.inf, 1.0 + 1e-7, 2.0]])}, "out")[0] is True
+    assert H.jitter_verdict(jo, {"out": torch.tensor([[-math.inf, 1.0 + 1e-4, 2.0]])}, "out")[0] is False
+    assert H.jitter_verdict(jo, {"out": torch.tensor([[0.0, 1.0, 2.0]])}, "out")[0] is False
+
+
+def test_recording_sees_every_lookup_and_store():
+    rec = H.Recording({"k1": 1})
+    assert "k0" not in rec and rec["k1"] == 1 and rec.get("k2") is None
+    rec["k3"] = 3
+    rec.setdefault("k4", 4)
+    assert rec.used == ["k0", "k1", "k2", "k3", "k4"] and dict(rec) == {"k1": 1, "k3": 3, "k4": 4}
+
+
+def test_the_aot_spy_wraps_the_one_entry_lookup_of_the_op_modules():
+    from dsa_aot.ops import _support
+
+    assert list(inspect.signature(_support._find).parameters)[:4] == ["ix", "family", "op", "key"]
+
+
+def test_every_family_declares_a_parity_whose_cudnn_caches_exist():
+    """In a subprocess (importing cudnn's kernel modules imports cutlass): every family's Parity, its
+    compile caches module dicts, its jit setup importable."""
+    code = f"""
+import importlib, sys
+sys.path.insert(0, {str(ROOT / 'ci' / 'parity')!r})
+from dsa_aot.policy.families import FAMILIES
+import harness
+for fam in FAMILIES:
+    par = importlib.import_module(fam).PARITY
+    assert isinstance(par, harness.Parity) and par.family == fam, fam
+    assert par.cases(True) and par.cases(False), fam
+    keys = harness.JitKeys(par.jit.caches)
+    for kind in par.jit.caches:
+        assert isinstance(keys.table(kind), dict), (fam, kind)
+    print(fam, len(par.cases(False)), sorted(par.jit.caches))
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(r.stdout.splitlines()) == 10
+
+
+def test_jitter_counts_the_aot_reruns_of_the_same_cubin_but_not_an_infinity():
+    """A rare race a few JIT reruns did not show: the AOT's own reruns measure it too (the same cubins); an
+    infinity between two AOT runs is no jitter."""
+    j = torch.tensor([1.0, 2.0, 3.0])
     jo = {"out": j, "out.run2": j.clone()}
-    assert pc.jitter_verdict(jo, {"out": j.clone()}, "out")[:2] == (True, "bitwise")
-    assert pc.jitter_verdict(jo, {"out": torch.tensor([[0.0, 1.0, 2.0]])}, "out")[0] is False
-    assert pc.jitter_verdict(jo, {"out": torch.tensor([[math.nan, 1.0, 2.0]])}, "out")[0] is False
-    jn = {"out": j, "out.run2": torch.tensor([[-math.inf, 1.0, 2.0 + 1e-6]])}  # the JIT jitters: a tolerance, the -inf still equal
-    assert pc.jitter_verdict(jn, {"out": torch.tensor([[-math.inf, 1.0 + 1e-7, 2.0]])}, "out")[0] is True
+    near = torch.tensor([1.0, 2.0 + 2e-7, 3.0])
+    assert H.jitter_verdict(jo, {"out": near}, "out")[0] is False  # neither side varied: bitwise
+    assert H.jitter_verdict(jo, {"out": near}, "out", own=2e-7)[0] is True
+    assert H.jitter_verdict(jo, {"out": torch.tensor([1.0, 2.1, 3.0])}, "out", own=2e-7)[0] is False
+    ao = {"first.out": j, "first.out.run2": torch.tensor([1.0, math.inf, 3.0])}
+    assert math.isnan(H._own_jitter(ao, "out"))
+    assert H.jitter_verdict(jo, {"out": j}, "out", own=H._own_jitter(ao, "out"))[0] is False
+
+
+def test_the_plan_caches_the_aot_side_empties_are_the_op_modules_memo_dicts():
+    """Every op module not on the declaration names its validated calls in harness.PLAN_CACHES (else the
+    AOT side would resolve no entry on a repeated shape), and each such name is a plain dict (emptying a
+    constant table instead broke every later call)."""
+    import importlib
+
+    from dsa_aot.ops import declare
+    from dsa_aot.policy.families import FAMILIES
+
+    for fam in FAMILIES:
+        mod = importlib.import_module(f"dsa_aot.ops.{fam}")
+        named = [n for n in H.PLAN_CACHES if n in vars(mod)]
+        assert all(type(getattr(mod, n)) is dict for n in named), fam
+        declared = any(op.family == fam for op in declare.OPS)
+        assert named or declared, f"{fam}: no plan cache the harness empties"
+        for n, v in vars(mod).items():  # a memo of another name would be missed
+            if n.endswith(("CALLS", "_FWD", "_BWD", "_TAILS")) and type(v) is dict:
+                assert n in H.PLAN_CACHES, (fam, n)
