@@ -1,107 +1,60 @@
 #!/usr/bin/env python3
-"""JIT-vs-AOT parity of the DSA dense indexer backward (dense_indexer_backward_wrapper), in two processes on one GPU machine.
+"""JIT-vs-AOT parity of the DSA dense indexer backward (dense_indexer_backward_wrapper): ci/parity/harness.py runs it.
 
-    python ci/parity/dsa_dense_indexer_backward.py jit --dir D      # cudnn + cutlass importable: JIT path, writes D/jit.json
-    python ci/parity/dsa_dense_indexer_backward.py aot --dir D      # cutlass NOT importable: dsa_aot.dsa, writes D/aot.json
-    python ci/parity/dsa_dense_indexer_backward.py compare --dir D  # markdown table + D/parity.json; exit status 1 on any mismatch
+Both sides make the same public call: cudnn's ``indexer_backward.api.dense_indexer_backward_wrapper`` and
+``dsa_aot.dsa.dense_indexer_backward`` (and ``dense_indexer_backward_into``), sm_scale 0.75, loss_coeff 2.0,
+with NaN-poisoned outputs, a 0xFF workspace sized by each side's own API (cudnn's ``DenseIndexerBackward``,
+``dense_indexer_backward_workspace_bytes``; none for an fp32 dK) and a fresh copy of ``index_score``, which
+both overwrite with the score-grad signal. Cases: ratio 1 and 4, BSHD and THD (one empty segment), q causal
+offsets, bf16 and fp32 ``d_index_k``, a prefill-sized one (not in --quick); every batch's key count a multiple
+of 128 (every K block full: see ``race``).
 
-Both sides make the same public call with the same arguments::
+Rules: the signal left in ``index_score`` bitwise; ``d_index_q``, ``d_weights``, ``d_index_k`` within the
+JIT's own run-to-run jitter (bitwise where the JIT reproduces itself; dK is a sum of fp32 reduce-adds).
 
-    dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss,
-                           sm_scale=0.75, loss_coeff=2.0, ratio=R, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=,
-                           max_seqlen_k=, q_causal_offsets=, d_index_q=, d_weights=, d_index_k=, workspace=)
+    python ci/parity/dsa_dense_indexer_backward.py race [jit|aot] [--calls N]
 
-JIT: ``cudnn.deepseek_sparse_attention.indexer_backward.dense_indexer_backward_wrapper`` (on the H200
-the SM90 path: zero fp32 dK, ScoreGradDenseSm90, IndexerBackwardSm90(is_dense=True), bf16 cast);
-AOT: ``dsa_aot.dsa.dense_indexer_backward`` and ``dense_indexer_backward_into``. Cases: ratio 1 and 4,
-BSHD and THD (one empty segment), q causal offsets, bf16 and fp32 ``d_index_k``, a prefill-sized case.
-
-Every call gets NaN-poisoned outputs, a 0xFF-poisoned workspace and a fresh copy of ``index_score``
-(both ops overwrite it with the score-grad signal). ``compare``: the signal left in ``index_score``
-bitwise equal; ``d_index_q``, ``d_weights``, ``d_index_k`` against the JIT's own run-to-run jitter
-(bitwise where the JIT reproduces itself; dK is a sum of fp32 reduce-adds); no NaN; ``attn_score``
-and the other inputs untouched; the same kernels (the AOT lookups equal upstream's compile keys); the
-JIT's cubins of those keys have the sha256 of the shipped entries.
+counts upstream's SM90 tail-K-block race (docs/research/dense-indexer-backward.md) on each side, a rate the
+harness's few reruns cannot measure: of N calls (300) on B 16, S_q 256, S_k 60 (every row reads only a K
+block that ends past the keys), those leaving a dW row more than 1% of max |dW| off the fp64 reference
+(tests/gpu/ref_dense_indexer_backward.py) or NaN. Without a side it runs both, each in its own process.
 """
-
-from __future__ import annotations
 
 import importlib
 import os
 import sys
 import zlib
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-from parity_common import (  # noqa: E402
-    CompileKeys,
-    SpiedAot,
-    aot_side,
-    bitwise,
-    call_checks,
-    cli,
-    device_us,
-    finish,
-    first_call,
-    into_verdict,
-    jit_cubins,
-    jit_side,
-    jitter_verdict,
-    load_ref,
-    load_sides,
-    nan_like,
-    poisoned_workspace,
-    timing_cells,
-    torch_isnan,
-    unrun,
-    warm_us,
-)
-from parity_common import host_copy as _host  # noqa: E402
-from parity_common import same as _same  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BITWISE, JITTER, Aot, Jit, Parity, install_blocker, load_ref, nan_like, poisoned_workspace, to_cuda  # noqa: E402
 
-FAMILY = "dsa_dense_indexer_backward"
-SCRIPT = "ci/parity/dsa_dense_indexer_backward.py"
 H, D, BLOCK_I = 64, 128, 128
 SM_SCALE, LOSS_COEFF = 0.75, 2.0
-SYNC_EVERY = 8
-RACE = 300  # calls per side of the race case
-JITTERY = ("d_index_q", "d_weights", "d_index_k")  # reduce-adds (dK) upstream; held to the JIT's own jitter, bitwise where it has none
+OUTS = ("d_index_q", "d_weights", "d_index_k")
+BASE = "cudnn.deepseek_sparse_attention.indexer_backward"
+RACE = "race-bshd-r1-b16-sk60"  # the race's shape: its name seeds its inputs, as when it was a case
 
 
-def build_cases(quick=False):
-    cases = []
-
-    def add(name, **spec):
-        spec.setdefault("ratio", 1)
-        spec.setdefault("offsets", False)
-        spec.setdefault("varlen", False)
-        spec.setdefault("dk", "bf16")
-        spec["seed"] = 7000 + zlib.crc32(name.encode()) % 100000
-        cases.append((name, spec))
-
-    # key counts per batch are multiples of 128 (every K block full): see RACE below for the tail blocks
-    add("bshd-r1-b2-sq512", b=2, s_q=512, s_k=512)
-    add("bshd-r4-b2-sq1024-offs", b=2, s_q=1024, s_k=256, ratio=4, offsets=True)
-    add("bshd-r4-b1-sq512-dkf32", b=1, s_q=512, s_k=128, ratio=4, dk="f32")
-    add("thd-r1-offs", varlen=True, lens_q=[300, 0, 129], lens_k=[384, 128, 256], offsets=True)
-    add("thd-r4", varlen=True, lens_q=[512, 100, 1], lens_k=[128, 128, 128], ratio=4)
-    add("thd-r4-dkf32", varlen=True, lens_q=[256, 64], lens_k=[128, 128], ratio=4, dk="f32")
-    if not quick:
-        add("bshd-r4-b1-sq4096-prefill", b=1, s_q=4096, s_k=1024, ratio=4)
-    # upstream's SM90 tail-K-block race (docs/research/dense-indexer-backward.md): every row reads only a
-    # K block that ends past the batch's keys; RACE calls per side, each against the fp64 reference
-    add("race-bshd-r1-b16-sk60", b=16, s_q=256, s_k=60, dk="f32", race=RACE)
-    return cases
+def _spec(name, **spec):
+    return {"ratio": 1, "offsets": False, "varlen": False, "dk": "bf16", **spec, "seed": 7000 + zlib.crc32(name.encode()) % 100000}
 
 
-def label(spec):
-    return f"r{spec['ratio']} {'thd' if spec['varlen'] else 'bshd'}{' offs' if spec['offsets'] else ''} dK {spec['dk']}"
+def cases(quick):
+    out = [
+        ("bshd-r1-b2-sq512", dict(b=2, s_q=512, s_k=512)),
+        ("bshd-r4-b2-sq1024-offs", dict(b=2, s_q=1024, s_k=256, ratio=4, offsets=True)),
+        ("bshd-r4-b1-sq512-dkf32", dict(b=1, s_q=512, s_k=128, ratio=4, dk="f32")),
+        ("thd-r1-offs", dict(varlen=True, lens_q=[300, 0, 129], lens_k=[384, 128, 256], offsets=True)),
+        ("thd-r4", dict(varlen=True, lens_q=[512, 100, 1], lens_k=[128, 128, 128], ratio=4)),
+        ("thd-r4-dkf32", dict(varlen=True, lens_q=[256, 64], lens_k=[128, 128], ratio=4, dk="f32")),
+    ]
+    out += [] if quick else [("bshd-r4-b1-sq4096-prefill", dict(b=1, s_q=4096, s_k=1024, ratio=4))]
+    return [(name, _spec(name, **s)) for name, s in out]
 
 
-def make_inputs(spec):
-    """CPU inputs of a case: consistent scores (the indexer logits of q, k, w over the ratio-causal
-    columns, their LSE; a positive target with its row sum), random values beyond the causal limit."""
+def inputs(spec):
+    """Consistent scores (the indexer logits of q, k, w over the ratio-causal columns, their LSE; a positive
+    target with its row sum), random values beyond the causal limit."""
     import torch
 
     gen = torch.Generator().manual_seed(int(spec["seed"]))
@@ -145,6 +98,10 @@ def make_inputs(spec):
     return x
 
 
+def _args(x, b):
+    return (x["index_q"], x["weights"], x["index_k"], x["attn_score"], x["attn_l1norm"], b["index_score"], x["index_lse"], x["grad_loss"])
+
+
 def _kwargs(spec, x):
     kw = dict(sm_scale=SM_SCALE, loss_coeff=LOSS_COEFF, ratio=spec["ratio"], q_causal_offsets=x["q_causal_offsets"])
     if spec["varlen"]:
@@ -152,230 +109,87 @@ def _kwargs(spec, x):
     return kw
 
 
-def _workspace_bytes(x, dk_dtype):
+def buffers(side, api, spec, x):
     import torch
 
-    return 0 if dk_dtype == torch.float32 else -(-x["index_k"].numel() * 4 // 128) * 128  # cudnn's ws_align of the fp32 dK
+    b = dict(d_index_q=nan_like(x["index_q"]), d_weights=nan_like(x["weights"]),
+             d_index_k=nan_like(x["index_k"], torch.float32 if spec["dk"] == "f32" else None), index_score=x["index_score"].clone())
+    if side == "aot":
+        n = api.dense_indexer_backward_workspace_bytes(x["index_k"].shape, b["d_index_k"].dtype)
+    else:  # cudnn's plan object sizes it (building one compiles nothing)
+        thd = dict(is_thd=True, batch=len(spec["lens_q"]), max_seqlen_q=x["max_seqlen_q"], max_seqlen_k=x["max_seqlen_k"]) if spec["varlen"] else {}
+        n = api.DenseIndexerBackward(*_args(x, b)[:3], *(b[o] for o in OUTS), *_args(x, b)[3:7], **thd).scratch_workspace_bytes()
+    b["workspace"] = poisoned_workspace(n) if n else None  # an fp32 dK needs none
+    return b
 
 
-def run_case(name, spec, x, api, args, out_dir):
-    """First call, reruns (the JIT's jitter), the _into form, warm timing; saves outputs, returns the row."""
+def _call(fn, spec, x, b):
+    fn(*_args(x, b), **_kwargs(spec, x), **{o: b[o] for o in OUTS}, workspace=b["workspace"])
+    return b
+
+
+def _into(dsa, spec, x, b):
+    dsa.dense_indexer_backward_into(*(b[o] for o in OUTS), *_args(x, b), **_kwargs(spec, x), workspace=b["workspace"])
+    return b
+
+
+def _setup():
+    return importlib.import_module(BASE + ".api")
+
+
+def _index_key(kind, k):
+    """cudnn's cache key -> (op, key) as in the index (the kinds are the index's ops); a field the shipped keys fix
+    is added only when it differs. SM100's score-grad key also holds heads and dim, which its cubin does not depend on."""
+    if kind.startswith("score_grad"):
+        vl, r, block_i, o = k if kind == "score_grad_sm90" else (k[0], k[4], k[3], k[5])
+        key = {"varlen": vl, "ratio": r, "offsets": o}
+        return kind, key if block_i == BLOCK_I else {**key, "block_I": block_i}
+    vl, h, d, block_i, r, o = k
+    key = {"heads": h, "varlen": vl, "ratio": r, "offsets": o}
+    key.update({n: v for n, v, want in (("dim", d, D), ("block_I", block_i, BLOCK_I)) if v != want})
+    return kind, key
+
+
+PARITY = Parity(
+    family="dsa_dense_indexer_backward", doc=__doc__, cases=cases, inputs=inputs, buffers=buffers,
+    outputs=lambda spec: {"index_score": BITWISE, **{o: JITTER for o in OUTS}},
+    label=lambda s: f"r{s['ratio']} {'thd' if s['varlen'] else 'bshd'}{' offs' if s['offsets'] else ''} dK {s['dk']}",
+    jit=Jit(setup=_setup, index_key=_index_key, call=lambda api, spec, x, b: _call(api.dense_indexer_backward_wrapper, spec, x, b),
+            caches={"score_grad_sm90": (BASE + ".dense_indexer_backward_sm90", "_dense_score_grad_compile_cache"),
+                    "gemm_sm90": (BASE + ".dense_indexer_backward_sm90", "_dense_compile_cache"),
+                    "score_grad": (BASE + ".dense_indexer_backward_sm100", "_score_grad_compile_cache"),
+                    "gemm": (BASE + ".dense_indexer_backward_sm100", "_gemm_compile_cache")}),
+    aot=Aot(call=lambda dsa, spec, x, b: _call(dsa.dense_indexer_backward, spec, x, b), into=_into),
+    sync_every=8, quick="no prefill-sized case",
+)
+
+
+def race(argv):
+    import argparse
+    import subprocess
+
+    p = argparse.ArgumentParser(prog="dsa_dense_indexer_backward.py race", description="counts upstream's SM90 tail-K-block race (module docstring)")
+    p.add_argument("side", nargs="?", choices=("jit", "aot"), help="one side (default: both, each in its own process)")
+    p.add_argument("--calls", type=int, default=300)
+    a = p.parse_args(argv)
+    if a.side is None:
+        return max(subprocess.call([sys.executable, os.path.abspath(__file__), "race", s, f"--calls={a.calls}"]) for s in ("jit", "aot"))
+    if a.side == "aot":
+        install_blocker()
     import torch
 
-    dk_dtype = torch.float32 if spec["dk"] == "f32" else torch.bfloat16
-    score0 = x["index_score"]
-    pristine = {k: v.clone() for k, v in x.items() if isinstance(v, torch.Tensor) and k != "index_score"}
-    ws_bytes = _workspace_bytes(x, dk_dtype)
-
-    def fresh():
-        outs = dict(d_index_q=nan_like(x["index_q"]), d_weights=nan_like(x["weights"]),
-                    d_index_k=torch.full(x["index_k"].shape, float("nan"), dtype=dk_dtype, device="cuda"))
-        return outs, (poisoned_workspace(ws_bytes) if ws_bytes else None), score0.clone()
-
-    row = {"case": name, "label": label(spec), "spec": spec, "ws_bytes": ws_bytes}
-    saved = {}
-    outs, ws, score = fresh()
-    api.begin_first(spec)
-    row["first_s"] = first_call(lambda: api.call(spec, x, score, outs, ws))
-    row.update(api.end_first(spec))
-    if spec.get("race"):
-        row["race_off"] = _race(spec, x, api, fresh)
-        row["inputs_untouched"] = all(_same(x[k], v) for k, v in pristine.items())
-        return row
-    saved.update({n: _host(outs[n]) for n in JITTERY}, index_score=_host(score))
-    for r in range(api.reruns(args)):
-        o2, w2, s2 = fresh()
-        api.call(spec, x, s2, o2, w2)
-        torch.cuda.synchronize()
-        saved.update({f"{n}.run{r + 2}": _host(o2[n]) for n in JITTERY})
-        saved[f"index_score.run{r + 2}"] = _host(s2)
-        del o2, w2, s2
-    row["reruns"] = api.reruns(args)
-    if hasattr(api, "call_into"):
-        o3, w3, s3 = fresh()
-        api.call_into(spec, x, s3, o3, w3)
-        torch.cuda.synchronize()
-        saved.update({f"into.{n}": _host(o3[n]) for n in JITTERY}, **{"into.index_score": _host(s3)})
-    row["inputs_untouched"] = all(_same(x[k], v) for k, v in pristine.items())
-    row["warm_us"] = warm_us(lambda: api.call(spec, x, score, outs, ws), args.calls, sync_every=SYNC_EVERY)
-    if hasattr(api, "call_into"):
-        row["warm_into_us"] = warm_us(lambda: api.call_into(spec, x, score, outs, ws), args.calls, sync_every=SYNC_EVERY)
-    row["device_us"] = device_us(lambda: api.call(spec, x, score, outs, ws))
-    torch.save(saved, os.path.join(out_dir, f"{name}.pt"))
-    return row
-
-
-def _race(spec, x, api, fresh):
-    """How many of ``spec['race']`` calls leave a row of dW more than 1% of max |dW| off the fp64
-    reference (or NaN): the signature of upstream's tail-K-block race."""
-    import torch
-
-    ref = load_ref("ref_dense_indexer_backward.py")
-    want = ref.reference(x, SM_SCALE, LOSS_COEFF, spec["ratio"])["d_weights"]
-    w = want.reshape(-1, want.shape[-1])
+    api = _setup() if a.side == "jit" else importlib.import_module(PARITY.aot.module)
+    call = PARITY.jit.call if a.side == "jit" else PARITY.aot.call
+    spec = _spec(RACE, b=16, s_q=256, s_k=60, dk="f32")
+    x = to_cuda(inputs(spec))
+    want = load_ref("ref_dense_indexer_backward.py").reference(x, SM_SCALE, LOSS_COEFF, spec["ratio"])["d_weights"].reshape(-1, H)
     off = 0
-    for _ in range(spec["race"]):
-        outs, ws, score = fresh()
-        api.call(spec, x, score, outs, ws)
-        g = outs["d_weights"].double().reshape(w.shape)
-        off += bool((((g - w).abs().amax(-1) > 1e-2 * w.abs().max()) | torch.isnan(g).any(-1)).any())
-    return off
-
-
-def failed_row(name, spec, exc, side):
-    import traceback
-
-    traceback.print_exc()
-    print(f"{side} {name}: FAILED: {exc!r}", flush=True)
-    return {"case": name, "label": label(spec), "spec": spec, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
-
-
-def _args(x, score):
-    return (x["index_q"], x["weights"], x["index_k"], x["attn_score"], x["attn_l1norm"], score, x["index_lse"], x["grad_loss"])
-
-
-# ------------------------------------------------------------------------------------------------
-# JIT side (cudnn + cutlass)
-# ------------------------------------------------------------------------------------------------
-
-
-class JitApi(CompileKeys):
-    def __init__(self):
-        self.api = importlib.import_module("cudnn.deepseek_sparse_attention.indexer_backward.api")
-        self.k90 = importlib.import_module("cudnn.deepseek_sparse_attention.indexer_backward.dense_indexer_backward_sm90")
-        self._before = None
-
-    def reruns(self, args):
-        return args.reruns
-
-    def _snapshot(self):
-        return {("gemm", k) for k in self.k90._dense_compile_cache} | {("score_grad", k) for k in self.k90._dense_score_grad_compile_cache}
-
-    @staticmethod
-    def jit_keys(spec):
-        vl, r, o = spec["varlen"], spec["ratio"], spec["offsets"]
-        return [("score_grad", (vl, r, BLOCK_I, o)), ("gemm", (vl, H, D, BLOCK_I, r, o))]
-
-    @staticmethod
-    def index_key(kind, k):
-        """cudnn's SM90 cache key -> (op, key) as in the index; a field the shipped keys fix is added only when it differs."""
-        if kind == "score_grad":
-            vl, r, block_i, o = k
-            key = {"varlen": vl, "ratio": r, "offsets": o}
-            return "score_grad_sm90", key if block_i == BLOCK_I else {**key, "block_I": block_i}
-        vl, h, d, block_i, r, o = k
-        key = {"heads": h, "varlen": vl, "ratio": r, "offsets": o}
-        key.update({n: v for n, v, want in (("dim", d, D), ("block_I", block_i, BLOCK_I)) if v != want})
-        return "gemm_sm90", key
-
-    def call(self, spec, x, score, outs, ws):
-        self.api.dense_indexer_backward_wrapper(*_args(x, score), **_kwargs(spec, x), **outs, workspace=ws)
-
-    def cubins(self):
-        return jit_cubins((("gemm", self.k90._dense_compile_cache), ("score_grad", self.k90._dense_score_grad_compile_cache)), self.index_key)
-
-
-def _describe(r):
-    if "race_off" in r:
-        return f"race: {r['race_off']}/{r['spec']['race']} calls with a dW row off the reference"
-    return f"warm {r['warm_us']:.1f} us" + (f" (into {r['warm_into_us']:.1f} us)" if "warm_into_us" in r else "") + f", device {r['device_us']:.1f} us"
-
-
-def cmd_jit(args):
-    jit_side(args, JitApi, build_cases, make_inputs, run_case, _describe, failed_row)
-
-
-# ------------------------------------------------------------------------------------------------
-# AOT side (no cutlass, no cudnn)
-# ------------------------------------------------------------------------------------------------
-
-
-class AotApi(SpiedAot):
-    OP_MODULE = "dsa_aot.ops.dsa_dense_indexer_backward"
-
-    def reruns(self, args):
-        return 1  # the AOT jitter is reported, not used
-
-    def call(self, spec, x, score, outs, ws):
-        self.dsa.dense_indexer_backward(*_args(x, score), **_kwargs(spec, x), **outs, workspace=ws)
-
-    def call_into(self, spec, x, score, outs, ws):
-        self.dsa.dense_indexer_backward_into(outs["d_index_q"], outs["d_weights"], outs["d_index_k"], *_args(x, score), **_kwargs(spec, x),
-                                             workspace=ws)
-
-
-def cmd_aot(args):
-    aot_side(args, SCRIPT, FAMILY, AotApi, run_case, _describe, failed_row)
-
-
-# ------------------------------------------------------------------------------------------------
-# Compare
-# ------------------------------------------------------------------------------------------------
-
-
-def cmd_compare(args):
-    import torch
-
-    sides = load_sides(args, SCRIPT, FAMILY)
-    if sides is None:
-        return 1
-    jit, aot, _, entries = sides
-    failures, lines, report, races = [], [], [], []
-    header = ("case", "kernels' key", "signal bitwise (call / into)", "dQ / dW / dK vs JIT (JIT jitter)", "into = call", "kernels", "sha256",
-              "JIT 1st s", "AOT 1st ms", "JIT warm us", "AOT warm us (into)", "device us JIT/AOT")
-    for name, jr in jit["rows"].items():
-        spec = jr["spec"]
-        ar = aot["rows"].get(name)
-        rep = {"case": name, "spec": spec, "jit": {k: jr.get(k) for k in ("first_s", "warm_us", "device_us", "new", "keys")}}
-        report.append(rep)
-        why = unrun(name, jr, ar, failures)
-        if why:
-            lines.append((name, jr["label"], "; ".join(w.split(":")[0] for w in why)) + ("",) * 9)
-            continue
-        rep["aot"] = {k: ar.get(k) for k in ("first_s", "warm_us", "warm_into_us", "device_us", "new", "keys", "loaded")}
-        ok_row, same_kernels, sha = call_checks(name, jr, ar, jit, entries, failures, "an input other than index_score")
-        rep.update(kernels_same=same_kernels, sha256=sha)
-        if spec.get("race"):  # a measurement of upstream's race on both sides: reported; the kernels, cubins and inputs checked
-            races.append(f"upstream race, measured: {name}: calls with a dW row off the reference: JIT {jr['race_off']}/{spec['race']}, "
-                         f"AOT {ar['race_off']}/{spec['race']} (the same cubins: {sha})")
-            rep.update(race_off={"jit": jr["race_off"], "aot": ar["race_off"], "calls": spec["race"]}, ok=ok_row)
-            continue
-        jo = torch.load(os.path.join(args.dir, "jit", f"{name}.pt"))
-        ao = torch.load(os.path.join(args.dir, "aot", f"{name}.pt"))
-        sig = []
-        for n in ("index_score", "into.index_score"):
-            eq, cnt = bitwise(jo["index_score"], ao[n])
-            sig.append("yes" if eq else f"NO({cnt})")
-            rep[f"aot {n} = jit index_score"] = {"bitwise": eq, "differing": cnt}
-            if not eq:
-                ok_row = False
-                failures.append(f"{name}: AOT {n} (the score-grad signal) not bitwise equal to the JIT's ({cnt} elements differ)")
-        texts = []
-        for n in JITTERY:
-            ok_n, text_n, nums_n = jitter_verdict(jo, ao, n)
-            rep[n] = dict(nums_n, ok=ok_n)
-            texts.append(text_n)
-            if not ok_n:
-                ok_row = False
-                failures.append(f"{name}: {n} {text_n}; limit {nums_n.get('limit', float('nan')):.3g}{nums_n['unit']}")
-        into_ok = all(not int(torch_isnan(ao[f"into.{n}"])) and into_verdict(jo, ao, n)[0] for n in JITTERY)
-        if not into_ok:
-            ok_row = False
-            failures.append(f"{name}: the _into form's outputs are off the JIT's (or hold NaN)")
-        rep.update(into_ok=into_ok, ok=ok_row)
-        lines.append((name, jr["label"], " / ".join(sig), " / ".join(texts), "yes" if into_ok else "NO", "same" if same_kernels else "NO", sha,
-                      *timing_cells(jr, ar)))
-    return finish(args, sides, failures, header, lines, report,
-                  f"{len(lines)} cases: the score-grad signal bitwise equal, dQ / dW / dK within the JIT's own jitter, same kernels, every cubin "
-                  f"sha256 equal", races + [f"sm_scale {SM_SCALE}, loss_coeff {LOSS_COEFF}"])
-
-
-def main(argv=None):
-    return cli(__doc__, cmd_jit, cmd_aot, cmd_compare, argv, extra=(
-        ("--reruns", dict(type=int, default=2, help="jit: extra runs per case to measure the dK jitter")),
-        ("--quick", dict(action="store_true", help="jit: no prefill-sized case")),
-    ))
+    for _ in range(a.calls):
+        g = call(api, spec, x, buffers(a.side, api, spec, x))["d_weights"].double().reshape(want.shape)
+        off += bool((((g - want).abs().amax(-1) > 1e-2 * want.abs().max()) | torch.isnan(g).any(-1)).any())
+    print(f"{a.side}: {off}/{a.calls} calls with a dW row more than 1% of max |dW| off the fp64 reference ({RACE})")
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(race(sys.argv[2:]) if sys.argv[1:2] == ["race"] else PARITY.main())

@@ -142,7 +142,7 @@ PARITY = Parity(
     jit=Jit(setup=_setup, caches={"l2g": (BASE + ".local_to_global_dsl", "_compile_cache"), "cmp": (BASE + ".compactify", "_compile_cache")},
             index_key=_index_key, call=lambda api, spec, x, b: _call(api.local_to_global_wrapper, api.compactify_wrapper, spec, x)),
     aot=Aot(call=lambda dsa, spec, x, b: _call(dsa.local_to_global, dsa.compactify, spec, x), into=_into),
-    quick="S_q 256 and 1001 compactify rows only",
+    quick="S_q 256 and 1001 compactify rows only", bench=("l2g-bshd-int32-b2-s1024-k2048", "cmp-c2048-r8192"),
 )
 
 if __name__ == "__main__":
