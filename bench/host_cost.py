@@ -11,8 +11,8 @@ two trees. Through ``torch.ops.dsa_aot`` (this tree only): the same call through
 With 8 threads (this tree only; an older runtime may mix up concurrent calls): the wall
 time of 8 x ``--calls`` calls on 8 streams divided by the number of calls.
 
-Shapes: the CSA forward of bench/csa_compressor.py (ratio 128, coff 2, d 128, 1 x 8192 tokens) and the
-indexer backward of bench/dsa_indexer_backward.py (B1, S_q 4096, S_k 4096, H64, D128, top-k 512, bf16
+Shapes: a CSA forward (ratio 128, coff 2, d 128, 1 x 8192 tokens) and the
+indexer backward (B1, S_q 4096, S_k 4096, H64, D128, top-k 512, bf16
 d_index_k), each tree using the ``dsa_aot/_generated`` of its own checkout.
 """
 

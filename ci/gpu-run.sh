@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU run on the H200 test machine (no package index there): GPU tests, then per kernel family the
-# JIT-vs-AOT parity (ci/parity/<family>.py) and the benchmark (bench/<family>.py).
+# JIT-vs-AOT parity (ci/parity/<family>.py on ci/parity/harness.py) and the benchmark (bench/run.py <family>).
 # Expects: dsa_aot/_generated built on a CPU machine (python -m dsa_aot build) and carried along; for the JIT
 # side, the DSL chunks of ../shared/tools/dsl-chunks.sh already in ~/dsl (see docs/gpu-results.md).
 # Logs go to $OUT (or ./gpu-logs).
@@ -34,10 +34,10 @@ for fam in $PARITY; do
     python3 ci/parity/$fam.py aot --dir "$dir" 2>&1 | tee "$OUT/parity-$fam-aot.log"
     python3 ci/parity/$fam.py compare --dir "$dir" 2>&1 | tee "$OUT/parity-$fam.log"; rc=$((rc | ${PIPESTATUS[0]}))
     cp "$dir/parity.json" "$OUT/parity-$fam.json" 2>/dev/null
-    PYTHONPATH=$PWD:$DSL python3 bench/$fam.py 2>&1 | tee "$OUT/bench-$fam.log"
+    PYTHONPATH=$PWD:$DSL python3 bench/run.py $fam 2>&1 | tee "$OUT/bench-$fam.log"
   else
     echo "no ~/dsl/site: $fam parity and the cudnn side of its benchmark skipped" | tee "$OUT/parity-$fam.log"
-    python3 bench/$fam.py 2>&1 | tee "$OUT/bench-$fam.log"  # exits 2 where the family has no kernel for this GPU
+    python3 bench/run.py $fam 2>&1 | tee "$OUT/bench-$fam.log"  # exits 2 where the family has no kernel for this GPU
   fi
   rm -rf "$dir"  # a few GB of saved inputs and outputs
 done
