@@ -4,21 +4,20 @@ timing, so the launch queue never fills). Benchmark subprocesses import it from 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 __all__ = ["block_toolchain", "per_call"]
 
 
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("cutlass", "cudnn", "tvm_ffi"):
-            raise ImportError("blocked: the AOT side must not import the toolchain")
-
-
 def block_toolchain() -> None:
-    """Make cutlass, cudnn and tvm_ffi unimportable in this process (the AOT side needs none of them)."""
-    sys.meta_path.insert(0, _Block())
+    """Make cutlass, cudnn and tvm_ffi unimportable in this process (the AOT side needs none of them): the
+    parity harness's blocker, one for both."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ci", "parity"))
+    from harness import install_blocker
+
+    install_blocker()
 
 
 def per_call(fn, calls: int, warm: int = 20, every: int = 20) -> list:

@@ -47,6 +47,7 @@ def main(argv=None):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    H.production_jit()
     par = importlib.import_module(a.family).PARITY
     name = a.case or (par.bench or [par.cases(False)[0][0]])[0]
     spec = dict(par.cases(False))[name]

@@ -121,7 +121,7 @@ def _index_key(kind, k):
 
 PARITY = Parity(
     family="dsa_indexer_backward", doc=__doc__, cases=cases, inputs=inputs, outputs=outputs, reference=reference, buffers=buffers,
-    label=lambda s: f"topk {s['topk']} {'global' if s['glob'] else 'local'} dK {s['dk']}", arches=("sm_90a",),
+    label=lambda s: f"topk {s['topk']} {'global' if s['glob'] else 'local'} dK {s['dk']}", covers=("sm_90a",),
     inputs_of=lambda name, spec: spec["inputs"], sync_every=8,  # the kernels run longer on the device than on the host
     jit=Jit(setup=_setup, caches={"gemm": (K90, "_compile_cache"), "score_grad": (K90, "_score_grad_cute_cache")}, index_key=_index_key,
             call=_call),

@@ -160,7 +160,7 @@ PARITY = Parity(
     jit=Jit(setup=_setup, caches={"fwd": (BASE + "._interface_sm90", "_compile_cache")}, index_key=_index_key,
             call=lambda api, spec, x, b: _call(api.indexer_forward_wrapper, spec, x)),
     aot=Aot(call=lambda dsa, spec, x, b: _call(dsa.indexer_forward, spec, x), into=_into),
-    arches=("sm_90a",), quick="no prefill-sized case", bench=("bf16-h64-r4-b1-sq4096-sk1024", "fp8-h64-masked"),
+    covers=("sm_90a",), quick="no prefill-sized case", bench=("bf16-h64-r4-b1-sq4096-sk1024", "fp8-h64-masked"),
 )
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ def _index_key(kind, k):
 SM90 = API + "._interface_sm90"  # its compile caches are attributes of its two functions, read at call time
 
 PARITY = Parity(
-    family="dsa_score_recompute", doc=__doc__, cases=cases, inputs=inputs, buffers=buffers, label=label, arches=("sm_90a",),
+    family="dsa_score_recompute", doc=__doc__, cases=cases, inputs=inputs, buffers=buffers, label=label, covers=("sm_90a",),
     outputs=lambda spec: {"out": JITTER, **({"denom": JITTER} if spec["op"] in DENSE else {})},
     jit=Jit(setup=lambda: importlib.import_module(API + ".api"), caches={"sm90": (SM90, "_sparse_score_recompute.compile_cache"), "sm90dense": (SM90, "_dense_score_recompute.compile_cache")},
             index_key=_index_key, call=lambda api, spec, x, b: _call(getattr(api, FN[spec["op"]] + "_score_recompute_wrapper"), spec, x, b)),

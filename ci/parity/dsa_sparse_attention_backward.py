@@ -134,7 +134,7 @@ PARITY = Parity(
                                   (("pre", "compile_cache_pre"), ("main", "compile_cache"), ("post", "compile_cache_post"))},
             index_key=_index_key, call=lambda api, spec, x, b: _call(api.sparse_attention_backward_wrapper, x, b)),
     aot=Aot(call=lambda dsa, spec, x, b: _call(dsa.sparse_attention_backward, x, b), into=_into),
-    arches=("sm_90a",),  # the JIT caches above are SM90's; SM100 runs another cudnn path
+    covers=("sm_90a",),  # the JIT caches above are SM90's; SM100 runs another cudnn path
     sync_every=8, quick="the seed repro, H64 D512 topk 512 with and without topk_length, H128 D576 topk 2048, the padded case",
 )
 

@@ -85,7 +85,8 @@ class Parity:
     BITWISE, JITTER or ``f(spec, jit outputs, aot outputs) -> (ok, text)`` over one call's outputs;
     ``buffers(side, api, spec, x)`` -> the caller's tensors of one call (poisoned), or {};
     ``reference(spec, x, outputs)`` -> failure texts (empty: agrees); ``arches``: the GPUs the family has
-    kernels for (others exit 2: not applicable); ``inputs_of(name, spec)``: the input file of a case
+    kernels for (others exit 2: not applicable); ``covers``: the GPUs the declaration checks when fewer
+    (others fail: not a skip); ``inputs_of(name, spec)``: the input file of a case
     (cases may share one); ``families``: the index families its calls use (default: ``family``); ``bench``:
     the cases bench/run.py times."""
 
@@ -100,6 +101,7 @@ class Parity:
     reference: Optional[Callable] = None
     label: Callable = lambda spec: spec.get("op", "")
     arches: tuple = ()
+    covers: tuple = ()  # the GPUs this declaration checks, when fewer than the family's: elsewhere a run fails, it is not skipped
     inputs_of: Callable = lambda name, spec: name
     families: tuple = ()
     bench: tuple = ()  # the cases bench/run.py times (names of cases(False)); default: the first
@@ -132,11 +134,11 @@ class Parity:
 
 
 class Blocker(importlib.abc.MetaPathFinder):
-    BLOCKED = ("cutlass", "cudnn")
+    BLOCKED = ("cutlass", "cudnn", "tvm_ffi")
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in self.BLOCKED:
-            raise ImportError(f"{fullname} is blocked in the aot parity process (the runtime must not import it)")
+            raise ImportError(f"{fullname} is blocked in this process: the dsa_aot side must not import the toolchain")
         return None
 
 
@@ -152,6 +154,27 @@ def install_blocker():
     except ImportError:
         found = None
     assert found is None, "cutlass is importable in the aot process"
+
+
+def production_jit():
+    """The JIT side compiles as cudnn's production JIT does: no ``CUTE_DSL_KEEP`` / ``CUTE_DSL_DUMP_DIR`` (keep mode
+    disables the DSL's caches and changes what some kernels compile to: docs/fidelity.md, refused here), and a
+    fresh, empty DSL file cache (``CUTE_DSL_CACHE_DIR``; it does not enter the compile), so that a first call
+    compiles as on a fresh machine instead of loading what an earlier process compiled. The cubins are read
+    from the compiled host module (``kernels_binary``), which needs no keep mode."""
+    import tempfile
+
+    set_ = [v for v in ("CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR", "CUTE_DSL_KEEP_CUBIN", "CUTE_DSL_KEEP_PTX") if os.environ.get(v)]
+    if set_:
+        raise SystemExit(f"{', '.join(set_)} set: the JIT side must compile as cudnn does in production; unset it")
+    os.environ["CUTE_DSL_CACHE_DIR"] = tempfile.mkdtemp(prefix="dsa-aot-jit-cache-")
+
+
+def into_buffers(par, api, spec, x, like):
+    """The ``_into`` form's buffers: a fresh ``buffers()`` and a poisoned tensor like each first-call output not in it."""
+    b = dict(par.buffers("aot", api, spec, x))
+    b.update({n: nan_like(t) for n, t in like.items() if n not in b})
+    return b
 
 
 def load_ref(filename):
@@ -235,8 +258,11 @@ def poison(t):
 
     if t.is_floating_point():
         return t.fill_(float("nan"))
-    if t.dtype == torch.bool or t.element_size() < 4:
-        return t.view(torch.uint8).fill_(0xA5) if t.dtype != torch.bool else t.fill_(True)
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    if t.element_size() < 4:
+        t.view(torch.uint8).fill_(0xA5)  # the view's fill, ``t`` returned (its own dtype)
+        return t
     return t.fill_(INT_POISON)
 
 
@@ -531,8 +557,7 @@ def run_case(par, side, api, keys, name, spec, x, cpu, args, reruns):
         del res, pool
         check_inputs(f"rerun {r + 2}")
     if side == "aot" and par.aot.into is not None:
-        bi = dict(par.buffers(side, api, spec, x))
-        bi.update({n: nan_like(t) for n, t in zip(outs, like) if n not in bi})
+        bi = into_buffers(par, api, spec, x, dict(zip(outs, like)))
         res = par.aot.into(api, spec, x, bi)
         torch.cuda.synchronize()
         keep("into", res)
@@ -589,14 +614,15 @@ def _applicable(par, torch):
     if par.arches and arch not in par.arches:
         print(f"{par.family}: no kernel for {arch} (it has {', '.join(par.arches)}): not applicable on this GPU")
         return False
+    if par.covers and arch not in par.covers:  # the family ships kernels here, this declaration does not check them yet
+        raise SystemExit(f"{par.family}: its parity declaration covers {', '.join(par.covers)} only (its compile caches and keys), not "
+                         f"{arch}, where the family ships kernels: declare {arch}'s caches in ci/parity/{par.family}.py")
     return True
 
 
 def jit_step(par, args) -> int:
     """cudnn's side: keep its cubins, import it (timed), write the case list and inputs, run every case."""
-    keep = os.environ.get("CUTE_DSL_KEEP", "")
-    if "cubin" not in keep.split(","):
-        os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "cubin") if p)
+    production_jit()
     import torch
 
     if not _applicable(par, torch):

@@ -175,3 +175,42 @@ def test_the_plan_caches_the_aot_side_empties_are_the_op_modules_memo_dicts():
         for n, v in vars(mod).items():  # a memo of another name would be missed
             if n.endswith(("CALLS", "_FWD", "_BWD", "_TAILS")) and type(v) is dict:
                 assert n in H.PLAN_CACHES, (fam, n)
+
+
+def test_the_jit_side_compiles_as_cudnn_does_in_production(monkeypatch):
+    """No keep mode (it disables the DSL's caches and changes some cubins: refused), and a fresh empty DSL
+    file cache, so that a first call compiles instead of loading an earlier process's module."""
+    import os
+
+    for v in ("CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR", "CUTE_DSL_KEEP_CUBIN", "CUTE_DSL_KEEP_PTX"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("CUTE_DSL_KEEP", "cubin")
+    with pytest.raises(SystemExit, match="CUTE_DSL_KEEP"):
+        H.production_jit()
+    monkeypatch.delenv("CUTE_DSL_KEEP")
+    monkeypatch.setenv("CUTE_DSL_CACHE_DIR", "/tmp/somewhere-used")
+    H.production_jit()
+    d = os.environ["CUTE_DSL_CACHE_DIR"]
+    assert d != "/tmp/somewhere-used" and os.path.isdir(d) and not os.listdir(d)
+    os.rmdir(d)
+
+
+def test_poison_keeps_the_dtype_of_narrow_integers():
+    t = H.poison(torch.empty(3, dtype=torch.int16))
+    assert t.dtype == torch.int16 and bool((t.view(torch.uint8) == 0xA5).all())
+    assert bool(H.poison(torch.empty(2, dtype=torch.int32)).eq(H.INT_POISON).all()) and H.poison(torch.empty(2)).isnan().all()
+
+
+def test_a_gpu_the_declaration_does_not_cover_fails_and_one_without_kernels_is_not_applicable():
+    class _Torch:
+        class cuda:
+            @staticmethod
+            def get_device_capability():
+                return (10, 0)
+
+    import dataclasses
+
+    assert H._applicable(dataclasses.replace(PAR, arches=("sm_90a",)), _Torch) is False  # no kernel there: exit 2
+    with pytest.raises(SystemExit, match="covers sm_90a only"):
+        H._applicable(dataclasses.replace(PAR, covers=("sm_90a",)), _Torch)
+    assert H._applicable(PAR, _Torch) is True
