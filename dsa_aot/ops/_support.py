@@ -506,10 +506,15 @@ def allocate(fn):
     try:
         return fn()
     except (torch.OutOfMemoryError, RuntimeError) as e:
-        from ..errors import OutOfMemoryError
+        raise alloc_failed(e) from None
 
-        raise OutOfMemoryError(f"allocating the op's outputs or workspace failed ({str(e).splitlines()[0][:200]}); nothing was launched. "
-                               f"Pass preallocated outputs to the *_into form, or free memory") from None
+
+def alloc_failed(e):
+    """The aot error for a failed allocation of an op's outputs or workspace (``e``: torch's)."""
+    from ..errors import OutOfMemoryError
+
+    return OutOfMemoryError(f"allocating the op's outputs or workspace failed ({str(e).splitlines()[0][:200]}); nothing was launched. "
+                            f"Pass preallocated outputs to the *_into form, or free memory")
 
 
 def writes_only(*args, **kwargs):

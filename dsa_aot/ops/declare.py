@@ -18,7 +18,8 @@ write, allocation or launch; the fast paths are :mod:`dsa_aot.ops.plan`'s.
 
 from __future__ import annotations
 
-from ._support import (aliasing, alloc_on, allocate, check, footprint, input_error, launcher, require, stream_handle, writes_only)
+from ._support import (alloc_failed, aliasing, alloc_on, allocate, check, footprint, input_error, launcher, require, stream_handle,
+                       writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
@@ -103,6 +104,11 @@ class _Option:
         """Values of the wrong type for this option (the fuzz's malformed cases)."""
         return [None, "1", [1], {"a": 1}, {1}, 1j]
 
+    def fast(self, v: str):
+        """A Python condition on the variable ``v`` that accepts only good values, inlined in a per-call
+        scalar's check (None: :meth:`check` runs every call)."""
+        return None
+
 
 class Int(_Option):
     """An integer in [lo, hi] (bools refused)."""
@@ -117,6 +123,9 @@ class Int(_Option):
 
     def bad_values(self):
         return super().bad_values() + [self.lo - 1, self.hi + 1, float(self.lo), True]
+
+    def fast(self, v):
+        return f"type({v}) is int and {self.lo} <= {v} <= {self.hi}"
 
 
 class Flag(_Option):
@@ -313,35 +322,25 @@ class Op:
         """The per-call scalars, checked (InputError otherwise): what every call of the op passes as ``x``."""
         return self._scalar_check(**dict(zip(self.scalars, values)))
 
-    def run_alloc(self, ins, opts, scal, stream):
-        """The allocating form: validate the inputs (once per signature: the memo), refuse a bad stream and a
-        missing entry before allocating, stage the inputs, allocate the outputs and workspace on the launch
-        stream, then the ``_into`` form's call."""
-        hit = remembered(self.cache, ALLOC, ins, opts)
-        if hit is not None:
-            c, box, make = hit[0]
-            x = ins
-        else:
-            values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | self._values((), opts, scal)
-            c = self.validate(values, allocating=True)
-            stream_handle(stream, c.dev)  # a bad stream, and a missing entry, refused before anything is allocated
-            if self.entries:
-                ks = self.entries(c)
-                require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
-            box = [None]  # the _into call, once known (plan.fresh)
-            make = self._maker(self._shapes(c, values))
-            masks = tuple(15 if t is None else self._by_name[n].mask(t) for n, t in zip(self.ins, ins))
-            direct = all(t is None or (t.is_contiguous() and not t.data_ptr() & m) for t, m in zip(ins, masks))
-            x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c.dev)) for n, t in zip(self.ins, ins))
-            if direct:
-                remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, footprint(ins, writes=(), masks=masks)), (c, box, make))
-        s = stream_handle(stream, c.dev)
-        if self.alloc_view is not None:
-            x = self.alloc_view(x)
-        ts = allocate(lambda: self._tensors_of(make, x, stream, c.dev))
-        call, p = fresh(box, self.cache, ts, opts, lambda: self.build(ts, opts, scal))
-        call.run(p, s, self.scalars_of(*scal) if self.scalars else call.x, ts, stream)
-        return Outputs(**{r: ts[i] for r, i in self.results})
+    def prepare_alloc(self, ins, opts, scal, stream):
+        """The allocating form's first call of a signature: validate the inputs, refuse a bad stream and a
+        missing entry before allocating, stage the inputs; (context, call box, output maker, staged inputs).
+        Remembered for the inputs (:func:`dsa_aot.ops.plan.remember`) when they need no staging, so a repeated
+        call skips all of it (the generated form's memo)."""
+        values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | self._values((), opts, scal)
+        c = self.validate(values, allocating=True)
+        stream_handle(stream, c.dev)  # a bad stream, and a missing entry, refused before anything is allocated
+        if self.entries:
+            ks = self.entries(c)
+            require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
+        box = [None]  # the _into call, once known (plan.fresh)
+        make = self._maker(self._shapes(c, values), c.dev)
+        masks = tuple(15 if t is None else self._by_name[n].mask(t) for n, t in zip(self.ins, ins))
+        direct = all(t is None or (t.is_contiguous() and not t.data_ptr() & m) for t, m in zip(ins, masks))
+        x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c.dev)) for n, t in zip(self.ins, ins))
+        if direct:
+            remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, footprint(ins, writes=(), masks=masks)), (c.dev, box, make))
+        return c.dev, box, make, x
 
     def _shapes(self, c, values) -> tuple:
         """Per tensor of the plan, where it comes from in an allocating call: ("in", input slot) or ("new",
@@ -361,12 +360,12 @@ class Op:
                 out.append(("new", t.size_in(c), t.dtype_of(c)[0]))
         return tuple(out)
 
-    def _maker(self, shapes):
-        """``make(x)``: the plan's tensors of an allocating call, from its (staged) inputs ``x``: straight-line
-        code with the shapes and dtypes bound as constants, as a hand-written op allocates."""
+    def _maker(self, shapes, dev):
+        """``make(x)``: the plan's tensors of an allocating call on GPU ``dev``, from its (staged) inputs ``x``:
+        straight-line code with the shapes, dtypes and device bound as constants, as a hand-written op allocates."""
         import torch
 
-        env, items = {"E": torch.empty}, []
+        env, items = {"E": torch.empty, "DEV": torch.device("cuda", dev)}, []
         for i, sh in enumerate(shapes):
             if sh is None:
                 items.append("None")
@@ -374,14 +373,10 @@ class Op:
                 items.append(f"x[{sh[1]}]")
             else:
                 env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
-                items.append(f"E(S{i}, dtype=D{i}, device=x[0].device)")
+                items.append(f"E(S{i}, dtype=D{i}, device=DEV)")
         src = f"def make(x):\n    return ({', '.join(items)},)\n"
         exec(compile(src, f"<dsa_aot alloc: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         return env["make"]
-
-    def _tensors_of(self, make, x, stream, dev):
-        with alloc_on(stream, dev):
-            return make(x)
 
     def _stage(self, name, t, stream, dev):
         mask = self._by_name[name].mask(t) if t is not None else 0
@@ -395,20 +390,48 @@ class Op:
 
     def forms(self, namespace: dict):
         """(the allocating function, the ``_into`` function, the plan class), with cudnn's signatures. The
-        bodies are what a hand-written op would be (one cached call, one run), so a call costs no more."""
+        bodies are what a hand-written op would be (one cached call, one run), so a call costs no more
+        (bench/ab.py measures that against the hand-written ops)."""
         import inspect
 
         tup = lambda names: "(" + "".join(n + ", " for n in names) + ")"  # noqa: E731
-        x = f"OP.scalars_of{tup(self.scalars)}" if self.scalars else "call.x"
+        fast = [self._by_name[n].fast(n) for n in self.scalars]
+        x = "_call.x"  # the per-call scalars, checked inline where each option can say how (scalars_of builds a dict per call)
+        if self.scalars:
+            x = f"OP.scalars_of{tup(self.scalars)}"
+            if all(fast):
+                x = f"{tup(self.scalars)} if {' and '.join(fast)} else {x}"
+        view = "ALLOC_VIEW(_x)" if self.alloc_view is not None else "_x"
+        # the allocating form, straight-line as a hand-written op is (its host cost is the point): the memo of the
+        # last validated inputs, else prepare_alloc's full checks; then allocate on the launch stream, the _into
+        # call (fresh: only the new pointers re-checked), the launch
         src = (f"def {self.name}_into({self.into_sig}):\n"
-               f"    ts = {tup(self.names)}\n"
-               f"    opts = {tup(self.key)}\n"
-               f"    call, p = cached(CACHE, ts, opts, lambda: OP.build(ts, opts, {tup(self.scalars)}))\n"
-               f"    call.run(p, stream_handle(stream, call.dev), {x}, ts, stream)\n"
+               f"    _ts = {tup(self.names)}\n"
+               f"    _opts = {tup(self.key)}\n"
+               f"    _call, _p = cached(CACHE, _ts, _opts, lambda: OP.build(_ts, _opts, {tup(self.scalars)}))\n"
+               f"    _call.run(_p, stream_handle(stream, _call.dev), {x}, _ts, stream)\n"
                f"    return {', '.join(self.into_returns)}\n\n"
                f"def {self.name}({self.alloc_sig}):\n"
-               f"    return OP.run_alloc({tup(self.ins)}, {tup(self.key)}, {tup(self.scalars)}, stream)\n")
-        env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle}
+               f"    _ins = {tup(self.ins)}\n"
+               f"    _opts = {tup(self.key)}\n"
+               f"    _hit = remembered(CACHE, ALLOC, _ins, _opts)\n"
+               f"    if _hit is not None:\n"
+               f"        _dev, _box, _make = _hit[0]\n"
+               f"        _x = _ins\n"
+               f"    else:\n"
+               f"        _dev, _box, _make, _x = OP.prepare_alloc(_ins, _opts, {tup(self.scalars)}, stream)\n"
+               f"    _s = stream_handle(stream, _dev)\n"
+               f"    with alloc_on(stream, _dev):\n"
+               f"        try:\n"
+               f"            _ts = _make({view})\n"
+               f"        except RuntimeError as _e:  # torch.OutOfMemoryError is one\n"
+               f"            raise alloc_failed(_e) from None\n"
+               f"    _call, _p = fresh(_box, CACHE, _ts, _opts, lambda: OP.build(_ts, _opts, {tup(self.scalars)}))\n"
+               f"    _call.run(_p, _s, {x}, _ts, stream)\n"
+               f"    return Outputs({', '.join(f'{r}=_ts[{i}]' for r, i in self.results)})\n")
+        env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle, "remembered": remembered, "ALLOC": ALLOC,
+               "alloc_on": alloc_on, "alloc_failed": alloc_failed, "fresh": fresh, "Outputs": Outputs,
+               "ALLOC_VIEW": self.alloc_view}
         exec(compile(src, f"<dsa_aot op: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         into, alloc = env[f"{self.name}_into"], env[self.name]
         for fn in (into, alloc):
