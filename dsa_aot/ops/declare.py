@@ -18,12 +18,12 @@ write, allocation or launch; the fast paths are :mod:`dsa_aot.ops.plan`'s.
 
 from __future__ import annotations
 
-from ._support import (alloc_failed, aliasing, alloc_on, allocate, check, footprint, input_error, launcher, require, stream_handle,
-                       writes_only)
+from ._support import (_FLT_MAX, alloc_failed, aliasing, alloc_on, allocate, check, footprint, input_error, launcher, require, scalar_f32,
+                       stream_handle, writes_only)
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
-__all__ = ["In", "Out", "Workspace", "Int", "Flag", "OneOf", "Op", "REQUIRED", "OPS", "clear_caches"]
+__all__ = ["In", "Out", "Workspace", "Int", "Float", "Flag", "OneOf", "Op", "REQUIRED", "OPS", "clear_caches"]
 
 OPS: list = []  # every declared op of the process, in declaration order (the tests' fuzz and cache resets walk it)
 
@@ -39,9 +39,10 @@ REQUIRED = object()  # an option without a default
 class _Tensor:
     role = "in"
 
-    def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None):
-        # shape: a tuple of ints and symbol names; "like <tensor>": that tensor's; None: any (the op's rules check it)
-        self.name, self.dtypes, self.align = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), align
+    def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None, given=False):
+        # shape: a tuple of ints and symbol names; "like <tensor>": that tensor's; None: any (the op's rules check it);
+        # align: bytes, "element", or align(c) -> bytes (an arch that loads wider); given: see Out
+        self.name, self.dtypes, self.align, self.given = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), align, given
         self.shape = shape if shape is None or isinstance(shape, str) else tuple(shape)
         self.optional, self.when, self.staged, self.returns = optional or when is not None, when, staged, returns or name
 
@@ -66,8 +67,9 @@ class _Tensor:
             return tuple(getattr(c, self.shape[5:]).shape)
         return tuple(s if isinstance(s, int) else c.sym[s] for s in self.shape)
 
-    def mask(self, t) -> int:
-        return (t.element_size() if self.align == "element" else self.align) - 1
+    def mask(self, t, c) -> int:
+        a = self.align(c) if callable(self.align) else self.align
+        return (t.element_size() if a == "element" else a) - 1
 
 
 class In(_Tensor):
@@ -78,7 +80,9 @@ class In(_Tensor):
 
 class Out(_Tensor):
     """An output tensor (written). ``when``: the name of a flag option; the output exists (and is written)
-    only when it is true, and must be None otherwise. ``returns``: its key in the allocating form's result."""
+    only when it is true, and must be None otherwise. ``returns``: its key in the allocating form's result.
+    ``given``: the allocating form takes it too (cudnn's ``out=None``): used as given (the ``_into`` call checks
+    it), allocated when None."""
 
     role = "out"
 
@@ -89,8 +93,8 @@ class Workspace(_Tensor):
 
     role = "workspace"
 
-    def __init__(self, name, nbytes, sizer, *, align=16):
-        super().__init__(name, "uint8", ("bytes",), align=align, optional=True)
+    def __init__(self, name, nbytes, sizer, *, align=16, given=False):
+        super().__init__(name, "uint8", ("bytes",), align=align, optional=True, given=given)
         self.nbytes, self.sizer = nbytes, sizer
 
 
@@ -106,8 +110,13 @@ class _Option:
 
     def fast(self, v: str):
         """A Python condition on the variable ``v`` that accepts only good values, inlined in a per-call
-        scalar's check (None: :meth:`check` runs every call)."""
+        scalar's check (None: :meth:`value` runs every call)."""
         return None
+
+    def value(self, problems, v, c):
+        """``v`` as the plan receives it (a per-call scalar's ``x[j]``); its problem appended otherwise."""
+        self.check(problems, v)
+        return v
 
 
 class Int(_Option):
@@ -126,6 +135,45 @@ class Int(_Option):
 
     def fast(self, v):
         return f"type({v}) is int and {self.lo} <= {v} <= {self.hi}"
+
+
+class Float(_Option):
+    """A real number the kernels take as fp32: finite, representable (and > 0 with ``positive``, a bool or
+    ``positive(c)``); ints are converted. ``none(c)``: what None means for call ``c`` (upstream's
+    ``softmax_scale=None``: 1/sqrt(D)); without it None is refused. ``derive(v, c)``: what the kernel takes
+    instead of the value (upstream's ``loss_coeff / rows``), checked representable too."""
+
+    torch_type = "float"
+
+    def __init__(self, name, default=REQUIRED, *, positive=False, none=None, derive=None, **kw):
+        super().__init__(name, default, **kw)
+        self.positive, self.none, self.derive = positive, none, derive
+        if none is not None:
+            self.torch_type = "float?"
+
+    def check(self, problems, v):  # the type and range; positive(c) is value()'s
+        if not (v is None and self.none is not None):
+            scalar_f32(problems, self.name, v, positive=self.positive is True)
+
+    def value(self, problems, v, c):
+        if v is None and self.none is not None:
+            return float(self.none(c))
+        n = len(problems)
+        x = scalar_f32(problems, self.name, v, positive=self.positive(c) if callable(self.positive) else self.positive)
+        if self.derive is not None and len(problems) == n:
+            x = self.derive(x, c)
+            if not abs(x) <= _FLT_MAX:
+                problems.append(f"{self.name}={v!r}: the kernel's value from it ({x!r}) is not representable in fp32")
+        return x
+
+    def fast(self, v):
+        if self.derive is not None or callable(self.positive):
+            return None
+        return f"type({v}) is float and {'0.0 <' if self.positive else f'{-_FLT_MAX!r} <='} {v} <= {_FLT_MAX!r}"
+
+    def bad_values(self):
+        return [v for v in super().bad_values() if not (v is None and self.none is not None)] + [float("nan"), float("inf"), 1e39, True] + (
+            [0.0, -1.0] if self.positive else [])
 
 
 class Flag(_Option):
@@ -182,7 +230,7 @@ class Op:
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call)  # the cache key's options, one order for every form
         self.scalars = tuple(o.name for o in self.options if o.per_call)
-        self.ins = tuple(t.name for t in self.tensors if t.role == "in")  # the allocating form's tensors
+        self.ins = tuple(t.name for t in self.tensors if t.role == "in" or t.given)  # the allocating form's tensors
         self.results = tuple((t.returns, i) for i, t in enumerate(self.tensors) if t.role == "out")
         self.cache: dict = {}
         self._by_name = {t.name: t for t in self.tensors} | {o.name: o for o in self.options}
@@ -251,9 +299,9 @@ class Op:
             for s, n in zip(want if want is not None else v.shape, v.shape):
                 shape.append(s if isinstance(s, int) else c.sym.setdefault(s, n))
             staged = allocating and t.staged
-            check(problems, v, t.name, tuple(shape), v.dtype, c.dev, t.mask(v) + 1, layout=not staged)
-            if staged == "contiguous" and v.is_contiguous() and v.data_ptr() & t.mask(v):  # only a strided one is copied
-                problems.append(f"{t.name}: data pointer 0x{v.data_ptr():x} is not {t.mask(v) + 1}-byte aligned (clone() the tensor)")
+            check(problems, v, t.name, tuple(shape), v.dtype, c.dev, t.mask(v, c) + 1, layout=not staged)
+            if staged == "contiguous" and v.is_contiguous() and v.data_ptr() & t.mask(v, c):  # only a strided one is copied
+                problems.append(f"{t.name}: data pointer 0x{v.data_ptr():x} is not {t.mask(v, c) + 1}-byte aligned (clone() the tensor)")
         if not problems and allocating and self.symbols is not None:
             self.symbols(c, problems)
         if not problems and self.rules is not None:
@@ -303,24 +351,22 @@ class Op:
             c.entry[role] = launcher(self.family, op, key, c.dev, self.hint(c, key) if self.hint else "")
         self.plan(rec, c)
         writes = tuple(i for i, t in enumerate(self.tensors) if t.role != "in")
-        masks = tuple(15 if v is None else spec.mask(v) for spec, v in zip(self.tensors, ts))
+        masks = tuple(15 if v is None else spec.mask(v, c) for spec, v in zip(self.tensors, ts))
         sizes = {i: c.ws_need for i, t in enumerate(self.tensors) if t.role == "workspace"}
         foot = footprint(ts, writes=writes, masks=masks, sizes=sizes)
-        return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, tuple(scal), self._scalar_check if self.scalars else None)
+        given = dict(zip(self.scalars, scal))
+        scalars = (lambda **kw: self._scalar_check(c, given | kw)) if self.scalars else None
+        x = self._scalar_check(c, given) if self.scalars else ()
+        return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, x, scalars)
 
-    def _scalar_check(self, **kw):
+    def _scalar_check(self, c, values: dict) -> tuple:
+        """The per-call scalars ``x`` of a call like ``c`` from their values by name (InputError otherwise):
+        what a call's ``scalars(**kw)`` is (a plan's execute overrides some: the others keep the sample's)."""
         problems = []
-        x = []
-        for name in self.scalars:
-            self._by_name[name].check(problems, kw[name])
-            x.append(kw[name])
+        x = tuple(self._by_name[n].value(problems, values[n], c) for n in self.scalars)
         if problems:
             raise input_error(problems)
-        return tuple(x)
-
-    def scalars_of(self, *values):
-        """The per-call scalars, checked (InputError otherwise): what every call of the op passes as ``x``."""
-        return self._scalar_check(**dict(zip(self.scalars, values)))
+        return x
 
     def prepare_alloc(self, ins, opts, scal, stream):
         """The allocating form's first call of a signature: validate the inputs, refuse a bad stream and a
@@ -335,29 +381,33 @@ class Op:
             require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
         box = [None]  # the _into call, once known (plan.fresh)
         make = self._maker(self._shapes(c, values), c.dev)
-        masks = tuple(15 if t is None else self._by_name[n].mask(t) for n, t in zip(self.ins, ins))
-        direct = all(t is None or (t.is_contiguous() and not t.data_ptr() & m) for t, m in zip(ins, masks))
-        x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c.dev)) for n, t in zip(self.ins, ins))
+        masks = tuple(15 if t is None else self._by_name[n].mask(t, c) for n, t in zip(self.ins, ins))
+        staged = tuple(self._by_name[n].role == "in" for n in self.ins)  # given outputs are used as they are
+        direct = all(t is None or not st or (t.is_contiguous() and not t.data_ptr() & m) for t, m, st in zip(ins, masks, staged))
+        x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c)) if st else t for n, t, st in zip(self.ins, ins, staged))
         if direct:
             remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, footprint(ins, writes=(), masks=masks)), (c.dev, box, make))
         return c.dev, box, make, x
 
     def _shapes(self, c, values) -> tuple:
-        """Per tensor of the plan, where it comes from in an allocating call: ("in", input slot) or ("new",
-        shape, dtype) or None (an output not written)."""
+        """Per tensor of the plan, where it comes from in an allocating call: ("in", slot) (an input, or a given
+        output that is not needed), ("new", shape, dtype, slot or None: a given output, allocated when None) or
+        None (an output not written)."""
         import torch
 
         out = []
         for t in self.tensors:
+            slot = self.ins.index(t.name) if t.name in self.ins else None
             if t.role == "in":
-                out.append(("in", self.ins.index(t.name)))
+                new = ("in", slot)
             elif t.role == "workspace":
                 need = t.nbytes(c)
-                out.append(("new", (need,), torch.uint8) if need else None)
+                new = ("new", (need,), torch.uint8, slot) if need else None
             elif t.when is not None and not values[t.when]:
-                out.append(None)
+                new = None
             else:
-                out.append(("new", t.size_in(c), t.dtype_of(c)[0]))
+                new = ("new", t.size_in(c), t.dtype_of(c)[0], slot)
+            out.append(("in", slot) if new is None and slot is not None else new)
         return tuple(out)
 
     def _maker(self, shapes, dev):
@@ -373,16 +423,17 @@ class Op:
                 items.append(f"x[{sh[1]}]")
             else:
                 env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
-                items.append(f"E(S{i}, dtype=D{i}, device=DEV)")
+                new = f"E(S{i}, dtype=D{i}, device=DEV)"
+                items.append(new if sh[3] is None else f"({new} if x[{sh[3]}] is None else x[{sh[3]}])")
         src = f"def make(x):\n    return ({', '.join(items)},)\n"
         exec(compile(src, f"<dsa_aot alloc: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         return env["make"]
 
-    def _stage(self, name, t, stream, dev):
-        mask = self._by_name[name].mask(t) if t is not None else 0
+    def _stage(self, name, t, stream, c):
+        mask = self._by_name[name].mask(t, c) if t is not None else 0
         if t is None or (t.is_contiguous() and not t.data_ptr() & mask):
             return t
-        with alloc_on(stream, dev):
+        with alloc_on(stream, c.dev):
             x = t.contiguous()
             return x if not x.data_ptr() & mask or self._by_name[name].staged == "contiguous" else x.clone()
 
@@ -396,9 +447,9 @@ class Op:
 
         tup = lambda names: "(" + "".join(n + ", " for n in names) + ")"  # noqa: E731
         fast = [self._by_name[n].fast(n) for n in self.scalars]
-        x = "_call.x"  # the per-call scalars, checked inline where each option can say how (scalars_of builds a dict per call)
+        x = "_call.x"  # the per-call scalars, checked inline where each option can say how (scalars() builds dicts)
         if self.scalars:
-            x = f"OP.scalars_of{tup(self.scalars)}"
+            x = f"_call.scalars({', '.join(f'{n}={n}' for n in self.scalars)})"
             if all(fast):
                 x = f"{tup(self.scalars)} if {' and '.join(fast)} else {x}"
         view = "ALLOC_VIEW(_x)" if self.alloc_view is not None else "_x"
@@ -463,7 +514,7 @@ class Op:
             out, letters = [], iter("abcdefghijklmnop")
             for p in inspect.signature(fn).parameters.values():
                 spec = self._by_name.get(p.name)
-                if p.name == "stream" or spec is None or (isinstance(spec, _Option) and not spec.torch):
+                if p.name == "stream" or spec is None or (isinstance(spec, _Option) and not spec.torch) or (fn is alloc and getattr(spec, "given", False)):
                     continue
                 if isinstance(spec, _Tensor):
                     alias = f"({next(letters)}!)" if spec.role != "in" else ""
