@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -362,7 +363,9 @@ def _real_build(tmp_path_factory, name, manifest, samples):
 
     root = tmp_path_factory.mktemp(name)
     (root / "m.toml").write_text(manifest)
-    build.build(root / "m.toml", root / "gen", root / "work", cache_dir=None, jobs=2, samples=samples, progress=False, fidelity=False)
+    # AOT_TEST_CACHE: a compile cache shared by test sessions (a developer's reruns); unset, every session compiles cold
+    cache = os.environ.get("AOT_TEST_CACHE") or None
+    build.build(root / "m.toml", root / "gen", root / "work", cache_dir=cache, jobs=2, samples=samples, progress=False, fidelity=False)
     return root / "gen"
 
 
