@@ -10,41 +10,34 @@ from dsa_aot.ops import declare
 from dsa_aot.runtime.index import Index
 
 
+_HAND_WRITTEN_CACHES = ("_CALLS", "_FWD", "_BWD", "_ATTN_CALLS", "_DENSE_CALLS", "_DATTN_CALLS")  # ops not yet declared
+
+
+def _fresh_caches(monkeypatch) -> None:
+    """Every op's per-process caches emptied: the hand-written ones' dicts, the declared ones' (declare.clear_caches)."""
+    import importlib
+
+    from dsa_aot.policy.families import FAMILIES
+
+    for family in FAMILIES:
+        mod = importlib.import_module(f"dsa_aot.ops.{family}")
+        for name in _HAND_WRITTEN_CACHES:
+            if isinstance(getattr(mod, name, None), dict):
+                monkeypatch.setattr(mod, name, {})
+    declare.clear_caches()
+
+
 @pytest.fixture
 def env(small_build, monkeypatch) -> stand_in.Driver:
     """The stand-in driver over the small build, with every op's per-process caches emptied."""
-    import dsa_aot.ops.csa_compressor as csa
-    import dsa_aot.ops.dsa_dense_indexer_backward as didx
-    import dsa_aot.ops.dsa_score_recompute as srec
-    import dsa_aot.ops.dsa_indexer_backward as ib
-    import dsa_aot.ops.dsa_indexer_forward as ifw
-    import dsa_aot.ops.dsa_sparse_attention_backward as sab
-    import dsa_aot.ops.dsa_sparse_attention_forward as saf
-    import dsa_aot.ops.dsa_indexer_top_k  # noqa: F401 (declared ops: declare.clear_caches below)
-    import dsa_aot.ops.dsa_topk_utils  # noqa: F401
-
-    for mod, name in ((csa, "_FWD"), (csa, "_BWD"), (ib, "_CALLS"), (sab, "_CALLS"), (ifw, "_CALLS"), (saf, "_CALLS"), (didx, "_CALLS"), (srec, "_CALLS"), (srec, "_ATTN_CALLS"), (srec, "_DENSE_CALLS"), (srec, "_DATTN_CALLS")):
-        monkeypatch.setattr(mod, name, {})
-    declare.clear_caches()
+    _fresh_caches(monkeypatch)
     return stand_in.install(monkeypatch, Index(small_build))
 
 
 @pytest.fixture
 def sm100_env(sm100_build, monkeypatch) -> stand_in.Driver:
     """The stand-in driver, as a capability-10.0 GPU with 148 SMs, over the SM100 build."""
-    import dsa_aot.ops.dsa_indexer_forward as ifw
-    import dsa_aot.ops.dsa_sparse_attention_forward as saf
-
-    import dsa_aot.ops.dsa_indexer_forward_top_k as ftk
-
-    import dsa_aot.ops.dsa_dense_indexer_backward as didx
-
-    import dsa_aot.ops.dsa_score_recompute as srec
-
-    for mod in (ifw, saf, ftk, didx, srec):
-        monkeypatch.setattr(mod, "_CALLS", {})
-    for name in ("_ATTN_CALLS", "_DENSE_CALLS", "_DATTN_CALLS"):
-        monkeypatch.setattr(srec, name, {})
+    _fresh_caches(monkeypatch)
     return stand_in.install(monkeypatch, Index(sm100_build), capability=(10, 0), sm_count=148)
 
 
