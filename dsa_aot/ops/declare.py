@@ -218,7 +218,7 @@ class Op:
     functions and plan class, :meth:`torch_ops` its torch.library registrations."""
 
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
-                 into_returns=None, hint=None, note="", alloc_view=None, symbols=None):
+                 into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
@@ -226,6 +226,10 @@ class Op:
         # (compactify's (B, S, cols) as (B * S, cols)); symbols(c, problems): shape symbols the inputs' declared shapes
         # cannot bind (a rank that varies), bound once the inputs passed, before the outputs are checked
         self.alloc_view, self.symbols = alloc_view, symbols
+        # check(c, problems): the family's own validation in place of the generic one (options and tensors reported together;
+        # it sets c.dev, the shape symbols the outputs are allocated by, c.ws_need); plan_args: the plan constructor's signature
+        # when it is not the _into one less the stream
+        self.check, self.plan_args = check, plan_args
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call)  # the cache key's options, one order for every form
@@ -253,6 +257,13 @@ class Op:
         :class:`_Ctx`, or InputError listing every problem. Nothing has been touched either way."""
         import torch
 
+        if self.check is not None:
+            c, problems = self._context(values, allocating), []
+            c.ws_need = 0
+            self.check(c, problems)
+            if problems:
+                raise input_error(problems)
+            return c
         problems = []
         for o in self.options:
             o.check(problems, values[o.name])
@@ -492,6 +503,9 @@ class Op:
         alloc.__doc__ = f"cudnn's {self.name}: returns {{{', '.join(repr(r) for r, _ in self.results)}}}. {self.note}"
         sig = inspect.signature(into)
         plan_sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "stream"])  # cudnn's plan takes no stream
+        if self.plan_args is not None:
+            exec(f"def plan_sig({self.plan_args}): pass", env)  # noqa: S102 (our own text: names only)
+            plan_sig = inspect.signature(env["plan_sig"])
         op = self
 
         def build(*args, **kwargs):
