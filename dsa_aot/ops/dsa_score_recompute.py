@@ -21,6 +21,7 @@ from ..policy import dsa_score_recompute as policy
 from ..policy.arch import is_sm100
 from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, flat_args, footprint, input_error, integer, launcher,
                        max_lengths, require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
+from .declare import Flag, Float, In, Int, Op, Out, Workspace
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
@@ -87,133 +88,6 @@ def sparse_attn_score_recompute_workspace_bytes(lse_shape, device=None) -> int:
     return _workspace_bytes(_ATTENTION, lse_shape, device)
 
 
-@dataclass(frozen=True)
-class _Call:
-    """What validating one call proved."""
-
-    dev: int
-    arch: str
-    need: int
-    kernel: tuple | None  # (op, key); None when nothing launches
-    foot: list
-    x: tuple  # the launch's scalar: the attention's scale as its kernel reads it; () for the indexer
-
-
-def _calls(kind) -> dict:
-    return _CALLS if kind is _INDEXER else _ATTN_CALLS
-
-
-def _allocating(kind, ts, extra, validate, stream):
-    """``out`` and ``workspace`` of an allocating call, allocated on its stream where not given."""
-    import torch
-
-    call = _remembered_call(_calls(kind), ts, extra, lambda: validate(allocating=True))
-    dev = call.dev
-    stream_handle(stream, dev)  # refuse a bad stream before allocating on it
-    out, q, *_, idx, _, workspace = ts
-
-    def outputs():
-        with alloc_on(stream, dev):
-            return (torch.empty(*idx.shape, dtype=torch.float32, device=q.device) if out is None else out,
-                    torch.empty(call.need, dtype=torch.uint8, device=q.device) if workspace is None and call.need else workspace)
-
-    return allocate(outputs)
-
-
-def sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, qhead_per_kv_head=None, topk_length=None, topk_indices_global=False,
-                                   out=None, stream=None, *, workspace=None):
-    """cudnn's ``sparse_indexer_score_recompute_wrapper``: returns ``{'predict'}``, (B, S_q, topk) fp32.
-
-    q_indexer (B, S_q, H, 128), k_indexer (B, S_k, 128), weights (B, S_q, H) bf16; topk_indices (B, S_q,
-    topk) int32, per-batch local ids unless ``topk_indices_global`` (``b * S_k + local``), a negative id
-    for an empty slot (its predict is 0); topk_length (B, S_q) int32 or None: the slots at and past it
-    are 0 whatever they hold. Device values the op cannot check, as upstream: every scored id must be a
-    key row of its own batch and ``0 <= topk_length <= topk`` (the arches differ otherwise: SM90 scores
-    such a slot as 0, SM100 reads stale shared memory; tests/gpu/ref_score_recompute.py cites the code).
-    ``out`` is allocated when not given, and on SM90 the ``workspace``
-    (``sparse_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."""
-    ts = (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace)
-    if out is None or workspace is None:
-        out, workspace = _allocating(_INDEXER, ts, (qhead_per_kv_head, topk_indices_global),
-                                     lambda allocating: _validate(_INDEXER, ts, qhead_per_kv_head, topk_indices_global, None, allocating), stream)
-    sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length, topk_indices_global, stream,
-                                        workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
-    return Outputs(predict=out)
-
-
-def sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, topk_indices_global=False, stream=None, *,
-                                        workspace=None, qhead_per_kv_head=None):
-    """``sparse_indexer_score_recompute`` into a caller's ``out`` (and, on SM90, ``workspace``):
-    capture-safe from the first call, allocates nothing. Returns ``out``."""
-    ts = (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace)
-    extra = (qhead_per_kv_head, topk_indices_global)
-    call, p = cached(_CALLS, ts, extra,
-                     lambda: _plan_indexer(*ts, topk_indices_global=topk_indices_global, qhead_per_kv_head=qhead_per_kv_head))
-    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
-    return out
-
-
-def sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, qhead_per_kv_head=None, topk_length=None, topk_indices_global=False,
-                                out=None, stream=None, *, workspace=None):
-    """cudnn's ``sparse_attn_score_recompute_wrapper``: returns ``{'target'}``, (B, S_q, topk) fp32, the
-    L1-normalised ``sum_h exp(softmax_scale q_h . k_slot - lse_h)`` over each query's slots.
-
-    q_attn (B, S_q, H, D) bf16 with D 512 or 576, k_attn (B, S_k, D) bf16, lse (B, S_q, H) fp32 (the
-    forward's, natural log); topk_indices (B, S_q, topk) int32, per-batch local ids unless
-    ``topk_indices_global``, a negative id for an empty slot (its target is 0); topk_length (B, S_q)
-    int32 or None. As upstream's docstring says, ``topk_length`` does not replace the -1 padding: slots
-    at and past it must hold -1, because on SM100 upstream runs the non-compact kernel where the tiles
-    match (the op does the same) and that kernel skips slots by their id. ``softmax_scale`` > 0, any
-    value (no scale is compiled in: SM90's host-code literal is the launcher's argument here). Device
-    values the op cannot check: every scored id a key row of its own batch, ``0 <= topk_length <= topk``.
-    ``out`` is allocated when not given, and on SM90 the ``workspace``
-    (``sparse_attn_score_recompute_workspace_bytes``). Every tensor contiguous."""
-    ts = (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace)
-    if out is None or workspace is None:
-        out, workspace = _allocating(_ATTENTION, ts, (softmax_scale, qhead_per_kv_head, topk_indices_global),
-                                     lambda allocating: _validate(_ATTENTION, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, allocating),
-                                     stream)
-    sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length, topk_indices_global, stream,
-                                     workspace=workspace, qhead_per_kv_head=qhead_per_kv_head)
-    return Outputs(target=out)
-
-
-def sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False, stream=None, *,
-                                     workspace=None, qhead_per_kv_head=None):
-    """``sparse_attn_score_recompute`` into a caller's ``out`` (and, on SM90, ``workspace``):
-    capture-safe from the first call, allocates nothing. Returns ``out``."""
-    ts = (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace)
-    extra = (softmax_scale, qhead_per_kv_head, topk_indices_global)
-    call, p = cached(_ATTN_CALLS, ts, extra,
-                     lambda: _plan_attention(*ts, softmax_scale=softmax_scale, topk_indices_global=topk_indices_global,
-                                             qhead_per_kv_head=qhead_per_kv_head))
-    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
-    return out
-
-
-def _plan_indexer(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, workspace=None, *, topk_indices_global=False,
-                  qhead_per_kv_head=None):
-    """Validate an indexer call and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
-    return _plan(_INDEXER, (out, q_indexer, k_indexer, weights, topk_indices, topk_length, workspace), qhead_per_kv_head, topk_indices_global, None)
-
-
-def _plan_attention(out, q_attn, k_attn, lse, topk_indices, topk_length=None, workspace=None, *, softmax_scale, topk_indices_global=False,
-                    qhead_per_kv_head=None):
-    """Validate an attention call and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
-    return _plan(_ATTENTION, (out, q_attn, k_attn, lse, topk_indices, topk_length, workspace), qhead_per_kv_head, topk_indices_global, softmax_scale)
-
-
-def _plan(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale):
-    c = _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale)
-    rec = Recorder(len(ts), len(c.x))
-    if c.kernel is not None:
-        op, key = c.kernel
-        if op.endswith("_sm90"):
-            rec.first(_transposed_into_workspace(ts[3].shape, 3, 6, kind.aux_dtype, c.dev))
-        rec.launch(launcher(FAMILY, op, key, c.dev), *_launch_args(op, key, ts, rec.p, rec.s, rec.x))
-    return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
-
-
 def _transposed_into_workspace(shape, src, ws, dtype, dev):
     """The plan step that copies tensor ``ts[src]`` (B, S_q, H) of ``dtype`` transposed, (B, H, S_q), into the
     workspace ``ts[ws]``: what every SM90 score-recompute kernel reads (S_q the unit stride), as upstream
@@ -229,17 +103,6 @@ def _transposed_into_workspace(shape, src, ws, dtype, dev):
             ts[ws][:nbytes].view(t).view(b, h, s_q).copy_(ts[src].transpose(1, 2))
 
     return step
-
-
-def _remembered_call(cache, ts, extra, validate):
-    """An allocating form's validation: the one its last call with these options and tensors like these
-    proved (a loop of one shape validates once), else ``validate()`` kept for the next."""
-    hit = remembered(cache, ALLOC, ts, extra)
-    c = hit and hit[0]
-    if c is None:
-        c = validate()
-        remember(cache, ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
-    return c
 
 
 def _launch_args(op, key, ts, p, s, x=()) -> tuple:
@@ -259,92 +122,134 @@ def _launch_args(op, key, ts, p, s, x=()) -> tuple:
     return (*tensor_args(q, p[1]), *kv4, *tensor_args(idx, p[4]), s, *tensor_args(out, p[0]), *flat_args(p[6], (b, h, s_q)), *lens, *x)
 
 
-class SparseIndexerScoreRecompute(Plan):
-    """cudnn's SparseIndexerScoreRecompute shape: ``SparseIndexerScoreRecompute(out, q_indexer, k_indexer,
-    weights, topk_indices, topk_length=None, workspace=None, *, topk_indices_global=False,
-    qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+def _sparse_check(kind):
+    """The sparse ``kind``'s validation (:class:`dsa_aot.ops.declare.Op`'s ``check``): every problem with a call,
+    raised together before anything is touched (allocating: ``out`` and ``workspace`` given as None will be
+    allocated)."""
 
-    _build = staticmethod(_plan_indexer)
-    _tensors = _INDEXER.tensors
+    def validate(c, problems):
+        import torch
+
+        ts = tuple(getattr(c, n) for n in kind.tensors)
+        out, q, k, aux, idx, length, workspace = ts
+        names, allocating = kind.tensors, c.allocating
+        glob = flag(problems, "topk_indices_global", c.topk_indices_global)
+        scale = None if kind is _INDEXER else scalar_f32(problems, "softmax_scale", c.softmax_scale, positive=True)
+        dims = " or ".join(map(str, kind.dims))
+        if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != 4 or q.device.type != "cuda":
+            problems.append(f"{names[1]}: expected a (B, S_q, H, {dims}) CUDA tensor, got {getattr(q, 'shape', type(q).__name__)}")
+            raise input_error(problems)
+        if not isinstance(k, torch.Tensor) or k.ndim != 3 or not isinstance(idx, torch.Tensor) or idx.ndim != 3:
+            problems.append(f"{names[2]}: expected (B, S_k, D) and topk_indices (B, S_q, topk) tensors")
+            raise input_error(problems)
+        dev = c.dev = q.device.index
+        arch, sm100 = arch_or_refuse(problems, dev)
+        b, s_q, h, d = q.shape
+        s_k, topk = k.shape[1], idx.shape[2]
+        c.sym.update(B=b, S_q=s_q, topk=topk)
+        bf16 = torch.bfloat16
+        check(problems, q, names[1], (b, s_q, h, d), bf16, dev, 16)
+        check(problems, k, names[2], (b, s_k, d), bf16, dev, 16)
+        check(problems, aux, names[3], (b, s_q, h), getattr(torch, kind.aux_dtype), dev, 16)
+        check(problems, idx, "topk_indices", (b, s_q, topk), torch.int32, dev, 16)
+        if length is not None:
+            check(problems, length, "topk_length", (b, s_q), torch.int32, dev, 16)
+        if not (allocating and out is None):
+            check(problems, out, "out", (b, s_q, topk), torch.float32, dev, 16)
+        if c.qhead_per_kv_head is not None and c.qhead_per_kv_head != h:
+            problems.append(f"qhead_per_kv_head={c.qhead_per_kv_head!r}: must equal q's heads ({h}; k has one KV head)")
+        if d not in kind.dims:
+            problems.append(f"D={d} (expected {dims})")
+        if topk % 128 or not 128 <= topk <= 2048:
+            problems.append(f"topk={topk} (the kernels take 128..2048 slots in multiples of 128: pad the rows with -1)")
+        if not s_k and b * s_q:
+            problems.append(f"{names[2]}: S_k = 0 (expected at least one key row)")
+        c.x32 = ()
+        if scale is not None and not problems:
+            # SM100 reads the scale; SM90 the f32 of scale * log2 e its host code would have computed
+            c.x32 = (scale,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", scale * _LOG2_E),)
+        if not problems:
+            for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
+                if n >= _I32:
+                    problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+        c.kernel, c.ws_need = None, 0
+        if not problems:
+            if kind is _INDEXER:
+                ks = policy.kernels(arch, h, topk, length is not None, glob)
+            else:
+                ks = policy.attention_kernels(arch, h, d, topk, length is not None, glob)
+            require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
+            c.kernel = ks["main"] if b * s_q else None
+            c.ws_need = need = policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
+            if need and not (allocating and workspace is None):
+                problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:6])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
+            elif not (workspace is None or isinstance(workspace, torch.Tensor)):  # none needed: anything but a tensor or None is refused
+                problems.append(f"workspace: got {type(workspace).__name__} (expected None or a 1-D uint8 CUDA tensor)")
+        if not problems:
+            problems += aliasing([("out", out)], list(zip(names[1:6], ts[1:6])))
+
+    return validate
 
 
-class SparseAttnScoreRecompute(Plan):
-    """cudnn's SparseAttnScoreRecompute shape: ``SparseAttnScoreRecompute(out, q_attn, k_attn, lse,
-    topk_indices, topk_length=None, workspace=None, *, softmax_scale, topk_indices_global=False,
-    qhead_per_kv_head=None)``; ``execute(<the tensors>, stream=None)``."""
+def _sparse_plan(kind):
+    def plan(rec, c):
+        if c.kernel is not None:
+            op, key = c.kernel
+            ts = tuple(getattr(c, n) for n in kind.tensors)
+            if op.endswith("_sm90"):
+                rec.first(_transposed_into_workspace(ts[3].shape, 3, 6, kind.aux_dtype, c.dev))
+            rec.launch(c.entry["main"], *_launch_args(op, key, ts, rec.p, rec.s, c.x32))
 
-    _build = staticmethod(_plan_attention)
-    _tensors = _ATTENTION.tensors
+    return plan
 
 
-_CALLS: dict = {}  # the indexer's plans
-_ATTN_CALLS: dict = {}  # the attention's
+class _Heads(Int):
+    """``qhead_per_kv_head``: None, or q's heads (the check compares it)."""
+
+    def bad_values(self):
+        return [v for v in super().bad_values() if v is not None]
 
 
-def _validate(kind, ts, qhead_per_kv_head, topk_indices_global, softmax_scale, allocating=False) -> _Call:
-    """Every problem with a call, raised together before anything is touched (``allocating``: ``out``
-    and ``workspace`` given as None will be allocated; ``softmax_scale``: None for the indexer)."""
-    import torch
+def _sparse(kind, plan_class, note, *scale):
+    """The declaration of a sparse wrapper (``scale``: the attention's softmax_scale option), cudnn's signatures."""
+    q, k, aux = kind.tensors[1:4]
+    s = "softmax_scale, " if scale else ""
+    return Op(
+        FAMILY, kind.name, plan_class=plan_class, note=note,
+        into=f"out, {q}, {k}, {aux}, topk_indices, {s}topk_length=None, topk_indices_global=False, stream=None, *, workspace=None, "
+             "qhead_per_kv_head=None",
+        alloc=f"{q}, {k}, {aux}, topk_indices, {s}qhead_per_kv_head=None, topk_length=None, topk_indices_global=False, out=None, stream=None, *, "
+              "workspace=None",
+        plan_args=f"out, {q}, {k}, {aux}, topk_indices, topk_length=None, workspace=None, *, {s}topk_indices_global=False, qhead_per_kv_head=None",
+        tensors=(Out("out", "float32", ("B", "S_q", "topk"), given=True, returns=kind.result),
+                 In(kind.tensors[1], "bfloat16", ("B", "S_q", "H", "D")), In(kind.tensors[2], "bfloat16", ("B", "S_k", "D")),
+                 In(kind.tensors[3], kind.aux_dtype, ("B", "S_q", "H")), In("topk_indices", "int32", ("B", "S_q", "topk")),
+                 In("topk_length", "int32", ("B", "S_q"), optional=True),
+                 Workspace("workspace", lambda c: c.ws_need, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws_need else 1,
+                           given=True)),
+        options=(*scale, Flag("topk_indices_global", False), _Heads("qhead_per_kv_head", 1, _I32 - 1, None, torch=False)),
+        check=_sparse_check(kind), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_sparse_plan(kind),
+    )  # fmt: skip
 
-    out, q, k, aux, idx, length, workspace = ts
-    names = kind.tensors
-    problems = []
-    glob = flag(problems, "topk_indices_global", topk_indices_global)
-    scale = None if kind is _INDEXER else scalar_f32(problems, "softmax_scale", softmax_scale, positive=True)
-    dims = " or ".join(map(str, kind.dims))
-    if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != 4 or q.device.type != "cuda":
-        problems.append(f"{names[1]}: expected a (B, S_q, H, {dims}) CUDA tensor, got {getattr(q, 'shape', type(q).__name__)}")
-        raise input_error(problems)
-    if not isinstance(k, torch.Tensor) or k.ndim != 3 or not isinstance(idx, torch.Tensor) or idx.ndim != 3:
-        problems.append(f"{names[2]}: expected (B, S_k, D) and topk_indices (B, S_q, topk) tensors")
-        raise input_error(problems)
-    dev = q.device.index
-    arch, sm100 = arch_or_refuse(problems, dev)
-    b, s_q, h, d = q.shape
-    s_k, topk = k.shape[1], idx.shape[2]
-    bf16 = torch.bfloat16
-    check(problems, q, names[1], (b, s_q, h, d), bf16, dev, 16)
-    check(problems, k, names[2], (b, s_k, d), bf16, dev, 16)
-    check(problems, aux, names[3], (b, s_q, h), getattr(torch, kind.aux_dtype), dev, 16)
-    check(problems, idx, "topk_indices", (b, s_q, topk), torch.int32, dev, 16)
-    if length is not None:
-        check(problems, length, "topk_length", (b, s_q), torch.int32, dev, 16)
-    if not (allocating and out is None):
-        check(problems, out, "out", (b, s_q, topk), torch.float32, dev, 16)
-    if qhead_per_kv_head is not None and qhead_per_kv_head != h:
-        problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal q's heads ({h}; k has one KV head)")
-    if d not in kind.dims:
-        problems.append(f"D={d} (expected {dims})")
-    if topk % 128 or not 128 <= topk <= 2048:
-        problems.append(f"topk={topk} (the kernels take 128..2048 slots in multiples of 128: pad the rows with -1)")
-    if not s_k and b * s_q:
-        problems.append(f"{names[2]}: S_k = 0 (expected at least one key row)")
-    x = ()
-    if scale is not None and not problems:
-        # SM100 reads the scale; SM90 the f32 of scale * log2 e its host code would have computed
-        x = (scale,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", scale * _LOG2_E),)
-    if not problems:
-        for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
-            if n >= _I32:
-                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
-    kernel = None
-    need = 0
-    if not problems:
-        if kind is _INDEXER:
-            ks = policy.kernels(arch, h, topk, length is not None, glob)
-        else:
-            ks = policy.attention_kernels(arch, h, d, topk, length is not None, glob)
-        require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
-        kernel = ks["main"] if b * s_q else None
-        need = policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
-        if need and not (allocating and workspace is None):
-            problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:6])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
-    if not problems:
-        problems += aliasing([("out", out)], list(zip(names[1:6], ts[1:6])))
-    if problems:
-        raise input_error(problems)
-    foot = footprint(ts, writes=(0, 6), masks=(15,) * 6 + (15 if need else 0,), sizes={6: need})
-    return _Call(dev, arch, need, kernel, foot, x)
+
+SPARSE_INDEXER = _sparse(_INDEXER, "SparseIndexerScoreRecompute", (
+    "The indexer's predict (B, S_q, topk) fp32: q_indexer (B, S_q, H, 128), k_indexer (B, S_k, 128), weights (B, S_q, H) bf16; "
+    "topk_indices (B, S_q, topk) int32, per-batch local ids unless ``topk_indices_global`` (``b * S_k + local``), a negative id for an "
+    "empty slot (its predict is 0); topk_length (B, S_q) int32 or None: the slots at and past it are 0. Device values the op cannot "
+    "check, as upstream: every scored id a key row of its own batch, ``0 <= topk_length <= topk`` (the arches differ otherwise; "
+    "tests/gpu/ref_score_recompute.py cites the code). ``out`` is allocated when not given, and on SM90 the ``workspace`` "
+    "(``sparse_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."))
+SPARSE_ATTN = _sparse(_ATTENTION, "SparseAttnScoreRecompute", (
+    "The attention's target (B, S_q, topk) fp32, the L1-normalised ``sum_h exp(softmax_scale q_h . k_slot - lse_h)`` over each query's "
+    "slots: q_attn (B, S_q, H, D) bf16 with D 512 or 576, k_attn (B, S_k, D) bf16, lse (B, S_q, H) fp32 (the forward's, natural log); "
+    "topk_indices and topk_length as the indexer's. As upstream's docstring says, ``topk_length`` does not replace the -1 padding: slots "
+    "at and past it must hold -1 (on SM100 upstream runs the non-compact kernel where the tiles match, and so does the op). "
+    "``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code literal is the launcher's argument here). ``out`` "
+    "is allocated when not given, and on SM90 the ``workspace`` (``sparse_attn_score_recompute_workspace_bytes``). Every tensor contiguous."),
+    Float("softmax_scale", positive=True))
+
+sparse_indexer_score_recompute, sparse_indexer_score_recompute_into, SparseIndexerScoreRecompute = SPARSE_INDEXER.forms(globals())
+sparse_attn_score_recompute, sparse_attn_score_recompute_into, SparseAttnScoreRecompute = SPARSE_ATTN.forms(globals())
 
 
 # --- the dense wrappers: dense_indexer_ / dense_attn_score_recompute_wrapper --------------------------------
@@ -516,6 +421,17 @@ def dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ra
     return _dense_into(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
                        (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
+
+
+def _remembered_call(cache, ts, extra, validate):
+    """An allocating form's validation: the one its last call with these options and tensors like these
+    proved (a loop of one shape validates once), else ``validate()`` kept for the next."""
+    hit = remembered(cache, ALLOC, ts, extra)
+    c = hit and hit[0]
+    if c is None:
+        c = validate()
+        remember(cache, ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
+    return c
 
 
 def _dense_calls(kind) -> dict:
@@ -1003,30 +919,6 @@ def _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length):
 # --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------
 
 
-def _t_sparse_indexer(q_indexer, k_indexer, weights, topk_indices, topk_length=None, topk_indices_global=False):
-    return sparse_indexer_score_recompute(q_indexer, k_indexer, weights, topk_indices, topk_length=topk_length,
-                                          topk_indices_global=topk_indices_global)["predict"]
-
-
-def _f_sparse_indexer(q, k, aux, topk_indices, *args, **kwargs):  # both sparse wrappers: (B, S_q, topk) fp32
-    import torch
-
-    return topk_indices.new_empty(topk_indices.shape, dtype=torch.float32)
-
-
-def _t_sparse_indexer_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length=None, topk_indices_global=False, workspace=None):
-    sparse_indexer_score_recompute_into(out, q_indexer, k_indexer, weights, topk_indices, topk_length, topk_indices_global, workspace=workspace)
-
-
-def _t_sparse_attn(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False):
-    return sparse_attn_score_recompute(q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=topk_length,
-                                       topk_indices_global=topk_indices_global)["target"]
-
-
-def _t_sparse_attn_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length=None, topk_indices_global=False, workspace=None):
-    sparse_attn_score_recompute_into(out, q_attn, k_attn, lse, topk_indices, softmax_scale, topk_length, topk_indices_global, workspace=workspace)
-
-
 def _t_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
     r = sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale, topk_length)
     return r["target"], r["indices"]
@@ -1089,23 +981,18 @@ def _t_dattn_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_
                                     cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
 
 
-_IN = "Tensor q_indexer, Tensor k_indexer, Tensor weights, Tensor topk_indices, Tensor? topk_length=None, bool topk_indices_global=False"
-_IN_ATTN = "Tensor q_attn, Tensor k_attn, Tensor lse, Tensor topk_indices, float softmax_scale, Tensor? topk_length=None, bool topk_indices_global=False"
 _IN_SCALED = ("int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, "
               "Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")  # both dense ops' tail
 _IN_DENSE = f"Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
 _IN_DATTN = f"Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
-TORCH_OPS = {
+TORCH_OPS = SPARSE_INDEXER.torch_ops("dsa", sparse_indexer_score_recompute, sparse_indexer_score_recompute_into) | SPARSE_ATTN.torch_ops(
+    "dsa", sparse_attn_score_recompute, sparse_attn_score_recompute_into) | {
     "dsa_dense_attn_score_recompute": (f"({_IN_DATTN}) -> (Tensor, Tensor)", _t_dattn, _f_dattn),
     "dsa_dense_attn_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DATTN}, Tensor(c!)? workspace=None) -> ()", _t_dattn_into,
                                             writes_only),
     "dsa_dense_indexer_score_recompute": (f"({_IN_DENSE}) -> (Tensor, Tensor)", _t_dense, _f_dense),
     "dsa_dense_indexer_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DENSE}, Tensor(c!)? workspace=None) -> ()", _t_dense_into,
                                                writes_only),
-    "dsa_sparse_indexer_score_recompute": (f"({_IN}) -> Tensor", _t_sparse_indexer, _f_sparse_indexer),
-    "dsa_sparse_indexer_score_recompute_into": (f"(Tensor(a!) out, {_IN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_indexer_into, writes_only),
-    "dsa_sparse_attn_score_recompute": (f"({_IN_ATTN}) -> Tensor", _t_sparse_attn, _f_sparse_indexer),
     "dsa_sparse_attention_score_recompute": ("(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) "
                                              "-> (Tensor, Tensor)", _t_training, _f_training),
-    "dsa_sparse_attn_score_recompute_into": (f"(Tensor(a!) out, {_IN_ATTN}, Tensor(b!)? workspace=None) -> ()", _t_sparse_attn_into, writes_only),
 }

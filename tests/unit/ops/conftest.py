@@ -50,4 +50,6 @@ def torch_steps(monkeypatch):
 
     for mod in (op, support):  # (_support.max_lengths reads THD maxima)
         monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
+    for fn in (op.sparse_indexer_score_recompute, op.sparse_attn_score_recompute):  # declared: the generated forms hold their own
+        monkeypatch.setitem(fn.__globals__, "alloc_on", lambda stream, dev: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

@@ -88,6 +88,8 @@ def test_sm100_launches_once_through_the_lifted_host_function_without_a_workspac
     assert launch.dims[3] == 384 and launch.dims[7] == stream
     for t in (args[0], args[4]) + ((args[5],) if length else ()):
         assert _ptr_in(t, launch.params)
+    with pytest.raises(InputError, match="workspace: got str"):  # none needed: None or a tensor, not anything
+        fn(*args, **{**kw, "workspace": "ws"})
 
 
 def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls):
