@@ -43,8 +43,9 @@ class _Tensor:
         # shape: a tuple of ints and symbol names; "like <tensor>": that tensor's; None: any (the op's rules check it);
         # align: bytes, "element", or align(c) -> bytes (an arch that loads wider); given: see Out
         self.name, self.dtypes, self.align, self.given = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), align, given
-        self.shape = shape if shape is None or isinstance(shape, str) else tuple(shape)
-        self.optional, self.when, self.staged, self.returns = optional or when is not None, when, staged, returns or name
+        self.shape = shape if shape is None or isinstance(shape, str) or callable(shape) else tuple(shape)  # shape(c): a rank that varies
+        self.optional, self.when, self.staged = optional or when is not None, when, staged
+        self.returns = name if returns is None else returns  # False: written, not in the allocating form's result (a scratch buffer)
 
     def dtype_of(self, c):
         """The torch dtypes this tensor may have in call ``c`` ("like <tensor>": that tensor's)."""
@@ -59,12 +60,14 @@ class _Tensor:
         if isinstance(self.shape, str):
             other = getattr(c, self.shape[5:])
             return tuple(other.shape) if hasattr(other, "shape") else None
-        return self.shape
+        return self.shape(c) if callable(self.shape) else self.shape
 
     def size_in(self, c) -> tuple:
         """The shape an allocated output has in call ``c`` (another tensor's as it is: SymInts under fake tensors)."""
         if isinstance(self.shape, str):
             return tuple(getattr(c, self.shape[5:]).shape)
+        if callable(self.shape):
+            return tuple(self.shape(c))
         return tuple(s if isinstance(s, int) else c.sym[s] for s in self.shape)
 
     def mask(self, t, c) -> int:
@@ -101,8 +104,11 @@ class Workspace(_Tensor):
 class _Option:
     torch_type = "int"
 
-    def __init__(self, name, default=REQUIRED, *, per_call=False, torch=True):
+    def __init__(self, name, default=REQUIRED, *, per_call=False, torch=True, alloc_only=False, torch_default=REQUIRED):
+        # alloc_only: an option of the allocating form only (upstream's return_lse: the _into form is told by its outputs);
+        # torch_default: the schema's default where Python's cannot be said in it (cudnn's return_softmax=None: True)
         self.name, self.default, self.per_call, self.torch = name, default, per_call, torch
+        self.alloc_only, self.torch_default = alloc_only, torch_default
 
     def bad_values(self) -> list:
         """Values of the wrong type for this option (the fuzz's malformed cases)."""
@@ -120,18 +126,22 @@ class _Option:
 
 
 class Int(_Option):
-    """An integer in [lo, hi] (bools refused)."""
+    """An integer in [lo, hi] (bools refused); None too when the default is None (upstream's max_seqlen_q=None)."""
 
     def __init__(self, name, lo, hi, default=REQUIRED, **kw):
         super().__init__(name, default, **kw)
         self.lo, self.hi = lo, hi
+        if default is None:
+            self.torch_type = "int?"
 
     def check(self, problems, v):
+        if v is None and self.default is None:
+            return
         if isinstance(v, bool) or not isinstance(v, int) or not self.lo <= v <= self.hi:
             problems.append(f"{self.name}={v!r} (expected an integer in [{self.lo}, {self.hi}])")
 
     def bad_values(self):
-        return super().bad_values() + [self.lo - 1, self.hi + 1, float(self.lo), True]
+        return [v for v in super().bad_values() if v is not None or self.default is not None] + [self.lo - 1, self.hi + 1, float(self.lo), True]
 
     def fast(self, v):
         return f"type({v}) is int and {self.lo} <= {v} <= {self.hi}"
@@ -218,7 +228,7 @@ class Op:
     functions and plan class, :meth:`torch_ops` its torch.library registrations."""
 
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
-                 into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None):
+                 into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None, alloc_prelude=None):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
@@ -230,12 +240,16 @@ class Op:
         # it sets c.dev, the shape symbols the outputs are allocated by, c.ws_need); plan_args: the plan constructor's signature
         # when it is not the _into one less the stream
         self.check, self.plan_args = check, plan_args
+        # alloc_prelude(c, stream) -> {name: value}: the allocating form's _into call (check's c, c.allocating), the allocating
+        # call's arguments of the same names updated by it (outputs made, inputs staged, values worked out); c.back {name: given
+        # output} the made one is copied into afterwards
+        self.alloc_prelude = alloc_prelude
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
-        self.key = tuple(o.name for o in self.options if not o.per_call)  # the cache key's options, one order for every form
+        self.key = tuple(o.name for o in self.options if not o.per_call and not o.alloc_only)  # the cache key's options, one order for every form
         self.scalars = tuple(o.name for o in self.options if o.per_call)
         self.ins = tuple(t.name for t in self.tensors if t.role == "in" or t.given)  # the allocating form's tensors
-        self.results = tuple((t.returns, i) for i, t in enumerate(self.tensors) if t.role == "out")
+        self.results = tuple((t.returns, i) for i, t in enumerate(self.tensors) if t.role == "out" and t.returns is not False)
         self.cache: dict = {}
         self._by_name = {t.name: t for t in self.tensors} | {o.name: o for o in self.options}
         OPS.append(self)
@@ -246,7 +260,7 @@ class Op:
         """A call's context: its arguments, and its integer options bound as shape symbols (``top_k``)."""
         c = _Ctx(values)
         c.allocating = allocating
-        c.sym.update((o.name, values[o.name]) for o in self.options if isinstance(o, Int))
+        c.sym.update((o.name, values[o.name]) for o in self.options if isinstance(o, Int) and o.name in values)  # (alloc_only: not in _into's)
         return c
 
     def _values(self, ts, opts, scal=()):
@@ -368,7 +382,7 @@ class Op:
         given = dict(zip(self.scalars, scal))
         scalars = (lambda **kw: self._scalar_check(c, given | kw)) if self.scalars else None
         x = self._scalar_check(c, given) if self.scalars else ()
-        return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, x, scalars)
+        return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, x, scalars, keep=getattr(c, "keep", ()))  # c.keep: plan's memory
 
     def _scalar_check(self, c, values: dict) -> tuple:
         """The per-call scalars ``x`` of a call like ``c`` from their values by name (InputError otherwise):
@@ -440,6 +454,20 @@ class Op:
         exec(compile(src, f"<dsa_aot alloc: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         return env["make"]
 
+    def into_args(self, c, stream) -> dict:
+        """The ``_into`` call of a validated allocating call ``c`` (alloc_prelude's form): its arguments of the same names, updated."""
+        return {n: c.__dict__.get(n) for n in self.into_params} | self.alloc_prelude(c, stream)
+
+    def alloc_result(self, c, a, stream):
+        """The allocating form's result from its ``_into`` call's arguments ``a`` (None outputs left out), the outputs in
+        ``c.back`` copied into the given ones first, on the launch stream."""
+        back = getattr(c, "back", {})
+        if back:
+            with alloc_on(stream, c.dev):
+                for n, t in back.items():
+                    t.copy_(a[n])
+        return Outputs(**{r: back.get(self.names[i], a[self.names[i]]) for r, i in self.results if a[self.names[i]] is not None})
+
     def _stage(self, name, t, stream, c):
         mask = self._by_name[name].mask(t, c) if t is not None else 0
         if t is None or (t.is_contiguous() and not t.data_ptr() & mask):
@@ -472,8 +500,16 @@ class Op:
                f"    _opts = {tup(self.key)}\n"
                f"    _call, _p = cached(CACHE, _ts, _opts, lambda: OP.build(_ts, _opts, {tup(self.scalars)}))\n"
                f"    _call.run(_p, stream_handle(stream, _call.dev), {x}, _ts, stream)\n"
-               f"    return {', '.join(self.into_returns)}\n\n"
-               f"def {self.name}({self.alloc_sig}):\n"
+               f"    return {', '.join(self.into_returns)}\n\n")
+        if self.alloc_prelude is not None:  # the family makes the _into call's arguments; the checks first, nothing touched before
+            params = [n.strip().split("=")[0] for n in self.alloc_sig.split(",") if n.strip() not in ("*", "")]
+            src += (f"def {self.name}({self.alloc_sig}):\n"
+                    f"    _c = OP.validate({{{', '.join(f'{n!r}: {n}' for n in params)}}}, allocating=True)\n"
+                    f"    _a = OP.into_args(_c, stream)\n"
+                    f"    {self.name}_into(**_a)\n"
+                    f"    return OP.alloc_result(_c, _a, stream)\n")
+        else:
+            src += (f"def {self.name}({self.alloc_sig}):\n"
                f"    _ins = {tup(self.ins)}\n"
                f"    _opts = {tup(self.key)}\n"
                f"    _hit = remembered(CACHE, ALLOC, _ins, _opts)\n"
@@ -496,6 +532,7 @@ class Op:
                "ALLOC_VIEW": self.alloc_view}
         exec(compile(src, f"<dsa_aot op: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         into, alloc = env[f"{self.name}_into"], env[self.name]
+        self.into_params = tuple(inspect.signature(into).parameters)
         for fn in (into, alloc):
             fn.__module__ = namespace.get("__name__", fn.__module__)
             fn.__qualname__ = fn.__name__
@@ -536,12 +573,13 @@ class Op:
                     txt = f"Tensor{alias}{opt} {p.name}"
                 else:
                     txt = f"{spec.torch_type} {p.name}"
-                if p.default is not inspect.Parameter.empty:
-                    txt += f"={p.default!r}"
+                d = spec.torch_default if isinstance(spec, _Option) and spec.torch_default is not REQUIRED else p.default
+                if d is not inspect.Parameter.empty:
+                    txt += f'="{d}"' if isinstance(d, str) else f"={d!r}"  # a schema's strings are double-quoted
                 out.append((p.name, txt))
             return out
 
-        outs = [t for t in self.tensors if t.role == "out"]
+        outs = [t for t in self.tensors if t.role == "out" and t.returns is not False]
         listy = any(t.when for t in outs)
         ret = "Tensor[]" if listy else "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
         ap, ip = params(alloc), params(into)
@@ -549,7 +587,7 @@ class Op:
 
         def t_alloc(*args):
             r = alloc(**dict(zip([n for n, _ in ap], args)))
-            got = [r[t.returns] for t in outs]
+            got = [r.get(t.returns) for t in outs]
             return [g for g in got if g is not None] if listy else got[0] if len(got) == 1 else tuple(got)
 
         def f_alloc(*args):  # the outputs' shapes and dtypes as the allocating form makes them, on fake tensors
@@ -561,7 +599,7 @@ class Op:
                     c.sym.update((s, n) for s, n in zip(t.shape, v.shape) if not isinstance(s, int) and s not in c.sym)
             if op.symbols is not None:
                 op.symbols(c, [])
-            like = values[op.ins[0]]
+            like = next(values[n] for n in op.ins if values[n] is not None)
             got = [like.new_empty(t.size_in(c), dtype=t.dtype_of(c)[0]) for t in outs if t.when is None or values[t.when]]
             return got if listy else got[0] if len(got) == 1 else tuple(got)
 

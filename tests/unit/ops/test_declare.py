@@ -62,3 +62,82 @@ def test_plan_args_give_the_plan_constructor_its_own_signature():
         plan("o", "x")
     assert got == [True, False]
     assert "Thing(out, x, *, flag=False)" in plan.__doc__
+
+
+# --- Op(alloc_prelude=fn), alloc_only / torch_default options, Int(default=None), callable shapes, returns=False, c.keep ---
+
+import torch  # noqa: E402
+
+import stand_in  # noqa: E402
+from dsa_aot.ops.declare import OPS, Flag, In, Int, OneOf, Op, Out  # noqa: E402
+
+
+def _fused_like(**kw):
+    def check(c, problems):  # the family's own validation, option and tensor problems together
+        if not isinstance(c.x, torch.Tensor):
+            problems.append("x: not a tensor")
+        if not (type(c.n) is int and c.n >= 1):
+            problems.append(f"n={c.n!r}")
+        c.dev = 0
+
+    def plan(rec, c):
+        c.keep = (torch.zeros(4),)  # memory the plan owns
+
+    def prelude(c, stream):  # the allocating form's _into call: the output made, from the allocating-only option
+        return {"out": stand_in.cuda_tensor(torch.zeros(c.x.shape[0] * c.scale_by, dtype=torch.float32)), "scratch": c.x.new_zeros(4)}
+
+    op = Op("test_family", "twice", plan_class="Twice", into="out, scratch, x, n=1, mode='fast', limit=None, stream=None",
+            alloc="x, n=1, mode='fast', limit=None, scale_by=1, flag=None, stream=None",
+            tensors=(Out("out", "float32", lambda c: (c.x.shape[0] * c.scale_by,)), Out("scratch", "float32", ("k",), returns=False),
+                     In("x", "float32", None)),
+            options=(Int("n", 1, 8, 1), OneOf("mode", ("fast", "slow"), "fast"), Int("limit", 0, 9, None),
+                     Int("scale_by", 1, 4, 1, alloc_only=True), Flag("flag", None, alloc_only=True, torch_default=True)),
+            check=check, plan=plan, alloc_prelude=prelude, into_returns=("out",), **kw)
+    OPS.remove(op)
+    return op
+
+
+def test_a_check_sees_the_allocating_call_too(env):
+    op = _fused_like()
+    alloc, into, _ = op.forms({})
+    with pytest.raises(InputError, match=r"2 invalid input\(s\)[\s\S]*x: not a tensor[\s\S]*n=0"):
+        into(None, None, None, n=0, stream=env.new_stream(0))
+    with pytest.raises(InputError, match="x: not a tensor"):
+        alloc(None)
+
+
+def test_the_prelude_makes_the_into_call_and_the_result_leaves_out_unreturned_outputs(env):
+    op = _fused_like()
+    alloc, into, plan_cls = op.forms({})
+    x = stand_in.cuda_tensor(torch.zeros(3))
+    r = alloc(x, scale_by=2, stream=env.new_stream(0))
+    assert list(r) and set(r.keys()) == {"out"} and r["out"].shape == (6,)
+    call = next(iter(op.cache.values()))
+    assert call.keep and call.keep[0].shape == (4,)  # c.keep reached the compiled call
+    assert "scale_by" not in op.key and "flag" not in op.key  # allocating-only options: not the _into form's
+
+
+def test_schemas_say_none_defaults_strings_and_torch_defaults():
+    op = _fused_like()
+    alloc, into, _ = op.forms({})
+    ops = op.torch_ops("t", alloc, into)
+    schema = ops["t_twice"][0]
+    assert 'str mode="fast"' in schema and "int? limit=None" in schema and "bool flag=True" in schema and "int scale_by=1" in schema
+    assert "scratch" not in schema and schema.endswith("-> Tensor")
+    assert "Tensor(b!) scratch" in ops["t_twice_into"][0]
+
+
+def test_an_int_defaulting_to_none_takes_none():
+    opt = Int("limit", 0, 9, None)
+    problems = []
+    opt.check(problems, None)
+    opt.check(problems, 10)
+    assert len(problems) == 1 and None not in opt.bad_values() and None in Int("n", 0, 9).bad_values()
+
+
+def test_a_callable_shape_sizes_the_fake_output():
+    op = _fused_like()
+    alloc, into, _ = op.forms({})
+    _, _, fake = op.torch_ops("t", alloc, into)["t_twice"]
+    x = torch.zeros(5)
+    assert fake(x, 1, "fast", None, 3, True).shape == (15,)
