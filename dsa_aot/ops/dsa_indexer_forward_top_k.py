@@ -10,27 +10,41 @@ The candidate buffer holds, for query row r of batch b, the ``(off_b + r + 1) //
 scores that row sees (clamped to S_k), rows back to back: row r of batch b at ``base_b + G(off_b +
 r) - G(off_b)`` with ``G(n) = sum_{i<n} (i + 1) // ratio`` (:func:`dsa_aot.policy.dsa_indexer_forward_top_k.cand_floats`);
 ``base_b = b * G(S_q)`` without causal offsets, else the int64 prefix sums ``cand_batch_offsets``.
+
+The ``_into`` form, capture-safe from the first call (nothing is read back from the device): BSHD ``indices`` /
+``logits`` / ``softmax`` (B, S_q, top_k; ``softmax`` None for none), ``lse`` (B, S_q) or None, ``cand_buffer`` of
+at least :func:`compress_topk_cand_buffer_size` floats; with ``q_causal_offsets`` also ``cand_batch_offsets`` ((B + 1,)
+int64 prefix sums, upstream's capture-safe contract). bf16 calls from S_q 32768 run in upstream's windows
+(``microbatch_rows``: -1 upstream's choice, 0 one launch, > 0 that many rows; a windowed shape's first call allocates
+its plan's small offset table). THD (``cu_seqlens_q`` / ``cu_seqlens_k``, ``max_seqlen_q`` / ``max_seqlen_k``):
+outputs (total_q, top_k) and (total_q,), ``cand_buffer`` and ``cand_batch_offsets`` from
+:func:`compress_topk_cand_buffer_size_thd`; global ids are ``cu_seqlens_k[b] + local``.
+
+The allocating form returns ``{'indices', 'logits', 'softmax'}`` by default, without ``softmax`` when
+``return_softmax=False``, plus ``'lse'`` with ``return_lse`` / ``lse_out``. What is not given is made as upstream
+makes it, on the launch stream: the outputs, the candidate buffer (sized by host arithmetic; with causal offsets or
+in THD from the device values: one synchronisation), the batch offsets (on the device) and, in THD, the longest
+segments (``.max().item()``: a synchronisation). Under graph capture every value that needs a synchronisation must be
+given, as upstream requires; InputError otherwise. Strided inputs are copied first; an output that cannot be bound as
+it is is filled through one of the op's own and copied back. The tuning arguments take upstream's defaults only.
 """
 
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward_top_k as policy
-from ._support import aliasing, check, f32_scalar, footprint, input_error, integer, launcher, stream_handle, tensor_args, writes_only
-from .outputs import Outputs
+from ..policy.dsa_indexer_forward import MAX_RATIO, SM100_PRECISIONS
+from ._support import aliasing, check, footprint, input_error, integer, launcher, stream_handle, tensor_args
+from .declare import Flag, Float, In, Int, OneOf, Op, Out
 from .plan import Recorder, cached, compile_call
 
 __all__ = ["compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets", "indexer_forward_top_k",
            "indexer_forward_top_k_into"]
 
-
-
-def _scale(sm_scale) -> tuple:
-    return f32_scalar("sm_scale", sm_scale)
-
-
 FAMILY = policy.FAMILY
 _I32 = 2**31 - 1
 _TAILS: dict = {}
+HELPERS = ("compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets")  # sizes, not ops
+
 
 
 def compress_topk_cand_buffer_size(bs, seqlen_q, seqlen_k, ratio, microbatch_rows=-1, return_lse=False, q_causal_offsets=None, precision="bf16"):
@@ -237,10 +251,6 @@ def _tail_into(indices, logits, softmax, cand, s_q, s_k, top_k, ratio, cand_batc
 
 # --- the fused call, BSHD: GEMM -> stage 2 (one pair per window) -> local-to-global in place ---
 
-_CALLS: dict = {}
-_TENSORS = ("indices", "logits", "softmax", "lse", "cand_buffer", "q", "k", "w", "q_scale", "k_scale", "q_causal_offsets", "cand_batch_offsets",
-            "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_scale_padded", "cu_seqlens_k_scale_padded")
-
 
 def _rows(t, ptr, rs, n):
     """:func:`tensor_args` of the view ``t[:, rs:rs + n]`` of a (B, S, ...) tensor: the rows of one window."""
@@ -310,279 +320,213 @@ def _microbatch(problems, microbatch_rows, precision, lse, offs, s_q, b, ratio) 
     return mb if 0 < mb < s_q else 0
 
 
-def _plan_fused(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, q_causal_offsets=None, cand_batch_offsets=None,
-                precision="bf16", q_scale=None, k_scale=None, topk_indices_global=True, deterministic=False, microbatch_rows=-1,
-                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, cu_seqlens_q_scale_padded=None,
-                cu_seqlens_k_scale_padded=None):
-    """Validate a fused call into caller buffers (BSHD or THD) and compile its launches."""
+def _check(c, problems):
+    """Every check of a call of either form (``c.allocating``: the allocating one's, before anything is made; its inputs
+    are staged, so their layout is not checked), option and tensor problems together."""
     import torch
 
     from . import dsa_indexer_forward as fwd
     from ._support import flag, scalar_f32
 
-    problems = []
-    scalar_f32(problems, "sm_scale", sm_scale)
-    integer(problems, "top_k", top_k, 1, policy.MAX_TOP_K)
-    flag(problems, "topk_indices_global", topk_indices_global)
-    flag(problems, "deterministic", deterministic)
-    c = fwd.check_inputs(problems, q, k, w, ratio, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets, precision, q_scale,
-                    k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
-    if c is not None and not c.sm100:
-        problems.append(f"cuda:{c.dev} runs {c.arch}: cudnn's fused indexer forward + top-k exists for SM100 only")
-    if problems:
-        raise input_error(problems)
-    b, s_q, s_k, vl = c.b, c.s_q, c.s_k, c.varlen
-    offs = q_causal_offsets is not None
+    def options():
+        scalar_f32(problems, "sm_scale", c.sm_scale)
+        integer(problems, "top_k", c.top_k, 1, policy.MAX_TOP_K)
+        flag(problems, "topk_indices_global", c.topk_indices_global)
+        flag(problems, "deterministic", c.deterministic)
+
+    a = c.allocating
+    if a:
+        vl = c.cu_seqlens_q is not None or c.cu_seqlens_k is not None
+        given = [v if v is not None or not vl else 0 for v in (c.max_seqlen_q, c.max_seqlen_k)]  # worked out by the prelude when not given
+        tuning = {n: getattr(c, n) for n in ("m_block_size", "n_block_size", "q_stage", "kv_stage")}
+        f = fwd.check_inputs(problems, c.q, c.k, c.w, c.ratio, c.qhead_per_kv_head, c.cu_seqlens_q, c.cu_seqlens_k, *given, c.q_causal_offsets,
+                             c.precision, c.q_scale, c.k_scale, c.cu_seqlens_q_scale_padded, c.cu_seqlens_k_scale_padded, staged=True, tuning=tuning)
+        if not (type(c.sf_vec_size) is int and c.sf_vec_size == 32):
+            problems.append(f"sf_vec_size={c.sf_vec_size!r} (the block-scaled kernels take 32)")
+        if c.return_softmax not in (None, True, False):
+            problems.append(f"return_softmax={c.return_softmax!r} (expected None, True or False)")
+    else:
+        options()
+        f = fwd.check_inputs(problems, c.q, c.k, c.w, c.ratio, None, c.cu_seqlens_q, c.cu_seqlens_k, c.max_seqlen_q, c.max_seqlen_k,
+                             c.q_causal_offsets, c.precision, c.q_scale, c.k_scale, c.cu_seqlens_q_scale_padded, c.cu_seqlens_k_scale_padded)
+    if f is not None and not f.sm100:
+        problems.append(f"cuda:{f.dev} runs {f.arch}: cudnn's fused indexer forward + top-k exists for SM100 only" + (" (upstream raises too)" if a else ""))
+    if a:
+        options()
+    c.f, c.dev = f, f and f.dev
+    if problems or a:
+        return
+    b, s_q, s_k, vl, ratio, cand = f.b, f.s_q, f.s_k, f.varlen, c.ratio, c.cand_buffer
+    c.offs = offs = c.q_causal_offsets is not None
     if vl and s_q > s_k * ratio + ratio - 1:
         problems.append(f"max_seqlen_q {s_q} > max_seqlen_k * ratio + ratio - 1 = {s_k * ratio + ratio - 1} (upstream refuses this geometry)")
-    mb = 0 if vl else _microbatch(problems, microbatch_rows, precision, lse is not None, offs, s_q, b, ratio)
-    wins = windows(s_q, s_k, ratio, mb) if mb else None
-    pbf = _slab_floats(s_q, s_k, ratio, mb)
-    cand_2d = not vl and not offs and not wins and policy.uses_cand_2d(precision, s_q, ratio)
-    rows = (q.shape[0],) if vl else (b, s_q)
-    for name, t, dt in (("indices", indices, torch.int32), ("logits", logits, torch.float32), ("softmax", softmax, torch.float32)):
+    mb = 0 if vl else _microbatch(problems, c.microbatch_rows, c.precision, c.lse is not None, offs, s_q, b, ratio)
+    c.wins = windows(s_q, s_k, ratio, mb) if mb else None
+    c.pbf = _slab_floats(s_q, s_k, ratio, mb)
+    c.cand_2d = not vl and not offs and not c.wins and policy.uses_cand_2d(c.precision, s_q, ratio)
+    c.rows = rows = (c.q.shape[0],) if vl else (b, s_q)
+    for name, t, dt in (("indices", c.indices, torch.int32), ("logits", c.logits, torch.float32), ("softmax", c.softmax, torch.float32)):
         if t is not None or name != "softmax":
-            check(problems, t, name, rows + (top_k,), dt, c.dev, 16 if name == "indices" and topk_indices_global else 4)
-    if lse is not None:
-        check(problems, lse, "lse", rows, torch.float32, c.dev, 16)
-    need = None if offs or vl else b * pbf  # the size needs the offsets' or the segments' values: the caller's (upstream trusts it too)
+            check(problems, t, name, rows + (c.top_k,), dt, f.dev, 16 if name == "indices" and c.topk_indices_global else 4)
+    if c.lse is not None:
+        check(problems, c.lse, "lse", rows, torch.float32, f.dev, 16)
+    need = None if offs or vl else b * c.pbf  # the size needs the offsets' or the segments' values: the caller's (upstream trusts it too)
     how = "compress_topk_cand_buffer_size_thd(...)" if vl else "compress_topk_cand_buffer_size(...)"
-    if not isinstance(cand_buffer, torch.Tensor) or cand_buffer.ndim != 1:
+    if not isinstance(cand, torch.Tensor) or cand.ndim != 1:
         problems.append(f"cand_buffer: expected a 1-D fp32 tensor of at least {need or how} floats")
     else:
-        check(problems, cand_buffer, "cand_buffer", cand_buffer.shape, torch.float32, c.dev, 16)
-        if need is not None and cand_buffer.shape[0] < need:
-            problems.append(f"cand_buffer: {cand_buffer.shape[0]} floats, the call needs {need} (compress_topk_cand_buffer_size)")
-        if cand_buffer.shape[0] > _I32 and not vl:
-            problems.append(f"cand_buffer: {cand_buffer.shape[0]} floats (upstream's BSHD kernels take an int32 extent)")
+        check(problems, cand, "cand_buffer", cand.shape, torch.float32, f.dev, 16)
+        if need is not None and cand.shape[0] < need:
+            problems.append(f"cand_buffer: {cand.shape[0]} floats, the call needs {need} (compress_topk_cand_buffer_size)")
+        if cand.shape[0] > _I32 and not vl:
+            problems.append(f"cand_buffer: {cand.shape[0]} floats (upstream's BSHD kernels take an int32 extent)")
     if offs or vl:
-        check(problems, cand_batch_offsets, "cand_batch_offsets", (b + 1,), torch.int64, c.dev, 16)
-    elif cand_batch_offsets is not None:
+        check(problems, c.cand_batch_offsets, "cand_batch_offsets", (b + 1,), torch.int64, f.dev, 16)
+    elif c.cand_batch_offsets is not None:
         problems.append("cand_batch_offsets: only with q_causal_offsets or THD (the batch bases are b * G(S_q) otherwise)")
     if not problems:
-        problems += aliasing((("indices", indices), ("logits", logits), ("softmax", softmax), ("lse", lse), ("cand_buffer", cand_buffer)),
-                             (("q", q), ("k", k), ("w", w), ("q_scale", q_scale), ("k_scale", k_scale), ("q_causal_offsets", q_causal_offsets),
-                              ("cand_batch_offsets", cand_batch_offsets), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
-                              ("cu_seqlens_q_scale_padded", cu_seqlens_q_scale_padded),
-                              ("cu_seqlens_k_scale_padded", cu_seqlens_k_scale_padded)))
-    if problems:
-        raise input_error(problems)
-    ts = (indices, logits, softmax, lse, cand_buffer, q, k, w, q_scale, k_scale, q_causal_offsets, cand_batch_offsets, cu_seqlens_q, cu_seqlens_k,
-          cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
-    rec = Recorder(len(ts), 1)
-    p = rec.p
-    keep = ()
-    if rows[0] and (vl or (s_q and s_k)):
-        cbo_kind = offs or wins or vl
-        gkey = {"precision": precision, "w_dtype": c.w_dtype, "heads": c.h, "ratio": ratio, "lse": lse is not None,
-                "cand": "1d_cbo" if cbo_kind else "2d" if cand_2d else "1d", "varlen": vl, "offsets": bool(offs or wins)}
-        skey = _stage2_key(top_k, ratio, rows[0] * (1 if vl else s_q), s_k, offs or wins, softmax is not None, deterministic, vl)
-        gemm, stage2 = launcher(FAMILY, "gemm", gkey, c.dev), launcher(FAMILY, "stage2", skey, c.dev)
-        scales = None if q_scale is None else (tensor_args(q_scale, p[8]), tensor_args(k_scale, p[9]))
-        cand = (p[4], cand_buffer.shape[0])
-        outs = ((indices, p[0]), (logits, p[1]), (softmax, p[2]))
-        if wins:
-            # Each window is the causal-offsets kernel pair on views of the rows it covers (upstream's loop): offsets rs for every
-            # batch, batch slabs b * pbf (pbf: the largest window's, so one table serves every window and the buffer is
-            # compress_topk_cand_buffer_size's). The tables live in the plan and are written by its memsets on each call.
-            row = (b * 4 + 15) // 16 * 16
-            keep = (_table((2 * (b + 1) * 4 + 15) // 16 * 16 + len(wins) * row, q.device),)
-            base = keep[0].data_ptr()
-            _fill_words(rec, base, [w_ for i in range(b + 1) for w_ in (i * pbf, 0)])
-            cbo = (base, b + 1)
-            qco0 = base + (2 * (b + 1) * 4 + 15) // 16 * 16
-            for j, (rs, _, _) in enumerate(wins):
-                _fill_words(rec, qco0 + j * row, [rs] * b)
-            for j, (rs, n, kw) in enumerate(wins):
-                qco = (qco0 + j * row, b)
-                _record_gemm(rec, gemm, _rows(q, p[5], rs, n), _rows(k, p[6], 0, kw), _rows(w, p[7], rs, n), None, cand, None, n, kw, (), qco, cbo)
-                o = [_rows(t, pt, rs, n) if t is not None else None for t, pt in outs]
-                _record_stage2(rec, stage2, cand, o, n, kw, cbo, qco)
-        else:
-            qco = tensor_args(q_causal_offsets, p[10]) if offs else None
-            cbo = tensor_args(cand_batch_offsets, p[11]) if cbo_kind else None
-            cu = [tensor_args(cu_seqlens_q, p[12]), tensor_args(cu_seqlens_k, p[13])] if vl else []
-            gcu = cu + ([tensor_args(cu_seqlens_q_scale_padded, p[14]), tensor_args(cu_seqlens_k_scale_padded, p[15])] if vl and scales else [])
-            _record_gemm(rec, gemm, tensor_args(q, p[5]), tensor_args(k, p[6]), tensor_args(w, p[7]), scales, (p[4], b, pbf, pbf) if cand_2d else cand,
-                         tensor_args(lse, p[3]) if lse is not None else None, s_q, s_k, gcu, qco, cbo)
-            o = _stage2_outs(outs, vl, top_k)
-            _record_stage2(rec, stage2, cand, o, s_q, s_k, cbo, qco, cu)
-        if topk_indices_global:
-            _record_l2g(rec, c.dev, tensor_args(indices, p[0]), s_k, [tensor_args(cu_seqlens_q, p[12]), tensor_args(cu_seqlens_k, p[13])] if vl else [])
-    foot = footprint(ts, writes=(0, 1, 2, 3, 4))
-    return compile_call("dsa_indexer_forward_top_k.fused", rec, c.dev, ts, foot, (scalar_f32([], "sm_scale", sm_scale),), _scale, keep=keep)
+        problems += aliasing([(n, getattr(c, n)) for n in FUSED.names[:5]], [(n, getattr(c, n)) for n in FUSED.names[5:]])
 
 
-def indexer_forward_top_k_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, stream=None,
-                               q_causal_offsets=None, cand_batch_offsets=None, precision="bf16", q_scale=None, k_scale=None,
-                               topk_indices_global=True, deterministic=False, microbatch_rows=-1, *, cu_seqlens_q=None, cu_seqlens_k=None,
-                               max_seqlen_q=None, max_seqlen_k=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-    """The fused call into caller buffers, capture-safe from the first call (nothing is read back from the device).
+def _plan(rec, c):
+    """The fused call's launches (a validated ``_into`` call ``c``): GEMM, stage 2 (one pair per window), local-to-global."""
+    f, p, top_k, wins = c.f, c.p, c.top_k, c.wins
+    b, s_q, s_k, vl, offs = f.b, f.s_q, f.s_k, f.varlen, c.offs
+    q, k, w, lse, cand = c.q, c.k, c.w, c.lse, (p.cand_buffer, c.cand_buffer.shape[0])
+    if not (c.rows[0] and (vl or (s_q and s_k))):
+        return
+    cbo_kind = offs or wins or vl
+    gkey = {"precision": c.precision, "w_dtype": f.w_dtype, "heads": f.h, "ratio": c.ratio, "lse": lse is not None,
+            "cand": "1d_cbo" if cbo_kind else "2d" if c.cand_2d else "1d", "varlen": vl, "offsets": bool(offs or wins)}
+    skey = _stage2_key(top_k, c.ratio, c.rows[0] * (1 if vl else s_q), s_k, offs or wins, c.softmax is not None, c.deterministic, vl)
+    gemm, stage2 = launcher(FAMILY, "gemm", gkey, f.dev), launcher(FAMILY, "stage2", skey, f.dev)
+    scales = None if c.q_scale is None else (tensor_args(c.q_scale, p.q_scale), tensor_args(c.k_scale, p.k_scale))
+    outs = ((c.indices, p.indices), (c.logits, p.logits), (c.softmax, p.softmax))
+    cu = [tensor_args(c.cu_seqlens_q, p.cu_seqlens_q), tensor_args(c.cu_seqlens_k, p.cu_seqlens_k)] if vl else []
+    if wins:
+        # Each window is the causal-offsets kernel pair on views of the rows it covers (upstream's loop): offsets rs for every
+        # batch, batch slabs b * pbf (pbf: the largest window's, so one table serves every window and the buffer is
+        # compress_topk_cand_buffer_size's). The tables live in the plan and are written by its memsets on each call.
+        row = (b * 4 + 15) // 16 * 16
+        c.keep = (_table((2 * (b + 1) * 4 + 15) // 16 * 16 + len(wins) * row, q.device),)
+        base = c.keep[0].data_ptr()
+        _fill_words(rec, base, [w_ for i in range(b + 1) for w_ in (i * c.pbf, 0)])
+        cbo = (base, b + 1)
+        qco0 = base + (2 * (b + 1) * 4 + 15) // 16 * 16
+        for j, (rs, _, _) in enumerate(wins):
+            _fill_words(rec, qco0 + j * row, [rs] * b)
+        for j, (rs, n, kw) in enumerate(wins):
+            qco = (qco0 + j * row, b)
+            _record_gemm(rec, gemm, _rows(q, p.q, rs, n), _rows(k, p.k, 0, kw), _rows(w, p.w, rs, n), None, cand, None, n, kw, (), qco, cbo)
+            _record_stage2(rec, stage2, cand, [_rows(t, pt, rs, n) if t is not None else None for t, pt in outs], n, kw, cbo, qco)
+    else:
+        qco = tensor_args(c.q_causal_offsets, p.q_causal_offsets) if offs else None
+        cbo = tensor_args(c.cand_batch_offsets, p.cand_batch_offsets) if cbo_kind else None
+        gcu = cu + ([tensor_args(c.cu_seqlens_q_scale_padded, p.cu_seqlens_q_scale_padded),
+                     tensor_args(c.cu_seqlens_k_scale_padded, p.cu_seqlens_k_scale_padded)] if vl and scales else [])
+        _record_gemm(rec, gemm, tensor_args(q, p.q), tensor_args(k, p.k), tensor_args(w, p.w), scales, (p.cand_buffer, b, c.pbf, c.pbf) if c.cand_2d
+                     else cand, tensor_args(lse, p.lse) if lse is not None else None, s_q, s_k, gcu, qco, cbo)
+        _record_stage2(rec, stage2, cand, _stage2_outs(outs, vl, top_k), s_q, s_k, cbo, qco, cu)
+    if c.topk_indices_global:
+        _record_l2g(rec, f.dev, tensor_args(c.indices, p.indices), s_k, cu)
 
-    BSHD: ``indices`` / ``logits`` / ``softmax`` (B, S_q, top_k; ``softmax`` None for none), ``lse``
-    (B, S_q) or None, ``cand_buffer`` of at least :func:`compress_topk_cand_buffer_size` floats; with
-    ``q_causal_offsets`` also ``cand_batch_offsets`` ((B + 1,) int64 prefix sums, upstream's
-    capture-safe contract). bf16 calls from S_q 32768 run in upstream's windows (``microbatch_rows``:
-    -1 upstream's choice, 0 one launch, > 0 that many rows; a windowed shape's first call allocates
-    its plan's small offset table). THD (``cu_seqlens_q`` / ``cu_seqlens_k``, ``max_seqlen_q`` /
-    ``max_seqlen_k``): outputs (total_q, top_k) and (total_q,), ``cand_buffer`` and
-    ``cand_batch_offsets`` from :func:`compress_topk_cand_buffer_size_thd`; global ids are
-    ``cu_seqlens_k[b] + local``. Returns (indices, logits, softmax, lse)."""
-    ts = (indices, logits, softmax, lse, cand_buffer, q, k, w, q_scale, k_scale, q_causal_offsets, cand_batch_offsets, cu_seqlens_q, cu_seqlens_k,
-          cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
-    extra = (top_k, ratio, precision, topk_indices_global, deterministic, microbatch_rows, max_seqlen_q, max_seqlen_k)
-    call, p = cached(_CALLS, ts, extra, lambda: _plan_fused(*ts[:8], top_k, ratio, sm_scale, q_causal_offsets, cand_batch_offsets, precision,
-                                                            q_scale, k_scale, topk_indices_global, deterministic, microbatch_rows, cu_seqlens_q,
-                                                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, cu_seqlens_q_scale_padded,
-                                                            cu_seqlens_k_scale_padded))
-    call.run(p, stream_handle(stream, call.dev), _scale(sm_scale), ts, stream)
-    return indices, logits, softmax, lse
 
-
-def indexer_forward_top_k(q, k, w, top_k, ratio=4, qhead_per_kv_head=None, m_block_size=128, n_block_size=128, q_stage=2, kv_stage=4, sm_scale=1.0,
-                          stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-                          precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
-                          sf_vec_size=32, return_lse=False, lse_out=None, return_softmax=None, softmax_out=None, microbatch_rows=-1,
-                          topk_indices_global=True, cand_buffer=None, out_indices=None, out_logits=None, cand_batch_offsets=None,
-                          deterministic=False):
-    """cudnn's indexer_forward_top_k_wrapper (SM100): ``{'indices', 'logits', 'softmax'}`` by default, without
-    ``softmax`` when ``return_softmax=False``, plus ``'lse'`` with ``return_lse`` / ``lse_out``.
-
-    What is not given is made as upstream makes it, on the launch stream: the outputs, the candidate
-    buffer (sized by host arithmetic; with causal offsets or in THD from the device values: one
-    synchronisation), the batch offsets (on the device) and, in THD, the longest segments
-    (``.max().item()``: a synchronisation). Under graph capture every value that needs a
-    synchronisation must be given, as upstream requires; InputError otherwise. Strided inputs are
-    copied first; an output that cannot be bound as it is is filled through one of the op's own and
-    copied back. The tuning arguments take upstream's defaults only."""
+def _alloc(c, stream) -> dict:
+    """The allocating form's ``_into`` call (a validated allocating call ``c``): the capture refusals, then what is not
+    given made on the launch stream (see the module docstring); ``c.back``: the given outputs copied into afterwards."""
     import torch
 
-    from . import dsa_indexer_forward as fwd
     from ._support import alloc_on, allocate
 
-    problems = []
-    tuning = {"m_block_size": m_block_size, "n_block_size": n_block_size, "q_stage": q_stage, "kv_stage": kv_stage}
-    vl = cu_seqlens_q is not None or cu_seqlens_k is not None
-    given = [v if v is not None or not vl else 0 for v in (max_seqlen_q, max_seqlen_k)]  # worked out below when not given
-    c = fwd.check_inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, *given, q_causal_offsets, precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, staged=True, tuning=tuning)
-    if not (type(sf_vec_size) is int and sf_vec_size == 32):
-        problems.append(f"sf_vec_size={sf_vec_size!r} (the block-scaled kernels take 32)")
-    if return_softmax not in (None, True, False):
-        problems.append(f"return_softmax={return_softmax!r} (expected None, True or False)")
-    if c is not None and not c.sm100:
-        problems.append(f"cuda:{c.dev} runs {c.arch}: cudnn's fused indexer forward + top-k exists for SM100 only (upstream raises too)")
-    if problems:
-        raise input_error(problems)
-    s = stream_handle(stream, c.dev)
-    capturing = torch.cuda.is_current_stream_capturing()
+    f, vl, ratio = c.f, c.f.varlen, c.ratio
+    s = stream_handle(stream, f.dev)
+    max_q, max_k, cbo, cand = c.max_seqlen_q, c.max_seqlen_k, c.cand_batch_offsets, c.cand_buffer
     need_sync = []
-    if vl and (max_seqlen_q is None or max_seqlen_k is None):
+    if vl and (max_q is None or max_k is None):
         need_sync.append("max_seqlen_q and max_seqlen_k")
-    if cand_buffer is None and (vl or q_causal_offsets is not None):
+    if cand is None and (vl or c.q_causal_offsets is not None):
         need_sync.append("cand_buffer (and cand_batch_offsets) sized by compress_topk_cand_buffer_size" + ("_thd" if vl else ""))
-    want_sm = return_softmax is not False or softmax_out is not None
-    want_lse = bool(return_lse) or lse_out is not None
-    if capturing:
-        need_sync += [f"{n} (allocating it mid-capture)" for n, t, want in (("out_indices", out_indices, True), ("out_logits", out_logits, True),
-                                                                              ("softmax_out", softmax_out, want_sm), ("lse_out", lse_out, want_lse))
+    want_sm = c.return_softmax is not False or c.softmax_out is not None
+    want_lse = bool(c.return_lse) or c.lse_out is not None
+    given = {"indices": (c.out_indices, True), "logits": (c.out_logits, True), "softmax": (c.softmax_out, want_sm), "lse": (c.lse_out, want_lse)}
+    if torch.cuda.is_current_stream_capturing():
+        need_sync += [f"{n} (allocating it mid-capture)" for n, (t, want) in zip(("out_indices", "out_logits", "softmax_out", "lse_out"), given.values())
                       if want and t is None and vl]
         if need_sync:
             raise input_error([f"under CUDA-graph capture pass {n}: working it out needs a device synchronisation or allocation (upstream "
                                f"requires them too)" for n in need_sync])
-
-    with alloc_on(stream, c.dev):
+    a = {"stream": s}
+    with alloc_on(stream, f.dev):
         def staged(t):  # what upstream launches on: contiguous (16-byte aligned: torch's allocations are)
             if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
                 return t
             x = t.contiguous()
             return x if x.data_ptr() % 16 == 0 else x.clone()
 
-        q, k, w, q_scale, k_scale = (allocate(lambda t=t: staged(t)) for t in (q, k, w, q_scale, k_scale))
-        if vl and (max_seqlen_q is None or max_seqlen_k is None):
-            lens = [(cu[1:] - cu[:-1]).max() for cu in (cu_seqlens_q, cu_seqlens_k)]
-            max_seqlen_q = int(lens[0].item()) if max_seqlen_q is None else max_seqlen_q
-            max_seqlen_k = int(lens[1].item()) if max_seqlen_k is None else max_seqlen_k
-        if (vl or q_causal_offsets is not None) and cand_batch_offsets is None:  # on the device, no sync
-            cand_batch_offsets = allocate(lambda: _slabs(_lens(cu_seqlens_q) if vl else c.s_q, ratio, q_causal_offsets))
-        if cand_buffer is None:
-            if cand_batch_offsets is not None:
-                n = int(cand_batch_offsets[-1].item())  # upstream's .item(): a device sync
+        a |= {n: allocate(lambda t=getattr(c, n): staged(t)) for n in ("q", "k", "w", "q_scale", "k_scale")}
+        if vl and (max_q is None or max_k is None):
+            lens = [(cu[1:] - cu[:-1]).max() for cu in (c.cu_seqlens_q, c.cu_seqlens_k)]
+            max_q = int(lens[0].item()) if max_q is None else max_q
+            max_k = int(lens[1].item()) if max_k is None else max_k
+        if (vl or c.q_causal_offsets is not None) and cbo is None:  # on the device, no sync
+            cbo = allocate(lambda: _slabs(_lens(c.cu_seqlens_q) if vl else f.s_q, ratio, c.q_causal_offsets))
+        if cand is None:
+            if cbo is not None:
+                n = int(cbo[-1].item())  # upstream's .item(): a device sync
             else:
-                n = compress_topk_cand_buffer_size(c.b, c.s_q, c.s_k, ratio, microbatch_rows, want_lse, None, precision)
-            cand_buffer = allocate(lambda: torch.empty(n, dtype=torch.float32, device=q.device))
-        rows = (q.shape[0],) if vl else (c.b, c.s_q)
-
-        def out(given, shape, dtype, align):  # (the buffer the kernels write, the caller's to copy into or None)
-            if given is not None and isinstance(given, torch.Tensor) and tuple(given.shape) == shape and given.dtype == dtype and \
-                    given.device == q.device and not (given.is_contiguous() and given.data_ptr() % align == 0):
-                return allocate(lambda: torch.empty(shape, dtype=dtype, device=q.device)), given
-            return (allocate(lambda: torch.empty(shape, dtype=dtype, device=q.device)) if given is None else given), None
-
-        idx, idx_back = out(out_indices, rows + (top_k,), torch.int32, 16)
-        val, val_back = out(out_logits, rows + (top_k,), torch.float32, 16)
-        sm, sm_back = out(softmax_out, rows + (top_k,), torch.float32, 16) if want_sm else (None, None)
-        ls, ls_back = out(lse_out, rows, torch.float32, 16) if want_lse else (None, None)
-    indexer_forward_top_k_into(idx, val, sm, ls, cand_buffer, q, k, w, top_k, ratio, sm_scale, s, q_causal_offsets, cand_batch_offsets, precision,
-                               q_scale, k_scale, topk_indices_global, deterministic, microbatch_rows, cu_seqlens_q=cu_seqlens_q,
-                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                               cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
-    res = {}
-    with alloc_on(stream, c.dev):
-        for name, buf, back in (("indices", idx, idx_back), ("logits", val, val_back), ("softmax", sm, sm_back), ("lse", ls, ls_back)):
-            if buf is not None:
-                if back is not None:
-                    back.copy_(buf)
-                res[name] = back if back is not None else buf
-    return Outputs(**res)
+                n = compress_topk_cand_buffer_size(f.b, f.s_q, f.s_k, ratio, c.microbatch_rows, want_lse, None, c.precision)
+            cand = allocate(lambda: torch.empty(n, dtype=torch.float32, device=c.q.device))
+        rows = (c.q.shape[0],) if vl else (f.b, f.s_q)
+        c.back = {}
+        for name, (t, want) in given.items():
+            shape = rows + (c.top_k,) if name != "lse" else rows
+            dtype = torch.int32 if name == "indices" else torch.float32
+            if want and (t is None or (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype and t.device == c.q.device
+                                       and not (t.is_contiguous() and t.data_ptr() % 16 == 0))):
+                if t is not None:  # one the kernels cannot bind as it is: filled through one of the op's own, copied back
+                    c.back[name] = t
+                t = allocate(lambda: torch.empty(shape, dtype=dtype, device=c.q.device))
+            a[name] = t if want else None
+    return a | {"max_seqlen_q": max_q, "max_seqlen_k": max_k, "cand_batch_offsets": cbo, "cand_buffer": cand}
 
 
-# --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
-
-HELPERS = ("compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets")  # sizes, not ops
-
-
-def _t_fused(q, k, w, top_k, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-             q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
-             return_lse=False, return_softmax=True, microbatch_rows=-1, topk_indices_global=True, deterministic=False):
-    out = indexer_forward_top_k(q, k, w, top_k, ratio, sm_scale=sm_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
-                                q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
-                                cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded, return_lse=return_lse, return_softmax=return_softmax,
-                                microbatch_rows=microbatch_rows, topk_indices_global=topk_indices_global, deterministic=deterministic)
-    return list(out.values())
+def _lead(c) -> tuple:
+    return tuple(c.q.shape[:-2])  # (B, S_q) or THD's (total_q,)
 
 
-def _f_fused(q, k, w, top_k, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-             q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
-             return_lse=False, return_softmax=True, microbatch_rows=-1, topk_indices_global=True, deterministic=False):
-    import torch
+FUSED = Op(
+    FAMILY, "indexer_forward_top_k", plan_class="IndexerForwardTopK",
+    into="indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, stream=None, q_causal_offsets=None, "
+         "cand_batch_offsets=None, precision='bf16', q_scale=None, k_scale=None, topk_indices_global=True, deterministic=False, microbatch_rows=-1, *, "
+         "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None",
+    alloc="q, k, w, top_k, ratio=4, qhead_per_kv_head=None, m_block_size=128, n_block_size=128, q_stage=2, kv_stage=4, sm_scale=1.0, stream=None, "
+          "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision='bf16', q_scale=None, "
+          "k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, return_lse=False, lse_out=None, "
+          "return_softmax=None, softmax_out=None, microbatch_rows=-1, topk_indices_global=True, cand_buffer=None, out_indices=None, out_logits=None, "
+          "cand_batch_offsets=None, deterministic=False",
+    tensors=(
+        Out("indices", "int32", lambda c: _lead(c) + (c.top_k,), align=lambda c: 16 if c.topk_indices_global else 4),
+        Out("logits", "float32", lambda c: _lead(c) + (c.top_k,), align=4),
+        Out("softmax", "float32", lambda c: _lead(c) + (c.top_k,), align=4, when="return_softmax"),
+        Out("lse", "float32", _lead, when="return_lse"),
+        Out("cand_buffer", "float32", None, returns=False, given=True),
+        In("q", ("bfloat16", "float8_e4m3fn", "float4_e2m1fn_x2"), None), In("k", ("bfloat16", "float8_e4m3fn", "float4_e2m1fn_x2"), None),
+        In("w", ("bfloat16", "float32"), None), In("q_scale", ("float32", "uint8"), None, optional=True),
+        In("k_scale", ("float32", "uint8"), None, optional=True), In("q_causal_offsets", "int32", None, optional=True),
+        In("cand_batch_offsets", "int64", None, optional=True, given=True), In("cu_seqlens_q", "int32", None, optional=True),
+        In("cu_seqlens_k", "int32", None, optional=True), In("cu_seqlens_q_scale_padded", "int32", None, optional=True),
+        In("cu_seqlens_k_scale_padded", "int32", None, optional=True),
+    ),
+    options=(
+        Int("top_k", 1, policy.MAX_TOP_K), Int("ratio", 1, MAX_RATIO, 4), Float("sm_scale", 1.0, per_call=True),
+        OneOf("precision", SM100_PRECISIONS, "bf16"), Flag("topk_indices_global", True), Flag("deterministic", False),
+        Int("microbatch_rows", -1, _I32, -1), Int("max_seqlen_q", 0, _I32, None), Int("max_seqlen_k", 0, _I32, None),
+        Flag("return_lse", False, alloc_only=True), Flag("return_softmax", None, alloc_only=True, torch_default=True),
+    ),
+    check=_check, plan=_plan, alloc_prelude=_alloc, into_returns=("indices", "logits", "softmax", "lse"),
+    note="Returns (indices, logits, softmax, lse) / the dict of those made (see the module's docstring).",
+)  # fmt: skip
 
-    rows = (q.shape[0],) if cu_seqlens_q is not None else (q.shape[0], q.shape[1])
-    out = [q.new_empty(rows + (top_k,), dtype=torch.int32), q.new_empty(rows + (top_k,), dtype=torch.float32)]
-    out += [q.new_empty(rows + (top_k,), dtype=torch.float32)] if return_softmax else []
-    return out + ([q.new_empty(rows, dtype=torch.float32)] if return_lse else [])
-
-
-def _t_fused_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio=4, sm_scale=1.0, q_causal_offsets=None, cand_batch_offsets=None,
-                  precision="bf16", q_scale=None, k_scale=None, topk_indices_global=True, deterministic=False, microbatch_rows=-1, cu_seqlens_q=None,
-                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-    indexer_forward_top_k_into(indices, logits, softmax, lse, cand_buffer, q, k, w, top_k, ratio, sm_scale, None, q_causal_offsets, cand_batch_offsets,
-                               precision, q_scale, k_scale, topk_indices_global, deterministic, microbatch_rows, cu_seqlens_q=cu_seqlens_q,
-                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                               cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
-
-
-_IN = ("Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? cu_seqlens_q_scale_padded=None, "
-       "Tensor? cu_seqlens_k_scale_padded=None")
-TORCH_OPS = {
-    "dsa_indexer_forward_top_k": ("(Tensor q, Tensor k, Tensor w, int top_k, int ratio=4, float sm_scale=1.0, Tensor? cu_seqlens_q=None, "
-                                  "Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, "
-                                  "str precision=\"bf16\", Tensor? q_scale=None, Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, "
-                                  "Tensor? cu_seqlens_k_scale_padded=None, bool return_lse=False, bool return_softmax=True, int microbatch_rows=-1, "
-                                  "bool topk_indices_global=True, bool deterministic=False) -> Tensor[]", _t_fused, _f_fused),
-    "dsa_indexer_forward_top_k_into": ("(Tensor(a!) indices, Tensor(b!) logits, Tensor(c!)? softmax, Tensor(d!)? lse, Tensor(e!) cand_buffer, "
-                                       "Tensor q, Tensor k, Tensor w, int top_k, int ratio=4, float sm_scale=1.0, Tensor? q_causal_offsets=None, "
-                                       "Tensor? cand_batch_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, Tensor? k_scale=None, "
-                                       f"bool topk_indices_global=True, bool deterministic=False, int microbatch_rows=-1, {_IN}) -> ()",
-                                       _t_fused_into, writes_only),
-}  # fmt: skip
+indexer_forward_top_k, indexer_forward_top_k_into, IndexerForwardTopK = FUSED.forms(globals())
+TORCH_OPS = FUSED.torch_ops("dsa", indexer_forward_top_k, indexer_forward_top_k_into)
+_TENSORS = FUSED.names  # the plan's tensors in p[i] order (ci/check_sm100_calls.py records the GEMM with them)
