@@ -919,24 +919,22 @@ def _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length):
 # --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------
 
 
-def _t_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
-    r = sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale, topk_length)
-    return r["target"], r["indices"]
+def _by_name(fn, schema, keys=None):
+    """A torch op's implementation: ``fn`` called with the schema's arguments by name; its result's ``keys``
+    returned as a tuple (None: nothing returned, an ``_into`` op)."""
+    names = [a.split("=")[0].split()[-1] for a in schema[1:schema.index(") ->")].split(", ")]
+
+    def impl(*args):
+        r = fn(**dict(zip(names, args)))
+        return None if keys is None else tuple(r[k] for k in keys)
+
+    return impl
 
 
 def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
     import torch
 
     return indices.new_empty(indices.shape, dtype=torch.float32), indices.new_empty(indices.shape)
-
-
-def _t_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-    r = dense_indexer_score_recompute(q, k, weights, sm_scale=sm_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
-                                      q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
-                                      cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
-    return r["out"], r["denom"]
 
 
 def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
@@ -952,47 +950,24 @@ def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens
     return q.new_empty((*rows, s_k), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
 
 
-def _t_dense_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                  q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
-                  workspace=None):
-    dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                       q_causal_offsets, workspace=workspace, precision=precision, q_scale=q_scale, k_scale=k_scale,
-                                       cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
-
-
-def _t_dattn(q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-    r = dense_attn_score_recompute(q, k, lse, softmax_scale, ratio=ratio, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision,
-                                   q_scale=q_scale, k_scale=k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
-                                   cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
-    return r["out"], r["denom"]
-
-
 def _f_dattn(q, k, lse, softmax_scale, *args, **kwargs):
     return _f_dense(q, k, lse, None, *args, **kwargs)
-
-
-def _t_dattn_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                  q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None,
-                  workspace=None):
-    dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    q_causal_offsets, workspace=workspace, precision=precision, q_scale=q_scale, k_scale=k_scale,
-                                    cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
 
 
 _IN_SCALED = ("int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, "
               "Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")  # both dense ops' tail
 _IN_DENSE = f"Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
 _IN_DATTN = f"Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
+_TRAINING = "(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) -> (Tensor, Tensor)"
+_DENSE_OPS = {  # name: (schema, the function, the allocating form's result keys, fake)
+    "dsa_dense_attn_score_recompute": (f"({_IN_DATTN}) -> (Tensor, Tensor)", dense_attn_score_recompute, ("out", "denom"), _f_dattn),
+    "dsa_dense_attn_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DATTN}, Tensor(c!)? workspace=None) -> ()",
+                                            dense_attn_score_recompute_into, None, writes_only),
+    "dsa_dense_indexer_score_recompute": (f"({_IN_DENSE}) -> (Tensor, Tensor)", dense_indexer_score_recompute, ("out", "denom"), _f_dense),
+    "dsa_dense_indexer_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DENSE}, Tensor(c!)? workspace=None) -> ()",
+                                               dense_indexer_score_recompute_into, None, writes_only),
+    "dsa_sparse_attention_score_recompute": (_TRAINING, sparse_attention_score_recompute, ("target", "indices"), _f_training),
+}
 TORCH_OPS = SPARSE_INDEXER.torch_ops("dsa", sparse_indexer_score_recompute, sparse_indexer_score_recompute_into) | SPARSE_ATTN.torch_ops(
     "dsa", sparse_attn_score_recompute, sparse_attn_score_recompute_into) | {
-    "dsa_dense_attn_score_recompute": (f"({_IN_DATTN}) -> (Tensor, Tensor)", _t_dattn, _f_dattn),
-    "dsa_dense_attn_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DATTN}, Tensor(c!)? workspace=None) -> ()", _t_dattn_into,
-                                            writes_only),
-    "dsa_dense_indexer_score_recompute": (f"({_IN_DENSE}) -> (Tensor, Tensor)", _t_dense, _f_dense),
-    "dsa_dense_indexer_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DENSE}, Tensor(c!)? workspace=None) -> ()", _t_dense_into,
-                                               writes_only),
-    "dsa_sparse_attention_score_recompute": ("(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) "
-                                             "-> (Tensor, Tensor)", _t_training, _f_training),
-}
+    name: (schema, _by_name(fn, schema, keys), fake) for name, (schema, fn, keys, fake) in _DENSE_OPS.items()}
