@@ -18,6 +18,8 @@ write, allocation or launch; the fast paths are :mod:`dsa_aot.ops.plan`'s.
 
 from __future__ import annotations
 
+import functools
+
 from ._support import (_FLT_MAX, alloc_failed, aliasing, alloc_on, allocate, check, footprint, input_error, launcher, require, scalar_f32,
                        stream_handle, writes_only)
 from .outputs import Outputs
@@ -39,10 +41,12 @@ REQUIRED = object()  # an option without a default
 class _Tensor:
     role = "in"
 
-    def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None, given=False):
+    def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None, given=False, written=False,
+                 alloc_like=False):
         # shape: a tuple of ints and symbol names; "like <tensor>": that tensor's; None: any (the op's rules check it);
-        # align: bytes, "element", or align(c) -> bytes (an arch that loads wider); given: see Out
+        # align: bytes, "element", or align(c) -> bytes (an arch that loads wider); given, alloc_like: see Out; written: see In
         self.name, self.dtypes, self.align, self.given = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), align, given
+        self.written, self.alloc_like = written or self.role != "in", alloc_like
         self.shape = shape if shape is None or isinstance(shape, str) or callable(shape) else tuple(shape)  # shape(c): a rank that varies
         self.optional, self.when, self.staged = optional or when is not None, when, staged
         self.returns = name if returns is None else returns  # False: written, not in the allocating form's result (a scratch buffer)
@@ -78,14 +82,16 @@ class _Tensor:
 class In(_Tensor):
     """An input tensor: read only. ``staged``: the allocating form copies it to the layout the kernels take
     (contiguous, aligned) on the launch stream, as upstream does; the ``_into`` form requires that layout.
-    ``staged="contiguous"``: only a strided one is copied (upstream's ``.contiguous()``); a misaligned one is refused."""
+    ``staged="contiguous"``: only a strided one is copied (upstream's ``.contiguous()``); a misaligned one is refused.
+    ``written``: the kernels also write it (upstream's in-place ``attn_score``): checked like an output for overlap,
+    marked mutated in the torch schemas."""
 
 
 class Out(_Tensor):
     """An output tensor (written). ``when``: the name of a flag option; the output exists (and is written)
     only when it is true, and must be None otherwise. ``returns``: its key in the allocating form's result.
     ``given``: the allocating form takes it too (cudnn's ``out=None``): used as given (the ``_into`` call checks
-    it), allocated when None."""
+    it), allocated when None. ``alloc_like``: allocated as ``torch.empty_like`` the tensor its shape is "like"."""
 
     role = "out"
 
@@ -228,7 +234,8 @@ class Op:
     functions and plan class, :meth:`torch_ops` its torch.library registrations."""
 
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
-                 into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None, alloc_prelude=None):
+                 into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None, alloc_prelude=None,
+                 early_rules=None, scalar_fn=None):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
@@ -244,6 +251,10 @@ class Op:
         # call's arguments of the same names updated by it (outputs made, inputs staged, values worked out); c.back {name: given
         # output} the made one is copied into afterwards
         self.alloc_prelude = alloc_prelude
+        # early_rules(c, problems): rules reported with the options' and tensors' problems (a wrong option stops no tensor
+        # check), run whatever came before them; scalar_fn(c) -> scalars(**kw): the per-call scalars' own check (a derived
+        # kernel value, a sign an option requires), in place of the options' value() per call
+        self.early_rules, self.scalar_fn = early_rules, scalar_fn
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call and not o.alloc_only)  # the cache key's options, one order for every form
@@ -281,11 +292,12 @@ class Op:
         problems = []
         for o in self.options:
             o.check(problems, values[o.name])
-        if problems:  # options fix shapes and keys below: nothing more is meaningful with a wrong one
+        if problems and self.early_rules is None:  # options fix shapes and keys below: nothing more is meaningful with a wrong one
             raise input_error(problems)
         c = self._context(values, allocating)
         bad = set()
-        ins, outs = [t for t in self.tensors if t.role == "in"], [] if allocating else [t for t in self.tensors if t.role != "in"]
+        ins = [t for t in self.tensors if t.role == "in"]  # allocating: the outputs given (cudnn's out=), checked before any allocation
+        outs = [t for t in self.tensors if t.role != "in" and not (allocating and values[t.name] is None)]
         for t in ins + outs:
             if t is (outs or [None])[0]:  # the inputs fix the symbols the outputs are checked against
                 if problems:
@@ -310,12 +322,11 @@ class Op:
                 what = "" if want is None else f" {len(want)}-D ({', '.join(map(str, want))})"
                 problems.append(f"{t.name}: expected a dense{what} {' or '.join(t.dtypes).replace('like ', 'the dtype of ')} CUDA tensor, got {got}")
                 continue
-            if c.dev is None:
-                c.dev = v.device.index if v.device.type == "cuda" else None
-                if c.dev is None:
-                    problems.append(f"{t.name}: on {v.device} (expected a CUDA tensor)")
-                    bad.add(t.name)
-                    continue
+            cpu = v.device.type != "cuda"  # still its dtype and shape checked, reported together
+            if cpu:
+                problems.append(f"{t.name}: on {v.device} (expected a CUDA tensor)")
+            elif c.dev is None:
+                c.dev = v.device.index
             like = t.dtypes[0][5:] if t.dtypes[0].startswith("like ") else None
             dts = (v.dtype,) if like in bad else t.dtype_of(c)  # "like" a malformed tensor: that one's problem says it
             if v.dtype not in dts:
@@ -323,24 +334,30 @@ class Op:
             shape = []
             for s, n in zip(want if want is not None else v.shape, v.shape):
                 shape.append(s if isinstance(s, int) else c.sym.setdefault(s, n))
+            if cpu:
+                if tuple(v.shape) != tuple(shape):
+                    problems.append(f"{t.name}: shape {tuple(v.shape)} (expected {tuple(shape)})")
+                continue
             staged = allocating and t.staged
             check(problems, v, t.name, tuple(shape), v.dtype, c.dev, t.mask(v, c) + 1, layout=not staged)
             if staged == "contiguous" and v.is_contiguous() and v.data_ptr() & t.mask(v, c):  # only a strided one is copied
                 problems.append(f"{t.name}: data pointer 0x{v.data_ptr():x} is not {t.mask(v, c) + 1}-byte aligned (clone() the tensor)")
-        if not problems and allocating and self.symbols is not None:
+        if self.early_rules is not None:
+            self.early_rules(c, problems)
+        if not problems and not outs and self.symbols is not None:
             self.symbols(c, problems)
         if not problems and self.rules is not None:
             self.rules(c, problems)
-        if not problems and not allocating:
-            self._check_workspace(c, values, problems)
-        if not problems and not allocating:
-            outs = [(t.name, values[t.name] if t.role != "workspace" else c.ws_used) for t in self.tensors if t.role != "in"]
-            problems += aliasing(outs, [(t.name, values[t.name]) for t in self.tensors if t.role == "in"])
+        if not problems:
+            self._check_workspace(c, values, problems, allocating)
+        if not problems:
+            outs = [(t.name, values[t.name] if t.role != "workspace" else c.ws_used) for t in self.tensors if t.written]
+            problems += aliasing(outs, [(t.name, values[t.name]) for t in self.tensors if not t.written])
         if problems:
             raise input_error(problems)
         return c
 
-    def _check_workspace(self, c, values, problems):
+    def _check_workspace(self, c, values, problems, allocating=False):
         import torch
 
         c.ws_used, c.ws_need = None, 0
@@ -354,6 +371,8 @@ class Op:
                     problems.append(f"{t.name}: got {type(w).__name__} (expected None or a 1-D uint8 CUDA tensor)")
                 continue
             if w is None:
+                if allocating:  # allocated
+                    continue
                 problems.append(f"{t.name}: missing ({need} uint8 bytes needed; see {t.sizer})")
             elif not isinstance(w, torch.Tensor) or w.layout != torch.strided or w.ndim != 1:
                 problems.append(f"{t.name}: expected a 1-D uint8 CUDA tensor of at least {need} bytes ({t.sizer}), got "
@@ -375,14 +394,19 @@ class Op:
         for role, (op, key) in (self.entries(c) if self.entries else {}).items():
             c.entry[role] = launcher(self.family, op, key, c.dev, self.hint(c, key) if self.hint else "")
         self.plan(rec, c)
-        writes = tuple(i for i, t in enumerate(self.tensors) if t.role != "in")
-        masks = tuple(15 if v is None else spec.mask(v, c) for spec, v in zip(self.tensors, ts))
-        sizes = {i: c.ws_need for i, t in enumerate(self.tensors) if t.role == "workspace"}
-        foot = footprint(ts, writes=writes, masks=masks, sizes=sizes)
+        foot = self._footprint(c, self.tensors, ts)
         given = dict(zip(self.scalars, scal))
         scalars = (lambda **kw: self._scalar_check(c, given | kw)) if self.scalars else None
-        x = self._scalar_check(c, given) if self.scalars else ()
+        if self.scalar_fn is not None:
+            scalars = functools.partial(self.scalar_fn(c), **given)
+        x = scalars() if self.scalars else ()
         return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, x, scalars, keep=getattr(c, "keep", ()))  # c.keep: plan's memory
+
+    def _footprint(self, c, specs, ts):
+        """What the per-call recheck of tensors ``ts`` (of ``specs``) needs: the written ones, masks, the workspace bytes used."""
+        masks = tuple(15 if v is None else 0 if t.role == "workspace" and not c.ws_need else t.mask(v, c) for t, v in zip(specs, ts))
+        sizes = {i: c.ws_need for i, t in enumerate(specs) if t.role == "workspace"}
+        return footprint(ts, writes=tuple(i for i, t in enumerate(specs) if t.written), masks=masks, sizes=sizes)
 
     def _scalar_check(self, c, values: dict) -> tuple:
         """The per-call scalars ``x`` of a call like ``c`` from their values by name (InputError otherwise):
@@ -397,7 +421,7 @@ class Op:
         """The allocating form's first call of a signature: validate the inputs, refuse a bad stream and a
         missing entry before allocating, stage the inputs; (context, call box, output maker, staged inputs).
         Remembered for the inputs (:func:`dsa_aot.ops.plan.remember`) when they need no staging, so a repeated
-        call skips all of it (the generated form's memo)."""
+        call skips all of it (the generated form's memo), with its per-call scalars' check (run before allocating)."""
         values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | self._values((), opts, scal)
         c = self.validate(values, allocating=True)
         stream_handle(stream, c.dev)  # a bad stream, and a missing entry, refused before anything is allocated
@@ -406,13 +430,15 @@ class Op:
             require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
         box = [None]  # the _into call, once known (plan.fresh)
         make = self._maker(self._shapes(c, values), c.dev)
-        masks = tuple(15 if t is None else self._by_name[n].mask(t, c) for n, t in zip(self.ins, ins))
-        staged = tuple(self._by_name[n].role == "in" for n in self.ins)  # given outputs are used as they are
-        direct = all(t is None or not st or (t.is_contiguous() and not t.data_ptr() & m) for t, m, st in zip(ins, masks, staged))
+        specs = [self._by_name[n] for n in self.ins]
+        foot = self._footprint(c, specs, ins)  # given outputs and written inputs rechecked for overlap per call
+        staged = tuple(t.role == "in" for t in specs)  # given outputs are used as they are
+        direct = all(t is None or not st or (t.is_contiguous() and not t.data_ptr() & m) for t, m, st in zip(ins, foot[1], staged))
         x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c)) if st else t for n, t, st in zip(self.ins, ins, staged))
+        sc = (self.scalar_fn(c) if self.scalar_fn is not None else lambda **kw: self._scalar_check(c, kw)) if self.scalars else None
         if direct:
-            remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, footprint(ins, writes=(), masks=masks)), (c.dev, box, make))
-        return c.dev, box, make, x
+            remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, foot), (c.dev, box, make, sc))
+        return c.dev, box, make, x, sc
 
     def _shapes(self, c, values) -> tuple:
         """Per tensor of the plan, where it comes from in an allocating call: ("in", slot) (an input, or a given
@@ -430,6 +456,8 @@ class Op:
                 new = ("new", (need,), torch.uint8, slot) if need else None
             elif t.when is not None and not values[t.when]:
                 new = None
+            elif t.alloc_like:
+                new = ("like", self.ins.index(t.shape[5:]), slot)
             else:
                 new = ("new", t.size_in(c), t.dtype_of(c)[0], slot)
             out.append(("in", slot) if new is None and slot is not None else new)
@@ -440,16 +468,19 @@ class Op:
         straight-line code with the shapes, dtypes and device bound as constants, as a hand-written op allocates."""
         import torch
 
-        env, items = {"E": torch.empty, "DEV": torch.device("cuda", dev)}, []
+        env, items = {"E": torch.empty, "EL": torch.empty_like, "DEV": torch.device("cuda", dev)}, []
         for i, sh in enumerate(shapes):
             if sh is None:
                 items.append("None")
             elif sh[0] == "in":
                 items.append(f"x[{sh[1]}]")
             else:
-                env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
-                new = f"E(S{i}, dtype=D{i}, device=DEV)"
-                items.append(new if sh[3] is None else f"({new} if x[{sh[3]}] is None else x[{sh[3]}])")
+                if sh[0] == "like":  # empty_like the input, as upstream allocates it
+                    new = f"EL(x[{sh[1]}])"
+                else:
+                    env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
+                    new = f"E(S{i}, dtype=D{i}, device=DEV)"
+                items.append(new if sh[-1] is None else f"({new} if x[{sh[-1]}] is None else x[{sh[-1]}])")
         src = f"def make(x):\n    return ({', '.join(items)},)\n"
         exec(compile(src, f"<dsa_aot alloc: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         return env["make"]
@@ -489,7 +520,7 @@ class Op:
         x = "_call.x"  # the per-call scalars, checked inline where each option can say how (scalars() builds dicts)
         if self.scalars:
             x = f"_call.scalars({', '.join(f'{n}={n}' for n in self.scalars)})"
-            if all(fast):
+            if all(fast) and self.scalar_fn is None:
                 x = f"{tup(self.scalars)} if {' and '.join(fast)} else {x}"
         view = "ALLOC_VIEW(_x)" if self.alloc_view is not None else "_x"
         # the allocating form, straight-line as a hand-written op is (its host cost is the point): the memo of the
@@ -514,10 +545,11 @@ class Op:
                f"    _opts = {tup(self.key)}\n"
                f"    _hit = remembered(CACHE, ALLOC, _ins, _opts)\n"
                f"    if _hit is not None:\n"
-               f"        _dev, _box, _make = _hit[0]\n"
+               f"        _dev, _box, _make, _sc = _hit[0]\n"
                f"        _x = _ins\n"
                f"    else:\n"
-               f"        _dev, _box, _make, _x = OP.prepare_alloc(_ins, _opts, {tup(self.scalars)}, stream)\n"
+               f"        _dev, _box, _make, _x, _sc = OP.prepare_alloc(_ins, _opts, {tup(self.scalars)}, stream)\n"
+               f"    _xs = {x.replace('_call.scalars', '_sc') if self.scalars else '()'}  # checked before allocating\n"
                f"    _s = stream_handle(stream, _dev)\n"
                f"    with alloc_on(stream, _dev):\n"
                f"        try:\n"
@@ -525,7 +557,7 @@ class Op:
                f"        except RuntimeError as _e:  # torch.OutOfMemoryError is one\n"
                f"            raise alloc_failed(_e) from None\n"
                f"    _call, _p = fresh(_box, CACHE, _ts, _opts, lambda: OP.build(_ts, _opts, {tup(self.scalars)}))\n"
-               f"    _call.run(_p, _s, {x}, _ts, stream)\n"
+               f"    _call.run(_p, _s, _xs, _ts, stream)\n"
                f"    return Outputs({', '.join(f'{r}=_ts[{i}]' for r, i in self.results)})\n")
         env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle, "remembered": remembered, "ALLOC": ALLOC,
                "alloc_on": alloc_on, "alloc_failed": alloc_failed, "fresh": fresh, "Outputs": Outputs,
@@ -568,7 +600,7 @@ class Op:
                 if p.name == "stream" or spec is None or (isinstance(spec, _Option) and not spec.torch) or (fn is alloc and getattr(spec, "given", False)):
                     continue
                 if isinstance(spec, _Tensor):
-                    alias = f"({next(letters)}!)" if spec.role != "in" else ""
+                    alias = f"({next(letters)}!)" if spec.written else ""
                     opt = "?" if spec.optional or p.default is None else ""
                     txt = f"Tensor{alias}{opt} {p.name}"
                 else:

@@ -1,9 +1,15 @@
-"""dsa_aot.ops.declare's features, on stand-in declarations (pure Python: no driver, no build)."""
+"""dsa_aot.ops.declare's features, on stand-in declarations (pure Python, or a toy op on the stand-in driver whose
+one step is a memset of its output)."""
+
+import contextlib
 
 import pytest
+import torch
 
+import stand_in
 from dsa_aot.errors import InputError
 from dsa_aot.ops import declare
+from dsa_aot.ops import declare as D
 from dsa_aot.ops._support import input_error
 
 
@@ -141,3 +147,102 @@ def test_a_callable_shape_sizes_the_fake_output():
     _, _, fake = op.torch_ops("t", alloc, into)["t_twice"]
     x = torch.zeros(5)
     assert fake(x, 1, "fast", None, 3, True).shape == (15,)
+
+
+# --- In(written=), Out(alloc_like=), given outputs, Op(early_rules=), Op(scalar_fn=): the indexer backward's ---
+
+def _toy(monkeypatch, need=0, early_rules=None, scalar_fn=None):
+    """(op, allocating form, _into form, plan class, torch.empty_like calls) of a toy op: ``out`` (given, allocated
+    empty_like ``x``) = f(x, y), ``y`` also written, ``workspace`` of ``need`` bytes (given)."""
+
+    def plan(rec, c):
+        rec.memset(c.p.out, 4)
+
+    op = D.Op("toy", "toy", plan_class="Toy", into="out, x, y, scale=1.0, mode='a', stream=None, *, workspace=None",
+              alloc="x, y, scale=1.0, mode='a', out=None, stream=None, *, workspace=None",
+              tensors=(D.Out("out", "float32", "like x", given=True, alloc_like=True), D.In("x", "float32", ("n",)),
+                       D.In("y", "float32", ("n",), written=True), D.Workspace("workspace", lambda c: need, "toy_bytes", given=True)),
+              options=(D.Float("scale", 1.0, per_call=True), D.OneOf("mode", ("a", "b"), "a")), plan=plan, early_rules=early_rules, scalar_fn=scalar_fn)
+    D.OPS.remove(op)  # not one of the package's ops
+    alloc, into, cls = op.forms({"__name__": __name__})
+    made = []
+
+    def empty_like(t, **kw):
+        made.append(t)
+        return stand_in.cuda_tensor(torch.zeros(t.shape, dtype=t.dtype), t.get_device())
+
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+    monkeypatch.setitem(alloc.__globals__, "alloc_on", lambda *a: contextlib.nullcontext())
+    return op, alloc, into, cls, made
+
+
+def _f(n=8, off=0):
+    return stand_in.cuda_tensor(torch.zeros(n + off)[off:])
+
+
+def test_a_written_input_is_marked_in_the_schema_and_checked_for_overlap(env, monkeypatch):
+    op, alloc, into, _, _ = _toy(monkeypatch)
+    ops = op.torch_ops("dsa", alloc, into)
+    assert ops["dsa_toy"][0] == '(Tensor x, Tensor(a!) y, float scale=1.0, str mode="a") -> Tensor'  # str defaults double-quoted
+    assert ops["dsa_toy_into"][0].startswith("(Tensor(a!) out, Tensor x, Tensor(b!) y,")
+    x = _f()
+    with pytest.raises(InputError, match="y: overlaps x"):
+        into(_f(), x, x, stream=env.new_stream(0))
+    assert not env.memsets
+
+
+def test_the_allocating_form_allocates_like_the_input_and_checks_given_outputs_first(env, monkeypatch):
+    op, alloc, into, _, made = _toy(monkeypatch)
+    s = env.new_stream(0)
+    x, y = _f(), _f()
+    r = alloc(x, y, stream=s)
+    assert made == [x] and r["out"].shape == x.shape and len(env.memsets) == 1
+    with pytest.raises(InputError, match="out: overlaps x"):  # a given output over an input: refused before allocating
+        alloc(x, y, out=x, stream=s)
+    out = _f()
+    alloc(x, y, out=out, stream=s)  # remembered with the given output
+    made.clear()
+    env.memsets.clear()
+    with pytest.raises(InputError, match="overlaps out"):  # the same shapes, now overlapping: the memo's recheck refuses it
+        alloc(x, y, out=y, stream=s)
+    with pytest.raises(InputError, match="scale"):  # a per-call scalar of a remembered call: refused before allocating
+        alloc(x, y, scale=float("nan"), stream=s)
+    assert not made and not env.memsets
+
+
+def test_early_rules_report_options_and_tensors_together_and_cpu_tensors_keep_their_checks(env, monkeypatch):
+    def early_rules(c, problems):
+        problems.append(f"toy: mode is {c.mode!r}")
+
+    _, _, into, _, _ = _toy(monkeypatch, early_rules=early_rules)
+    with pytest.raises(InputError) as e:
+        into(_f(), torch.zeros(8, dtype=torch.float16), _f(7), mode="c", stream=env.new_stream(0))
+    msg = str(e.value)
+    for want in ("mode='c'", "x: on cpu", "x: dtype torch.float16", "y: shape (7,) (expected (8,))", "toy: mode is 'c'"):
+        assert want in msg, (want, msg)
+
+
+def test_scalar_fn_checks_and_derives_the_per_call_scalars(env, monkeypatch):
+    def scalar_fn(c):
+        n = c.sym["n"]
+
+        def scalars(scale):
+            if not scale > 0:
+                raise InputError(f"scale={scale} (expected > 0 for this call)")
+            return (scale / n,)
+
+        return scalars
+
+    _, _, into, cls, _ = _toy(monkeypatch, scalar_fn=scalar_fn)
+    plan = cls(_f(), _f(), _f(), scale=2.0)
+    assert plan._call.x == (0.25,) and plan._call.scalars(scale=4.0) == (0.5,)
+    with pytest.raises(InputError, match="expected > 0 for this call"):
+        into(_f(), _f(), _f(), scale=-1.0, stream=env.new_stream(0))
+
+
+def test_a_given_workspace_the_call_does_not_need_is_not_rechecked(env, monkeypatch):
+    _, _, into, _, _ = _toy(monkeypatch, need=0)
+    ws = stand_in.cuda_tensor(torch.zeros(33, dtype=torch.uint8)[1:])  # misaligned, unused
+    for _ in range(2):
+        into(_f(), _f(), _f(), stream=env.new_stream(0), workspace=ws)
+    assert len(env.memsets) == 2

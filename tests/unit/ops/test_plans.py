@@ -156,9 +156,9 @@ def test_the_allocating_forms_skip_validation_only_for_calls_like_the_last_valid
 
     fn, args, kw, _ = op_calls.indexer_backward(0, env.new_stream(0))
     validated = []
-    real = ib._validate
-    monkeypatch.setattr(ib, "_validate", lambda *a, **k: (validated.append(k.get("allocating", False)), real(*a, **k))[1])
-    monkeypatch.setattr(ib, "alloc_on", lambda *a: contextlib.nullcontext())
+    real = ib.BACKWARD.validate
+    monkeypatch.setattr(ib.BACKWARD, "validate", lambda *a, **k: (validated.append(k.get("allocating", False)), real(*a, **k))[1])
+    monkeypatch.setitem(dsa_aot.dsa.indexer_backward.__globals__, "alloc_on", lambda *a: contextlib.nullcontext())  # the generated form's
     outs = dict(zip(("d_index_q", "d_weights", "d_index_k"), args[:3]))
     ins = args[3:]
 
