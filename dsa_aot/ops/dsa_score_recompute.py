@@ -203,13 +203,6 @@ def _sparse_plan(kind):
     return plan
 
 
-class _Heads(Int):
-    """``qhead_per_kv_head``: None, or q's heads (the check compares it)."""
-
-    def bad_values(self):
-        return [v for v in super().bad_values() if v is not None]
-
-
 def _sparse(kind, plan_class, note, *scale):
     """The declaration of a sparse wrapper (``scale``: the attention's softmax_scale option), cudnn's signatures."""
     q, k, aux = kind.tensors[1:4]
@@ -227,7 +220,7 @@ def _sparse(kind, plan_class, note, *scale):
                  In("topk_length", "int32", ("B", "S_q"), optional=True),
                  Workspace("workspace", lambda c: c.ws_need, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws_need else 1,
                            given=True)),
-        options=(*scale, Flag("topk_indices_global", False), _Heads("qhead_per_kv_head", 1, _I32 - 1, None, torch=False)),
+        options=(*scale, Flag("topk_indices_global", False), Int("qhead_per_kv_head", 1, _I32 - 1, None, torch=False)),
         check=_sparse_check(kind), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_sparse_plan(kind),
     )  # fmt: skip
 
