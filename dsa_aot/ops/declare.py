@@ -235,7 +235,7 @@ class Op:
 
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
                  into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None, alloc_prelude=None,
-                 early_rules=None, scalar_fn=None):
+                 early_rules=None, scalar_fn=None, torch_into=None):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
@@ -255,6 +255,8 @@ class Op:
         # check), run whatever came before them; scalar_fn(c) -> scalars(**kw): the per-call scalars' own check (a derived
         # kernel value, a sign an option requires), in place of the options' value() per call
         self.early_rules, self.scalar_fn = early_rules, scalar_fn
+        # torch_into: the torch _into op's signature where its schema differs from the _into form's (a workspace taken positionally)
+        self.torch_into = torch_into
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call and not o.alloc_only)  # the cache key's options, one order for every form
@@ -290,8 +292,7 @@ class Op:
                 raise input_error(problems)
             return c
         problems = []
-        for o in self.options:
-            o.check(problems, values[o.name])
+        self.check_options(values, problems)
         if problems and self.early_rules is None:  # options fix shapes and keys below: nothing more is meaningful with a wrong one
             raise input_error(problems)
         c = self._context(values, allocating)
@@ -348,14 +349,24 @@ class Op:
             self.symbols(c, problems)
         if not problems and self.rules is not None:
             self.rules(c, problems)
-        if not problems:
-            self._check_workspace(c, values, problems, allocating)
-        if not problems:
-            outs = [(t.name, values[t.name] if t.role != "workspace" else c.ws_used) for t in self.tensors if t.written]
-            problems += aliasing(outs, [(t.name, values[t.name]) for t in self.tensors if not t.written])
+        self.check_written(c, values, problems)
         if problems:
             raise input_error(problems)
         return c
+
+    def check_options(self, values, problems):
+        """Every option's type and range (the generic validation's first step; a family's ``check`` may start with it)."""
+        for o in self.options:
+            o.check(problems, values[o.name])
+
+    def check_written(self, c, values, problems):
+        """The workspace (size, alignment) and overlap checks, once nothing else is wrong (the generic validation's
+        last step; a family's ``check`` may end with it). In an allocating call, on what is given."""
+        if not problems:
+            self._check_workspace(c, values, problems, c.allocating)
+        if not problems:
+            outs = [(t.name, values[t.name] if t.role != "workspace" else c.ws_used) for t in self.tensors if t.written]
+            problems += aliasing(outs, [(t.name, values[t.name]) for t in self.tensors if not t.written])
 
     def _check_workspace(self, c, values, problems, allocating=False):
         import torch
@@ -378,7 +389,7 @@ class Op:
                 problems.append(f"{t.name}: expected a 1-D uint8 CUDA tensor of at least {need} bytes ({t.sizer}), got "
                                 f"{tuple(getattr(w, 'shape', ())) or type(w).__name__}")
             else:
-                check(problems, w, t.name, w.shape, torch.uint8, c.dev, t.align)
+                check(problems, w, t.name, w.shape, torch.uint8, c.dev, t.mask(w, c) + 1)
                 if not problems and w.numel() < need:
                     problems.append(f"{t.name}: {w.numel()} bytes, the call needs {need} ({t.sizer})")
                 c.ws_used = w[:need]
@@ -601,7 +612,8 @@ class Op:
                     continue
                 if isinstance(spec, _Tensor):
                     alias = f"({next(letters)}!)" if spec.written else ""
-                    opt = "?" if spec.optional or p.default is None else ""
+                    required = spec.role == "workspace" and p.default is inspect.Parameter.empty  # a signature's positional workspace
+                    opt = "?" if (spec.optional and not required) or p.default is None else ""
                     txt = f"Tensor{alias}{opt} {p.name}"
                 else:
                     txt = f"{spec.torch_type} {p.name}"
@@ -614,7 +626,10 @@ class Op:
         outs = [t for t in self.tensors if t.role == "out" and t.returns is not False]
         listy = any(t.when for t in outs)
         ret = "Tensor[]" if listy else "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
-        ap, ip = params(alloc), params(into)
+        sig = {}
+        if self.torch_into is not None:
+            exec(f"def into({self.torch_into}): pass", sig)  # noqa: S102 (our own text: a signature)
+        ap, ip = params(alloc), params(sig.get("into", into))
         op = self
 
         def t_alloc(*args):

@@ -246,3 +246,65 @@ def test_a_given_workspace_the_call_does_not_need_is_not_rechecked(env, monkeypa
     for _ in range(2):
         into(_f(), _f(), _f(), stream=env.new_stream(0), workspace=ws)
     assert len(env.memsets) == 2
+
+
+# --- check_options / check_written (a family check's generic first and last steps), a callable workspace alignment,
+# --- torch_into= (a positional workspace in the _into schema): a toy op whose plan is one torch step, no driver ---
+
+
+def _ws_toy(monkeypatch, **kw):
+    runs = []
+    op = Op("toy_family", "toy_ws", plan_class="ToyWs", plan=lambda rec, c: rec.then(lambda ts, stream: runs.append(ts)),
+            into="out, ws, x, scale=1.0, mode='a', stream=None", alloc="x, scale=1.0, out=None, ws=None, mode='a', stream=None",
+            tensors=(Out("out", "float32", ("n",), given=True), D.Workspace("ws", lambda c: 64, "toy_bytes", align=lambda c: 32, given=True),
+                     In("x", "float32", ("n",))),
+            options=(D.Float("scale", 1.0, per_call=True), OneOf("mode", ("a",), "a")), **kw)
+    OPS.remove(op)
+    alloc, into, _ = op.forms({})
+    for g in (alloc.__globals__, into.__globals__):
+        monkeypatch.setitem(g, "stream_handle", lambda stream, dev: 0)
+    return op, alloc, into, runs
+
+
+def _ws_t(n=8, dtype=torch.float32):
+    return stand_in.cuda_tensor(torch.zeros(n, dtype=dtype))
+
+
+def _ws_ws(offset=0):
+    base = torch.zeros(128, dtype=torch.uint8)
+    shift = (-base.data_ptr() + offset) % 64
+    return stand_in.cuda_tensor(base[shift : shift + 64])
+
+
+def test_a_check_may_start_and_end_with_the_generic_option_and_written_checks(monkeypatch):
+    def check(c, problems):  # the family's own tensor checks between the generic first and last steps
+        op.check_options(vars(c), problems)
+        c.dev, c.sym["n"] = 0, c.x.shape[0]
+        if c.x.dtype != torch.float32:
+            problems.append("x: not fp32 (custom)")
+        op.check_written(c, vars(c), problems)
+
+    op, alloc, into, runs = _ws_toy(monkeypatch, check=check)
+    with pytest.raises(InputError) as e:
+        into(_ws_t(), _ws_ws(), _ws_t(8, torch.float16), mode="b")
+    assert "mode='b'" in str(e.value) and "x: not fp32 (custom)" in str(e.value) and not runs
+    for ws, want in ((_ws_ws()[:32], "ws: 32 bytes"), (_ws_ws(16), "not 32-byte aligned")):  # align(c): 32
+        with pytest.raises(InputError, match=want):
+            into(_ws_t(), ws, _ws_t())
+    x = _ws_t()
+    with pytest.raises(InputError, match="out: overlaps x"):
+        into(x, _ws_ws(), x)
+    into(_ws_t(), _ws_ws(), _ws_t())
+    assert len(runs) == 1
+
+
+def test_torch_into_takes_the_workspace_positionally_and_requires_it(monkeypatch):
+    op, alloc, into, runs = _ws_toy(monkeypatch, torch_into="out, ws, x, scale=1.0, mode='a'")
+    ops = op.torch_ops("toy", alloc, into)
+    assert ops["toy_toy_ws"][0] == '(Tensor x, float scale=1.0, str mode="a") -> Tensor'
+    assert ops["toy_toy_ws_into"][0] == '(Tensor(a!) out, Tensor(b!) ws, Tensor x, float scale=1.0, str mode="a") -> ()'
+    ops["toy_toy_ws_into"][1](_ws_t(), _ws_ws(), _ws_t(), 2.0, "a")
+    assert len(runs) == 1
+    from dsa_aot.ops.dsa_indexer_top_k import TORCH_OPS
+
+    assert "Tensor(c!)? workspace=None" in TORCH_OPS["dsa_indexer_top_k_into"][0]  # a workspace with a default stays optional
