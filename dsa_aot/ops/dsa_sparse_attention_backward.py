@@ -8,18 +8,14 @@ layouts are :mod:`dsa_aot.policy.dsa_sparse_attention_backward`, checked against
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass
 
 from ..errors import InputError
 from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
-from ._support import (aliasing, alloc_on, allocate, arch_of, check, cute_args, flag, flat_args, footprint, input_error, integer, launcher, one_of,
-                       require, scalar_f32, sm_count_of, stream_handle, tensor_args, workspace_problems, writes_only)
-from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
+from ._support import alloc_on, arch_of, check, cute_args, flag, flat_args, input_error, integer, launcher, one_of, require, sm_count_of, tensor_args
+from .declare import Flag, Float, In, Int, OneOf, Op, Out, Workspace
 
 __all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes", "SparseAttentionBackward"]
 
@@ -50,106 +46,50 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
     return policy.workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, arch=arch, topk=topk, deterministic=deterministic)
 
 
-@dataclass(frozen=True)
-class _Call:
-    """What validating one call proved: device, arch, extents, the workspace bytes it needs, the entries
-    that serve it, and what recheck() needs (byte sizes, alignment masks: lse 4 on SM90, 8 on SM100;
-    workspace 32 for the deterministic D576 layout)."""
-
-    dev: int
-    arch: str
-    s_q: int
-    s_kv: int
-    h: int
-    d: int
-    topk: int
-    need: int
-    kernels: dict
-    foot: list  # for recheck()
-
-
-def sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None,
-                              block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode="off"):
-    """cudnn's ``sparse_attention_backward_wrapper``: returns ``{'dq', 'dkv', 'd_sink'}``.
-
-    ``q`` (S_q, H, D) bf16, ``kv`` (S_kv, D) (K = V, one KV head; D 576 = QK dim, the first 512
-    columns are V), ``out``/``dout`` (S_q, H, 512), ``lse`` (S_q, H) fp32 (KV-only LSE), ``attn_sink``
-    (H,) fp32, ``topk_idxs`` (S_q, topk) int32 global KV ids (ids outside [0, S_kv) are ignored),
-    ``topk_length`` (S_q,) int32 optional valid prefix. ``dq``/``dkv`` and ``workspace`` are
-    allocated on the launch stream when omitted; ``d_sink`` is always a new (H,) fp32 tensor, as
-    upstream. Pass the outputs and workspace to ``sparse_attention_backward_into`` to capture it.
-    """
+def _check(c, problems):
+    """Every tensor problem, reported with the option problems: q, kv and topk_idxs give every other shape; the
+    dispatch and the workspace size (c.ks, c.need) once all pass."""
     import torch
 
-    # allocate what is missing once everything given is known to be valid (the allocated outputs and
-    # workspace are checked after)
-    ins = (dq, dkv, None, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)  # d_sink is always allocated
-    extra = (block_tile, deterministic, q_cluster_mode)
-    hit = remembered(_CALLS, ALLOC, ins, extra)  # the same options, tensors like the last validated call's, pointers that pass
-    call = hit and hit[0]
-    if call is not None:  # and the scale passes its per-call check
-        try:
-            _scalars_of(call.d)(softmax_scale=softmax_scale)
-        except InputError:
-            call = None
-    if call is None:
-        call = _validate(dq, dkv, None, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic,
-                         workspace, q_cluster_mode, allocating=True)
-        remember(_CALLS, ALLOC, extra, probe_for(ins, call.dev, call.foot), call)
-    dev = call.dev
-    stream_handle(stream, dev)  # refuse a bad stream before allocating on it (the _into call checks the rest, the scale and pointers)
-
-    def outputs():
-        with alloc_on(stream, dev):
-            return (torch.empty_like(q) if dq is None else dq, torch.empty_like(kv) if dkv is None else dkv, torch.empty_like(attn_sink),
-                    torch.empty(call.need, dtype=torch.uint8, device=q.device) if workspace is None else workspace)
-
-    dq, dkv, d_sink, workspace = allocate(outputs)
-    sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile,
-                                   deterministic, stream, workspace, q_cluster_mode)
-    return Outputs(dq=dq, dkv=dkv, d_sink=d_sink)
-
-
-def sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None,
-                                   block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode="off"):
-    """``sparse_attention_backward`` into caller-provided ``dq``, ``dkv``, ``d_sink`` and ``workspace``
-    (capture-safe from the first call, see dsa_aot.runtime; allocates nothing). Returns (dq, dkv, d_sink)."""
-    ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
-    # the signature proves every check but the per-call ones: the scale's value (below), pointer
-    # alignment and the outputs and workspace overlapping anything (recheck), the stream
-    call, p = cached(_CALLS, ts, (block_tile, deterministic, q_cluster_mode),
-                     lambda: _plan_backward(*ts[:10], softmax_scale, topk_length, block_tile, deterministic, workspace, q_cluster_mode))
-    call.run(p, stream_handle(stream, call.dev), call.scalars(softmax_scale=softmax_scale), ts, stream)
-    return dq, dkv, d_sink
+    if c.topk_length is not None and not isinstance(c.topk_length, torch.Tensor):
+        problems.append(f"topk_length: got {type(c.topk_length).__name__} (expected a torch.Tensor or None)")
+    shapeless = [f"{name}: must be a dense {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}" for name, nd in (("q", 3), ("kv", 2), ("topk_idxs", 2))
+                 if not isinstance(t := getattr(c, name), torch.Tensor) or t.layout != torch.strided or t.ndim != nd]
+    if shapeless:  # every other check reads its shape from these three
+        raise input_error(problems + shapeless)
+    c.dev = dev = c.q.device.index if c.q.device.type == "cuda" else None
+    arch = arch_of(dev) if dev is not None else None
+    c.sm100, c.need, c.ks, c.ws_align, det = arch is not None and is_sm100(arch), 0, None, 16, flag([], "deterministic", c.deterministic)
+    (s_q, h, d), s_kv, topk = c.q.shape, c.kv.shape[0], c.topk_idxs.shape[1]
+    c.sym.update(s_q=s_q, h=h, d=d, s_kv=s_kv, topk=topk)
+    if d not in (512, 576):
+        problems.append(f"head dim D={d} (expected 512 or 576)")
+    for t in sorted(OP.tensors, key=lambda t: t.role != "in"):  # the inputs first; outputs an allocating call makes are not checked
+        v = getattr(c, t.name)
+        if t.role != "workspace" and not (v is None and (t.optional or (c.allocating and t.role == "out"))):
+            check(problems, v, t.name, t.size_in(c), t.dtype_of(c)[0], dev, t.mask(v, c) + 1)
+    if s_kv < 1:
+        problems.append("kv: S_kv = 0 (expected at least one key row: the sink alone has no gradient path upstream supports)")
+    for what, n in (("S_q*H*D", s_q * h * d), ("S_kv*D", s_kv * d), ("S_q*topk", s_q * topk)):
+        if n >= 1 << 40:
+            problems.append(f"{what} = {n} (expected < 2**40)")
+    if det and arch is not None and not c.sm100:
+        problems.append("deterministic=True needs an SM100 GPU; upstream refuses it on SM90 too")
+    if det and c.sm100 and h not in policy.DETERMINISTIC_HEADS:
+        problems.append(f"deterministic=True: upstream's deterministic kernels exist for heads {policy.DETERMINISTIC_HEADS}, not H{h}")
+    if not problems:  # (so dev is a GPU's)
+        c.ks = policy.kernels(arch, h, d, topk, has_topk_length=c.topk_length is not None, deterministic=det, s_q=s_q, s_kv=s_kv, sm_count=sm_count_of(dev))
+        # bwd_d576 bakes the SM count in (split regime, compact slots): its entry is the target of this GPU's
+        # own SM count, or an ArchMismatchError naming the target to add (policy SM_COUNT_OPS)
+        require(FAMILY, c.ks, dev)
+        if c.ks.get("bwd", (None,))[0] == "bwd_d576" and det:
+            c.ws_align = 32  # the compact 96-plane dKV layout
+        c.need = policy.workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=det)
 
 
-def _scalars_of(d: int):
-    def scalars(softmax_scale=None):
-        if softmax_scale is None:
-            return (1.0 / math.sqrt(d),)
-        if type(softmax_scale) is float and -3.4028234663852886e38 <= softmax_scale <= 3.4028234663852886e38:
-            return (softmax_scale,)
-        problems = []
-        v = scalar_f32(problems, "softmax_scale", softmax_scale)
-        if problems:
-            raise input_error(problems)
-        return (v,)
-
-    return scalars
-
-
-def _plan_backward(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, block_tile=64,
-                   deterministic=False, workspace=None, q_cluster_mode="off"):
-    """Validate a sparse attention backward call and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
-    call = _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic,
-                     workspace, q_cluster_mode)
-    dev, s_q, s_kv, h, d, topk, ks = call.dev, call.s_q, call.s_kv, call.h, call.d, call.topk, call.kernels
-    ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
-    scalars = _scalars_of(d)
-    x = scalars(softmax_scale=softmax_scale)
-    defaults = functools.partial(scalars, softmax_scale=softmax_scale)  # a plan's execute may override it
-    rec = Recorder(len(ts), 1)
-    P, s, scale = rec.p, rec.s, rec.x[0]
+def _plan(rec, c):
+    s_q, s_kv, h, d, topk = (c.sym[k] for k in ("s_q", "s_kv", "h", "d", "topk"))
+    P, s, scale, dev = rec.p, rec.s, rec.x[0], c.dev
     if s_q == 0:  # no query: nothing flows back
         def zero(ts, stream):
             with alloc_on(stream, dev):
@@ -157,25 +97,25 @@ def _plan_backward(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs,
                 ts[2].zero_()
 
         rec.then(zero)
-    elif "bwd" in ks:
-        _sm100_call(rec, ks["bwd"], dev, s_q, s_kv, h, d, topk, topk_length is not None)
+    elif "bwd" in c.ks:
+        _sm100_call(rec, c.ks["bwd"], dev, s_q, s_kv, h, d, topk, c.topk_length is not None)
     else:
-        pre, main, post = (launcher(FAMILY, *ks[r], dev) for r in ("pre", "main", "post"))
+        pre, main, post = (launcher(FAMILY, *c.ks[r], dev) for r in ("pre", "main", "post"))
         sqr, skr, dr = round_up(s_q, policy.SM90_TILE_M), round_up(s_kv, policy.SM90_TILE_N), round_up(d, policy.SM90_DIM_MULTIPLE)
         stats = round_up(sqr * h * 4, policy.WS_ALIGN)
         ws = P[11]
         dpsum, lse_log2, acc = flat_args(ws, (1, sqr, h)), flat_args(ws + stats, (1, sqr, h)), ws + 2 * stats
         acc3 = flat_args(acc, (1, 1, skr * dr))
-        o4, do4 = tensor_args(out.unsqueeze(0), P[5]), tensor_args(dout.unsqueeze(0), P[6])
-        tl = tensor_args(topk_length.unsqueeze(0), P[10]) if topk_length is not None else ()
+        o4, do4 = tensor_args(c.out.unsqueeze(0), P[5]), tensor_args(c.dout.unsqueeze(0), P[6])
+        tl = tensor_args(c.topk_length.unsqueeze(0), P[10]) if c.topk_length is not None else ()
         # upstream's order: clear the dKV accumulator and d_sink (both are atomically accumulated)
         rec.memset(acc, skr * dr * 4)
         rec.memset(P[2], h * 4)
-        rec.launch(pre, *o4, *do4, *dpsum, *tensor_args(lse.unsqueeze(0), P[7]), *lse_log2, *tensor_args(attn_sink, P[8]), *tensor_args(d_sink, P[2]), s)
-        rec.launch(main, *tensor_args(q.unsqueeze(0), P[3]), *tensor_args(kv.unsqueeze(0).unsqueeze(2), P[4]), *do4, *lse_log2, *dpsum,
-                   *tensor_args(dq.unsqueeze(0), P[0]), *acc3, *tensor_args(topk_idxs.unsqueeze(0), P[9]), *tl, scale, s)
-        rec.launch(post, *acc3, *tensor_args(dkv.unsqueeze(0).unsqueeze(2), P[1]), s_kv, s)
-    return compile_call("dsa_sparse_attention_backward", rec, dev, ts, call.foot, x, defaults)
+        rec.launch(pre, *o4, *do4, *dpsum, *tensor_args(c.lse.unsqueeze(0), P[7]), *lse_log2, *tensor_args(c.attn_sink, P[8]),
+                   *tensor_args(c.d_sink, P[2]), s)
+        rec.launch(main, *tensor_args(c.q.unsqueeze(0), P[3]), *tensor_args(c.kv.unsqueeze(0).unsqueeze(2), P[4]), *do4, *lse_log2, *dpsum,
+                   *tensor_args(c.dq.unsqueeze(0), P[0]), *acc3, *tensor_args(c.topk_idxs.unsqueeze(0), P[9]), *tl, scale, s)
+        rec.launch(post, *acc3, *tensor_args(c.dkv.unsqueeze(0).unsqueeze(2), P[1]), s_kv, s)
 
 
 def _sm100_call(rec, op_key, dev, s_q, s_kv, h, d, topk, has_topk_length):
@@ -211,120 +151,30 @@ def _sm100_call(rec, op_key, dev, s_q, s_kv, h, d, topk, has_topk_length):
     rec.launch(fn, *problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
 
 
-class SparseAttentionBackward(Plan):
-    """cudnn's SparseAttentionBackward shape: ``SparseAttentionBackward(dq, dkv, d_sink, q, kv, out, dout,
-    lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, block_tile=64, deterministic=False,
-    workspace=None, q_cluster_mode="off")``; ``execute(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink,
-    topk_idxs, topk_length=None, workspace=None, stream=None, softmax_scale=...)`` (see :class:`dsa_aot.ops.plan.Plan`)."""
+OPTS = "block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode=\"off\""
+OP = Op(
+    FAMILY, "sparse_attention_backward", plan_class="SparseAttentionBackward",
+    into=f"dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, {OPTS}",
+    alloc=f"q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None, {OPTS}",
+    torch_into="dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, workspace, softmax_scale=None, topk_length=None, block_tile=64, "
+               "deterministic=False, q_cluster_mode='off'",  # the schema takes the workspace positionally
+    tensors=(
+        Out("dq", "bfloat16", ("s_q", "h", "d"), given=True), Out("dkv", "bfloat16", ("s_kv", "d"), given=True), Out("d_sink", "float32", ("h",)),
+        In("q", "bfloat16", ("s_q", "h", "d")), In("kv", "bfloat16", ("s_kv", "d")), In("out", "bfloat16", ("s_q", "h", HEAD_DIM_V)),
+        In("dout", "bfloat16", ("s_q", "h", HEAD_DIM_V)),
+        In("lse", "float32", ("s_q", "h"), align=lambda c: 8 if c.sm100 else 4),  # SM100 copies LSE in fp32 pairs
+        In("attn_sink", "float32", ("h",)), In("topk_idxs", "int32", ("s_q", "topk")),
+        In("topk_length", "int32", ("s_q",), optional=True, align=lambda c: 4 if c.sm100 else 16),
+        Workspace("workspace", lambda c: c.need, "dsa_aot.dsa.sparse_attention_backward_workspace_bytes", align=lambda c: c.ws_align, given=True),
+    ),
+    options=(Flag("deterministic", False), Int("block_tile", 64, 64, 64), OneOf("q_cluster_mode", ("off",), "off"),
+             Float("softmax_scale", None, none=lambda c: 1.0 / math.sqrt(c.sym["d"]), per_call=True)),
+    check=_check, plan=_plan, into_returns=("dq", "dkv", "d_sink"),
+    note="``q`` (S_q, H, D) bf16, ``kv`` (S_kv, D) (K = V, one KV head; D 576 = QK dim, the first 512 columns are V), ``out``/``dout`` "
+         "(S_q, H, 512), ``lse`` (S_q, H) fp32 (KV-only LSE), ``attn_sink`` (H,) fp32, ``topk_idxs`` (S_q, topk) int32 global KV ids (ids "
+         "outside [0, S_kv) are ignored), ``topk_length`` (S_q,) int32 optional valid prefix. The allocating form allocates ``dq`` / ``dkv`` "
+         "and ``workspace`` on the launch stream when omitted; ``d_sink`` is always new, as upstream. Returns (dq, dkv, d_sink).",
+)  # fmt: skip
 
-    _build = staticmethod(_plan_backward)
-    _tensors = ("dq", "dkv", "d_sink", "q", "kv", "out", "dout", "lse", "attn_sink", "topk_idxs", "topk_length", "workspace")
-    _scalars = ("softmax_scale",)
-
-
-# signature (types, shapes, dtypes, devices, layouts, contiguity, options) -> the compiled Call
-_CALLS: dict = {}
-
-
-def _validate(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, softmax_scale, block_tile, deterministic, workspace,
-              q_cluster_mode, allocating=False):
-    """Every problem with the inputs, raised together before anything is launched or written.
-    ``allocating``: outputs and workspace given as None will be allocated (not checked)."""
-    import torch
-
-    problems = []
-    deterministic = flag(problems, "deterministic", deterministic)
-    integer(problems, "block_tile", block_tile, 64, 64)
-    one_of(problems, "q_cluster_mode", q_cluster_mode, ("off",))
-    if softmax_scale is not None:
-        scalar_f32(problems, "softmax_scale", softmax_scale)
-    if topk_length is not None and not isinstance(topk_length, torch.Tensor):
-        problems.append(f"topk_length: got {type(topk_length).__name__} (expected a torch.Tensor or None)")
-    shapeless = [f"{name}: must be a dense {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}"
-                 for t, name, nd in ((q, "q", 3), (kv, "kv", 2), (topk_idxs, "topk_idxs", 2))
-                 if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.ndim != nd]
-    if shapeless:  # every other check reads its shape from these three
-        raise input_error(problems + shapeless)
-    dev = q.device.index if q.device.type == "cuda" else None
-    arch = arch_of(dev) if dev is not None else None
-    sm100 = arch is not None and is_sm100(arch)
-    s_q, h, d = q.shape
-    s_kv, topk = kv.shape[0], topk_idxs.shape[1]
-    bf16, f32 = torch.bfloat16, torch.float32
-    if d not in (512, 576):
-        problems.append(f"head dim D={d} (expected 512 or 576)")
-    check(problems, q, "q", (s_q, h, d), bf16, dev, 16)
-    check(problems, kv, "kv", (s_kv, d), bf16, dev, 16)
-    check(problems, out, "out", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
-    check(problems, dout, "dout", (s_q, h, HEAD_DIM_V), bf16, dev, 16)
-    check(problems, lse, "lse", (s_q, h), f32, dev, 8 if sm100 else 4)  # SM100 copies LSE in fp32 pairs
-    check(problems, attn_sink, "attn_sink", (h,), f32, dev, 16)
-    check(problems, topk_idxs, "topk_idxs", (s_q, topk), torch.int32, dev, 16)
-    if topk_length is not None:
-        check(problems, topk_length, "topk_length", (s_q,), torch.int32, dev, 4 if sm100 else 16)
-    for t, name, shape, dt in ((dq, "dq", (s_q, h, d), bf16), (dkv, "dkv", (s_kv, d), bf16), (d_sink, "d_sink", (h,), f32)):
-        if not (allocating and t is None):
-            check(problems, t, name, shape, dt, dev, 16)
-    if s_kv < 1:
-        problems.append("kv: S_kv = 0 (expected at least one key row: the sink alone has no gradient path upstream supports)")
-    for what, n in (("S_q*H*D", s_q * h * d), ("S_kv*D", s_kv * d), ("S_q*topk", s_q * topk)):
-        if n >= 1 << 40:
-            problems.append(f"{what} = {n} (expected < 2**40)")
-    if deterministic and arch is not None and not sm100:
-        problems.append("deterministic=True needs an SM100 GPU; upstream refuses it on SM90 too")
-    if deterministic and sm100 and h not in policy.DETERMINISTIC_HEADS:
-        problems.append(f"deterministic=True: upstream's deterministic kernels exist for heads {policy.DETERMINISTIC_HEADS}, not H{h}")
-    need, ks, ws_align = 0, None, 16
-    if not problems and dev is not None:
-        sms = sm_count_of(dev)
-        ks = policy.kernels(arch, h, d, topk, has_topk_length=topk_length is not None, deterministic=deterministic, s_q=s_q, s_kv=s_kv, sm_count=sms)
-        # bwd_d576 bakes the SM count in (split regime, compact slots): its entry is the target of this GPU's
-        # own SM count, or an ArchMismatchError naming the target to add (policy SM_COUNT_OPS)
-        require(FAMILY, ks, dev)
-        op, key = ks.get("bwd", (None, None))
-        if op == "bwd_d576" and deterministic:
-            ws_align = 32  # the compact 96-plane dKV layout
-    if not problems:
-        need = policy.workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=deterministic)
-    if not problems and not (allocating and workspace is None):
-        named = (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse), ("attn_sink", attn_sink), ("topk_idxs", topk_idxs),
-                 ("topk_length", topk_length), ("dq", dq), ("dkv", dkv), ("d_sink", d_sink))
-        problems += workspace_problems(workspace, need, dev, named, "dsa_aot.dsa.sparse_attention_backward_workspace_bytes", ws_align)
-    if not problems:
-        problems += aliasing((("dq", dq), ("dkv", dkv), ("d_sink", d_sink)), (("q", q), ("kv", kv), ("out", out), ("dout", dout), ("lse", lse),
-                                                                            ("attn_sink", attn_sink), ("topk_idxs", topk_idxs), ("topk_length", topk_length)))
-    if problems:
-        raise input_error(problems)
-    ts = (dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, topk_length, workspace)
-    masks = (15,) * 7 + ((7 if sm100 else 3),) + (15, 15) + ((3 if sm100 else 15), ws_align - 1)  # as checked above
-    foot = footprint(ts, writes=(0, 1, 2, 11), masks=masks, sizes={11: need})
-    return _Call(dev, arch, s_q, s_kv, h, d, topk, need, ks, foot)
-
-
-# --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
-# On torch's current stream.
-
-
-def _t_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, block_tile=64, deterministic=False,
-                q_cluster_mode="off"):
-    return tuple(sparse_attention_backward(q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile=block_tile,
-                                           deterministic=deterministic, q_cluster_mode=q_cluster_mode))
-
-
-def _f_backward(q, kv, out, dout, lse, attn_sink, *args, **kwargs):
-    return q.new_empty(q.shape), kv.new_empty(kv.shape), attn_sink.new_empty(attn_sink.shape)
-
-
-def _t_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, workspace, softmax_scale=None, topk_length=None, block_tile=64,
-                     deterministic=False, q_cluster_mode="off"):
-    sparse_attention_backward_into(dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale, topk_length, block_tile,
-                                   deterministic, None, workspace, q_cluster_mode)
-
-
-_IN = "Tensor q, Tensor kv, Tensor out, Tensor dout, Tensor lse, Tensor attn_sink, Tensor topk_idxs"
-_OPTS = "float? softmax_scale=None, Tensor? topk_length=None, int block_tile=64, bool deterministic=False, str q_cluster_mode=\"off\""
-TORCH_OPS = {
-    "dsa_sparse_attention_backward": (f"({_IN}, {_OPTS}) -> (Tensor, Tensor, Tensor)", _t_backward, _f_backward),
-    "dsa_sparse_attention_backward_into": (f"(Tensor(a!) dq, Tensor(b!) dkv, Tensor(c!) d_sink, {_IN}, Tensor(d!) workspace, {_OPTS}) -> ()",
-                                           _t_backward_into, writes_only),
-}  # fmt: skip
+sparse_attention_backward, sparse_attention_backward_into, SparseAttentionBackward = OP.forms(globals())
+TORCH_OPS = OP.torch_ops("dsa", sparse_attention_backward, sparse_attention_backward_into)
