@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import JITTER, Aot, Jit, Parity, bitwise, load_ref, nan_like, poisoned_workspace  # noqa: E402
 
 BASE = "cudnn.deepseek_sparse_attention.sparse_attention_backward"
+SM90 = BASE + "._interface_sm90"  # imported by setup: the package's attribute from then on (cudnn imports it lazily)
 SEED = dict(s_q=2048, s_kv=2048, h=64, d=512, topk=512)  # the seed repro
 PAD = dict(s_q=1024, s_kv=3072, h=128, d=576, topk=512, tl=True, invalid_frac=0.05, scale=0.05)
 ARGS = ("q", "kv", "out", "dout", "lse", "attn_sink", "topk_idxs", "topk_length", "softmax_scale")
@@ -54,22 +55,17 @@ def cases(quick):
     return [case(**SEED, label="seed-")] + [case(1024, 4096, h, d, topk, tl) for h, d, topk, tl in grid] + [case(**PAD)]
 
 
-def make_inputs(spec, device="cpu"):
-    """CPU inputs of one case (out / lse from the fp64 forward, computed on ``device``); (dict, generator name)."""
+def make_inputs(spec, device=None):
+    """CPU inputs of one case (out / lse from the fp64 forward, on ``device``: None, the GPU if any); (dict, generator name)."""
     import torch
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     x = load_ref("ref_sparse_attention.py").make_inputs(spec["s_q"], spec["s_kv"], spec["h"], spec["d"], spec["topk"], device=device,
                                                         with_topk_length=spec["tl"], seed=spec["seed"], invalid_frac=spec["invalid_frac"],
                                                         softmax_scale=spec["scale"])
     x = {k: (v.to("cpu").contiguous() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
     x["softmax_scale"] = spec["scale"]  # what both sides pass (None: the op's default 1/sqrt(D))
     return x, "tests/gpu/ref_sparse_attention.make_inputs"
-
-
-def inputs(spec):
-    import torch
-
-    return make_inputs(spec, "cuda" if torch.cuda.is_available() else "cpu")[0]  # the fp64 forward on the GPU where there is one
 
 
 def _dq(spec, jo, ao):
@@ -94,14 +90,8 @@ def _call(fn, x, b):
 
 
 def _into(dsa, spec, x, b):
-    dsa.sparse_attention_backward_into(b["dq"], b["dkv"], b["d_sink"], *(x[k] for k in ARGS[:7]), x["softmax_scale"], x["topk_length"],
-                                       workspace=b["workspace"])
+    dsa.sparse_attention_backward_into(b["dq"], b["dkv"], b["d_sink"], **{k: x[k] for k in ARGS}, workspace=b["workspace"])
     return b
-
-
-def _setup():
-    importlib.import_module(BASE + "._interface_sm90")  # the package's attribute from now on (cudnn imports it lazily)
-    return importlib.import_module(BASE)
 
 
 def _extras(key, pairs):
@@ -125,13 +115,13 @@ def _index_key(kind, k):
                                                             ("N_hdim_chunks", n_chunks, dim // want)))
 
 
-F = "flash_attn_bwd_sm90."  # the caches are attributes of the function, looked up at every call
 PARITY = Parity(
-    family="dsa_sparse_attention_backward", doc=__doc__, cases=cases, inputs=inputs, buffers=buffers,
+    family="dsa_sparse_attention_backward", doc=__doc__, cases=cases, inputs=lambda spec: make_inputs(spec)[0], buffers=buffers,
     outputs=lambda spec: {"dq": _dq, "dkv": JITTER, "d_sink": JITTER},
     label=lambda s: f"H{s['h']} D{s['d']} topk {s['topk']}" + (" len" if s["tl"] else ""),
-    jit=Jit(setup=_setup, caches={kind: (BASE + "._interface_sm90", F + attr) for kind, attr in
-                                  (("pre", "compile_cache_pre"), ("main", "compile_cache"), ("post", "compile_cache_post"))},
+    jit=Jit(setup=lambda: [importlib.import_module(m) for m in (SM90, BASE)][1],  # the caches: attributes of the function, read at every call
+            caches={kind: (SM90, "flash_attn_bwd_sm90." + attr) for kind, attr in (("pre", "compile_cache_pre"), ("main", "compile_cache"),
+                                                                                   ("post", "compile_cache_post"))},
             index_key=_index_key, call=lambda api, spec, x, b: _call(api.sparse_attention_backward_wrapper, x, b)),
     aot=Aot(call=lambda dsa, spec, x, b: _call(dsa.sparse_attention_backward, x, b), into=_into),
     covers=("sm_90a",),  # the JIT caches above are SM90's; SM100 runs another cudnn path

@@ -47,8 +47,7 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
 
 
 def _check(c, problems):
-    """Every tensor problem, reported with the option problems: q, kv and topk_idxs give every other shape; the
-    dispatch and the workspace size (c.ks, c.need) once all pass."""
+    """Every tensor problem, with the option problems (q, kv, topk_idxs give the shapes); then the dispatch c.ks, workspace c.need."""
     import torch
 
     if c.topk_length is not None and not isinstance(c.topk_length, torch.Tensor):
@@ -151,11 +150,11 @@ def _sm100_call(rec, op_key, dev, s_q, s_kv, h, d, topk, has_topk_length):
     rec.launch(fn, *problem, *(a for t in tensors for a in t), *c(ws, lse_shape, (2,)), *c(ws_dkv, dkv_shape, (2,)), scale, s)
 
 
-OPTS = "block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode=\"off\""
+_OPTS = "block_tile=64, deterministic=False, stream=None, workspace=None, q_cluster_mode=\"off\""
 OP = Op(
     FAMILY, "sparse_attention_backward", plan_class="SparseAttentionBackward",
-    into=f"dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, {OPTS}",
-    alloc=f"q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None, {OPTS}",
+    into=f"dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, {_OPTS}",
+    alloc=f"q, kv, out, dout, lse, attn_sink, topk_idxs, softmax_scale=None, topk_length=None, dq=None, dkv=None, {_OPTS}",
     torch_into="dq, dkv, d_sink, q, kv, out, dout, lse, attn_sink, topk_idxs, workspace, softmax_scale=None, topk_length=None, block_tile=64, "
                "deterministic=False, q_cluster_mode='off'",  # the schema takes the workspace positionally
     tensors=(
