@@ -21,7 +21,6 @@ __all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "spars
 
 FAMILY = policy.FAMILY
 HEAD_DIM_V = policy.HEAD_DIM_V
-_I32 = 2**31
 
 
 def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, num_heads, *, arch="sm_90a", topk=None, deterministic=False) -> int:
@@ -32,7 +31,7 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
     index row width: it selects the backend): the LSE/OdO and dKV workspaces of that backend.
     """
     problems = []
-    for name, v, lo, hi in (("total_s_q", total_s_q, 0, _I32 - 1), ("total_s_kv", total_s_kv, 0, _I32 - 1), ("head_dim", head_dim, 1, 1024),
+    for name, v, lo, hi in (("total_s_q", total_s_q, 0, 2**31 - 1), ("total_s_kv", total_s_kv, 0, 2**31 - 1), ("head_dim", head_dim, 1, 1024),
                             ("num_heads", num_heads, 1, 1024)):
         integer(problems, name, v, lo, hi)
     one_of(problems, "arch", arch, ("sm_90a", "sm_100a", "sm_103a", "sm_100f"))
@@ -47,9 +46,10 @@ def sparse_attention_backward_workspace_bytes(total_s_q, total_s_kv, head_dim, n
 
 
 def _check(c, problems):
-    """Every tensor problem, with the option problems (q, kv, topk_idxs give the shapes); then the dispatch c.ks, workspace c.need."""
+    """Every problem of a call, reported together (q, kv, topk_idxs give the shapes); the dispatch c.ks, the workspace c.need."""
     import torch
 
+    OP.check_options(vars(c), problems)
     if c.topk_length is not None and not isinstance(c.topk_length, torch.Tensor):
         problems.append(f"topk_length: got {type(c.topk_length).__name__} (expected a torch.Tensor or None)")
     shapeless = [f"{name}: must be a dense {nd}-D tensor, got {getattr(t, 'shape', type(t).__name__)}" for name, nd in (("q", 3), ("kv", 2), ("topk_idxs", 2))
@@ -84,6 +84,7 @@ def _check(c, problems):
         if c.ks.get("bwd", (None,))[0] == "bwd_d576" and det:
             c.ws_align = 32  # the compact 96-plane dKV layout
         c.need = policy.workspace_bytes(s_q, s_kv, d, h, arch=arch, topk=topk, deterministic=det)
+    OP.check_written(c, vars(c), problems)  # the workspace and overlaps, once the rest passed
 
 
 def _plan(rec, c):
