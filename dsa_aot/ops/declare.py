@@ -42,7 +42,7 @@ class _Tensor:
     role = "in"
 
     def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None, given=False, written=False,
-                 alloc_like=False):
+                 alloc_like=False, pad=None, omitted=False):
         # shape: a tuple of ints and symbol names; "like <tensor>": that tensor's; None: any (the op's rules check it);
         # align: bytes, "element", or align(c) -> bytes (an arch that loads wider); given, alloc_like: see Out; written: see In
         self.name, self.dtypes, self.align, self.given = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), align, given
@@ -50,6 +50,7 @@ class _Tensor:
         self.shape = shape if shape is None or isinstance(shape, str) or callable(shape) else tuple(shape)  # shape(c): a rank that varies
         self.optional, self.when, self.staged = optional or when is not None, when, staged
         self.returns = name if returns is None else returns  # False: written, not in the allocating form's result (a scratch buffer)
+        self.pad, self.omitted, self.param = pad, omitted, given if isinstance(given, str) else name  # param: its allocating-form name
 
     def dtype_of(self, c):
         """The torch dtypes this tensor may have in call ``c`` ("like <tensor>": that tensor's)."""
@@ -91,7 +92,12 @@ class Out(_Tensor):
     """An output tensor (written). ``when``: the name of a flag option; the output exists (and is written)
     only when it is true, and must be None otherwise. ``returns``: its key in the allocating form's result.
     ``given``: the allocating form takes it too (cudnn's ``out=None``): used as given (the ``_into`` call checks
-    it), allocated when None. ``alloc_like``: allocated as ``torch.empty_like`` the tensor its shape is "like"."""
+    it), allocated when None; a string names that parameter (``given="lse_out"``). ``alloc_like``: allocated as
+    ``torch.empty_like`` the tensor its shape is "like". ``optional`` without ``when``: the ``_into`` form takes None
+    (not written); a ``when`` naming an ``alloc_only`` option is the allocating form's. ``pad(c)``: the shape the
+    kernel binds (rows padded); the allocating form allocates that and returns the declared shape's part, contiguous,
+    and a given one it cannot bind as it is (any strides) is filled through such a buffer and copied back.
+    ``omitted``: the allocating form's result has no key for it when ``when`` is false."""
 
     role = "out"
 
@@ -260,12 +266,16 @@ class Op:
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call and not o.alloc_only)  # the cache key's options, one order for every form
+        self.alloc_key = self.key + tuple(o.name for o in self.options if not o.per_call and o.alloc_only)  # the generated allocating form's
         self.scalars = tuple(o.name for o in self.options if o.per_call)
         self.ins = tuple(t.name for t in self.tensors if t.role == "in" or t.given)  # the allocating form's tensors
         self.results = tuple((t.returns, i) for i, t in enumerate(self.tensors) if t.role == "out" and t.returns is not False)
         self.cache: dict = {}
         self._by_name = {t.name: t for t in self.tensors} | {o.name: o for o in self.options}
         OPS.append(self)
+
+    def _opt(self, name):
+        return next(o for o in self.options if o.name == name)
 
     # --- validation -------------------------------------------------------------------------------
 
@@ -276,8 +286,10 @@ class Op:
         c.sym.update((o.name, values[o.name]) for o in self.options if isinstance(o, Int) and o.name in values)  # (alloc_only: not in _into's)
         return c
 
-    def _values(self, ts, opts, scal=()):
-        return dict(zip(self.names, ts)) | dict(zip(self.key, opts)) | dict(zip(self.scalars, scal))
+    def _values(self, ts, opts, scal=(), key=None):
+        key = self.key if key is None else key  # the allocating form's alloc_key; the _into form's: alloc_only ones at their defaults
+        return ({o.name: o.default for o in self.options if o.alloc_only} | dict(zip(self.names, ts)) | dict(zip(key, opts))
+                | dict(zip(self.scalars, scal)))
 
     def validate(self, values: dict, allocating=False) -> _Ctx:
         """Every check of a call (``allocating``: only its inputs, staged ones without layout); the call's
@@ -308,10 +320,11 @@ class Op:
                     if problems:
                         break
             v = values[t.name]
-            wanted = t.when is None or bool(values[t.when])
+            free = t.when is None or self._opt(t.when).alloc_only  # None: not written (a `when` of the allocating form's)
+            wanted = free or bool(values[t.when])
             if t.role == "workspace":
                 continue  # sized by the call's shapes, checked last
-            if v is None and (t.optional and (t.role == "in" or not wanted)):
+            if v is None and (t.optional and (t.role == "in" or free or not wanted)):
                 continue
             if not wanted:
                 problems.append(f"{t.name}: must be None when {t.when}=False")
@@ -433,14 +446,14 @@ class Op:
         missing entry before allocating, stage the inputs; (context, call box, output maker, staged inputs).
         Remembered for the inputs (:func:`dsa_aot.ops.plan.remember`) when they need no staging, so a repeated
         call skips all of it (the generated form's memo), with its per-call scalars' check (run before allocating)."""
-        values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | self._values((), opts, scal)
+        values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | self._values((), opts, scal, self.alloc_key)
         c = self.validate(values, allocating=True)
         stream_handle(stream, c.dev)  # a bad stream, and a missing entry, refused before anything is allocated
         if self.entries:
             ks = self.entries(c)
             require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
         box = [None]  # the _into call, once known (plan.fresh)
-        make = self._maker(self._shapes(c, values), c.dev)
+        make = self._maker(self._shapes(c, values), c.dev, c, values)
         specs = [self._by_name[n] for n in self.ins]
         foot = self._footprint(c, specs, ins)  # given outputs and written inputs rechecked for overlap per call
         staged = tuple(t.role == "in" for t in specs)  # given outputs are used as they are
@@ -470,17 +483,19 @@ class Op:
             elif t.alloc_like:
                 new = ("like", self.ins.index(t.shape[5:]), slot)
             else:
-                new = ("new", t.size_in(c), t.dtype_of(c)[0], slot)
+                new = ("new", t.pad(c) if t.pad else t.size_in(c), t.dtype_of(c)[0], slot)
             out.append(("in", slot) if new is None and slot is not None else new)
         return tuple(out)
 
-    def _maker(self, shapes, dev):
+    def _maker(self, shapes, dev, c, values):
         """``make(x)``: the plan's tensors of an allocating call on GPU ``dev``, from its (staged) inputs ``x``:
-        straight-line code with the shapes, dtypes and device bound as constants, as a hand-written op allocates."""
+        straight-line code with the shapes, dtypes and device bound as constants, as a hand-written op allocates.
+        ``make.done(ts, x, stream)``: the result, where an output is padded or omitted (Out's ``pad``, ``omitted``)."""
         import torch
 
-        env, items = {"E": torch.empty, "EL": torch.empty_like, "DEV": torch.device("cuda", dev)}, []
-        for i, sh in enumerate(shapes):
+        env = {"E": torch.empty, "EL": torch.empty_like, "DEV": torch.device("cuda", dev), "AO": alloc_on, "A": allocate, "R": Outputs, "dev": dev}
+        items, done, res = [], [], []
+        for i, (t, sh) in enumerate(zip(self.tensors, shapes)):
             if sh is None:
                 items.append("None")
             elif sh[0] == "in":
@@ -491,9 +506,30 @@ class Op:
                 else:
                     env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
                     new = f"E(S{i}, dtype=D{i}, device=DEV)"
-                items.append(new if sh[-1] is None else f"({new} if x[{sh[-1]}] is None else x[{sh[-1]}])")
+                g = sh[-1]
+                if t.pad and g is not None:  # a given one the kernel binds as it is: its padded shape, contiguous, aligned
+                    env[f"M{i}"] = t.mask(values[t.name], c) if values[t.name] is not None else 15
+                    items.append(f"(x[{g}] if x[{g}] is not None and x[{g}].shape == S{i} and x[{g}].is_contiguous() and not x[{g}].data_ptr() & M{i} "
+                                 f"else {new})")
+                else:
+                    items.append(new if g is None else f"({new} if x[{g}] is None else x[{g}])")
+            if t.role != "out" or t.returns is False or (t.omitted and not values[t.when]):
+                continue
+            res.append(f"{t.returns}=r{i}")
+            done.append(f"    r{i} = ts[{i}]")
+            if t.pad and sh is not None and sh[0] == "new":
+                env[f"V{i}"] = tuple(slice(0, n) for n in t.size_in(c))
+                g = sh[-1]
+                cut = [] if tuple(sh[1]) == t.size_in(c) else ["with AO(stream, dev):", f"    r{i} = A(lambda: r{i}[V{i}].contiguous())"]
+                if g is not None:  # given: filled through our buffer when not bound, copied back on the stream
+                    cut = [f"if x[{g}] is not None:", f"    if r{i} is not x[{g}]:", "        with AO(stream, dev):",
+                           f"            x[{g}].copy_(r{i}[V{i}])", f"    r{i} = x[{g}]"] + (["else:"] + ["    " + ln for ln in cut] if cut else [])
+                done += ["    " + ln for ln in cut]  # else: upstream returns its padded allocation's part, contiguous
         src = f"def make(x):\n    return ({', '.join(items)},)\n"
+        if any(t.pad or t.omitted for t in self.tensors):
+            src += "def done(ts, x, stream):\n" + "\n".join(done) + f"\n    return R({', '.join(res)})\n"
         exec(compile(src, f"<dsa_aot alloc: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
+        env["make"].done = env.get("done")
         return env["make"]
 
     def into_args(self, c, stream) -> dict:
@@ -534,6 +570,9 @@ class Op:
             if all(fast) and self.scalar_fn is None:
                 x = f"{tup(self.scalars)} if {' and '.join(fast)} else {x}"
         view = "ALLOC_VIEW(_x)" if self.alloc_view is not None else "_x"
+        iopts = "_opts" if self.alloc_key == self.key else "_iopts"  # alloc_only options: in its memo's key, not the _into call's
+        ret = "_make.done(_ts, _x, stream)" if any(t.pad or t.omitted for t in self.tensors) else \
+            f"Outputs({', '.join(f'{r}=_ts[{i}]' for r, i in self.results)})"
         # the allocating form, straight-line as a hand-written op is (its host cost is the point): the memo of the
         # last validated inputs, else prepare_alloc's full checks; then allocate on the launch stream, the _into
         # call (fresh: only the new pointers re-checked), the launch
@@ -552,8 +591,8 @@ class Op:
                     f"    return OP.alloc_result(_c, _a, stream)\n")
         else:
             src += (f"def {self.name}({self.alloc_sig}):\n"
-               f"    _ins = {tup(self.ins)}\n"
-               f"    _opts = {tup(self.key)}\n"
+               f"    _ins = {tup(self._by_name[n].param for n in self.ins)}\n"
+               f"    _opts = {tup(self.alloc_key)}\n"
                f"    _hit = remembered(CACHE, ALLOC, _ins, _opts)\n"
                f"    if _hit is not None:\n"
                f"        _dev, _box, _make, _sc = _hit[0]\n"
@@ -562,14 +601,15 @@ class Op:
                f"        _dev, _box, _make, _x, _sc = OP.prepare_alloc(_ins, _opts, {tup(self.scalars)}, stream)\n"
                f"    _xs = {x.replace('_call.scalars', '_sc') if self.scalars else '()'}  # checked before allocating\n"
                f"    _s = stream_handle(stream, _dev)\n"
-               f"    with alloc_on(stream, _dev):\n"
+               + (f"    _iopts = {tup(self.key)}\n" if iopts == "_iopts" else "")
+               + f"    with alloc_on(stream, _dev):\n"
                f"        try:\n"
                f"            _ts = _make({view})\n"
                f"        except RuntimeError as _e:  # torch.OutOfMemoryError is one\n"
                f"            raise alloc_failed(_e) from None\n"
-               f"    _call, _p = fresh(_box, CACHE, _ts, _opts, lambda: OP.build(_ts, _opts, {tup(self.scalars)}))\n"
+               f"    _call, _p = fresh(_box, CACHE, _ts, {iopts}, lambda: OP.build(_ts, {iopts}, {tup(self.scalars)}))\n"
                f"    _call.run(_p, _s, _xs, _ts, stream)\n"
-               f"    return Outputs({', '.join(f'{r}=_ts[{i}]' for r, i in self.results)})\n")
+               f"    return {ret}\n")
         env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle, "remembered": remembered, "ALLOC": ALLOC,
                "alloc_on": alloc_on, "alloc_failed": alloc_failed, "fresh": fresh, "Outputs": Outputs,
                "ALLOC_VIEW": self.alloc_view}

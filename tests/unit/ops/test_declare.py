@@ -308,3 +308,73 @@ def test_torch_into_takes_the_workspace_positionally_and_requires_it(monkeypatch
     from dsa_aot.ops.dsa_indexer_top_k import TORCH_OPS
 
     assert "Tensor(c!)? workspace=None" in TORCH_OPS["dsa_indexer_top_k_into"][0]  # a workspace with a default stays optional
+
+
+# --- the indexer forward's: alloc_only options in the generated allocating form, given names, padded and omitted outputs ---
+
+
+def _padded_toy(monkeypatch, **kw):
+    """y (given as ``out``, rows padded by 3 in the allocating form), aux (optional; allocated with want_aux, an
+    allocating-form-only flag; omitted from the result otherwise; given as ``aux_out``), x."""
+    monkeypatch.setattr(declare, "OPS", [])  # not one of the package's ops
+    return Op(
+        "toy_family", "toy", plan_class="Toy",
+        into="y, aux, x, n=None, mode='a', stream=None",
+        alloc="x, n=None, mode='a', big=1, out=None, stream=None, want_aux=False, aux_out=None",
+        tensors=(Out("y", "float32", lambda c: tuple(c.x.shape), given="out", pad=lambda c: tuple(c.x.shape[:-1]) + (c.x.shape[-1] + 3,)),
+                 Out("aux", "float32", ("rows",), optional=True, given="aux_out", when="want_aux", omitted=True),
+                 In("x", "float32", ("rows", "cols"))),
+        options=(Int("n", 0, 10, None), OneOf("mode", ("a", "b"), "a"), OneOf("big", (1,), 1, alloc_only=True, torch=False),
+                 Flag("want_aux", False, alloc_only=True)),
+        plan=lambda rec, c: None, **kw)
+
+
+def test_allocating_form_only_options_given_names_and_quoted_string_defaults(monkeypatch):
+    op = _padded_toy(monkeypatch, plan_args="y, aux, x, n=None, mode='a'")
+    alloc, into, cls = op.forms({"__name__": "toy"})
+    assert op.alloc_key == ("n", "mode", "big", "want_aux") and op.key == ("n", "mode")
+    assert op._values((None, None, None), (3, "b"))["big"] == 1  # the _into form's: the default
+    ops = op.torch_ops("t", alloc, into)
+    assert ops["t_toy"][0] == '(Tensor x, int? n=None, str mode="a", bool want_aux=False) -> Tensor[]'
+    assert ops["t_toy_into"][0] == '(Tensor(a!) y, Tensor(b!)? aux, Tensor x, int? n=None, str mode="a") -> ()'
+    assert "``Toy(y, aux, x, n=None, mode='a')``" in cls.__doc__  # plan_args: the plan constructor's own signature
+
+
+def test_an_optional_output_without_when_may_be_none(monkeypatch):
+    monkeypatch.setattr(declare, "OPS", [])
+    op = Op("toy_family", "toy2", plan_class="Toy2", into="y, aux, x, stream=None", alloc="x, stream=None",
+            tensors=(Out("y", "float32", ("rows",)), Out("aux", "float32", ("rows",), optional=True), In("x", "float32", ("rows",))),
+            plan=lambda rec, c: None)
+    y, aux, x = (stand_in.cuda_tensor(torch.zeros(4)) for _ in range(3))
+    op.validate(dict(y=y, aux=None, x=x))
+    op.validate(dict(y=y, aux=aux, x=x))
+    with pytest.raises(InputError, match="y: expected"):
+        op.validate(dict(y=None, aux=aux, x=x))
+
+
+def test_padded_given_and_omitted_outputs_of_the_allocating_form(monkeypatch):
+    op = _padded_toy(monkeypatch)
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda shape, dtype, device: real(shape, dtype=dtype).fill_(7))  # CPU stand-ins of the outputs
+    monkeypatch.setattr(declare, "alloc_on", lambda *a: contextlib.nullcontext())
+    x = torch.ones(2, 5)
+    values = dict(y=None, aux=None, x=x, n=None, mode="a", big=1, want_aux=False)
+
+    def run(values, given):
+        c = op._context(values, True)
+        c.sym.update(rows=2, cols=5)  # what validating x binds
+        make = op._maker(op._shapes(c, values), 0, c, values)
+        ts = make(given)
+        return ts, make.done(ts, given, None)
+
+    ts, r = run(values, (None, None, x))
+    assert ts[0].shape == (2, 8) and ts[1] is None  # the kernel's padded buffer; no aux
+    assert list(r) == [r["y"]] and r["y"].shape == (2, 5) and r["y"].is_contiguous() and "aux" not in r  # the declared part; aux omitted
+    out = torch.zeros(2, 9)[:, 2:7]  # given, strided: filled through the padded buffer, copied back
+    ts, r = run(values, (out, None, x))
+    assert ts[0] is not out and r["y"] is out and bool((out == 7).all())
+    aux = torch.zeros(2)
+    ts, r = run(dict(values, want_aux=True), (None, aux, x))
+    assert r["aux"] is aux and ts[1] is aux  # given: used as it is, returned
+    ts, r = run(values, (None, aux, x))
+    assert ts[1] is aux and "aux" not in r  # given without want_aux: written, not returned
