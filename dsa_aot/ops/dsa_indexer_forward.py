@@ -24,17 +24,14 @@ returns the (..., S_k) scores contiguous, as upstream does; ``_into`` takes that
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward as policy
-from ._support import (aliasing, f32_scalar, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, footprint, input_error, integer, launcher, require,
-                       row_major, scalar_f32, stream_handle, tensor_args, thd_batch, writes_only)
-from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
+from ._support import aliasing, arch_or_refuse, block_scales, check, flag, integer, row_major, scalar_f32, tensor_args, thd_batch
+from .declare import Flag, Float, In, Int, OneOf, Op, Out
 
 __all__ = ["indexer_forward", "indexer_forward_into", "IndexerForward"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31 - 1
 _NEG_INF = 0xFF800000  # fp32 -inf, the word the scores are filled with before the launch
-_CALLS: dict = {}
 _TENSORS = ("scores", "lse", "q", "k", "w", "q_scale", "k_scale", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "cu_seqlens_q_scale_padded",
             "cu_seqlens_k_scale_padded")
 _TUNING = {"m_block_size": 128, "n_block_size": 128, "q_stage": 2, "kv_stage": 4}  # upstream's defaults: the only tuning shipped
@@ -166,16 +163,12 @@ def _kernel(c: _Call, ratio, offsets, lse):
     return policy.sm90_kernel(c.prec, c.w_dtype, c.h, ratio, c.varlen, offsets, lse, c.s_q, c.s_k)
 
 
-def _hint(op, key) -> str:
+def _hint(c, key) -> str:
     base = (f" (the indexer forward compiles one cubin per precision {key['precision']}, W dtype {key['w_dtype']}, heads {key['heads']}, "
             f"ratio {key['ratio']}, THD {key['varlen']}, causal offsets {key['offsets']}")
-    if op == "fwd_sm100":
+    if c.fwd.sm100:
         return base + ")"
     return base + f", LSE {key['lse']} and, for fp8 H64 BSHD, S_q % 2 == 0 ({key['unchecked']}) and S_k % 64 == 0 ({key['masked']}))"
-
-
-def _scale(sm_scale) -> tuple:
-    return f32_scalar("sm_scale", sm_scale)
 
 
 def _record(rec, c: _Call, op, le, ts):
@@ -209,205 +202,86 @@ def _record(rec, c: _Call, op, le, ts):
     rec.launch(le, *args, rec.s)
 
 
-def _plan_forward(scores, lse, q, k, w, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                  q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None,
-                  cu_seqlens_k_scale_padded=None):
-    """Validate an indexer_forward call into caller-provided outputs and compile what it does."""
+def _check(c, problems):
+    """The whole validation of a call (``c.allocating``: the allocating form's, ``out`` / ``lse_out`` as given)."""
     import torch
 
-    problems = []
-    scalar_f32(problems, "sm_scale", sm_scale)
-    c = check_inputs(problems, q, k, w, ratio, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets, precision, q_scale,
-                k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, lse=lse is not None)
-    if c is not None:
-        padded = c.scores[:-1] + (policy.padded(c.s_k),)
-        shape = padded if _is_tensor(scores) and tuple(scores.shape) == padded else c.scores
-        if c.sm100 and shape != padded and _is_tensor(scores) and tuple(scores.shape) == c.scores:
+    scalar_f32(problems, "sm_scale", c.sm_scale)
+    c.want_lse = bool(c.return_lse or c.lse is not None)
+    f = c.fwd = check_inputs(problems, c.q, c.k, c.w, c.ratio, c.qhead_per_kv_head, c.cu_seqlens_q, c.cu_seqlens_k, c.max_seqlen_q, c.max_seqlen_k,
+                             c.q_causal_offsets, c.precision, c.q_scale, c.k_scale, c.cu_seqlens_q_scale_padded, c.cu_seqlens_k_scale_padded,
+                             lse=c.want_lse, staged=c.allocating, tuning={n: getattr(c, n) for n in _TUNING})
+    scores, lse = c.scores, c.lse
+    if c.allocating:
+        if not (type(c.sf_vec_size) is int and c.sf_vec_size == 32):
+            problems.append(f"sf_vec_size={c.sf_vec_size!r} (the block-scaled kernels take 32; unused on SM90)")
+        flag(problems, "return_lse", c.return_lse)
+        if lse is not None and not _is_tensor(lse):
+            problems.append(f"lse_out: got {type(lse).__name__} (expected None or a float32 CUDA tensor)")
+        if f is not None and scores is not None and (not _is_tensor(scores) or tuple(scores.shape) != f.scores or scores.dtype != torch.float32
+                                                     or scores.device != c.q.device):
+            problems.append(f"out: {getattr(scores, 'dtype', type(scores).__name__)} {tuple(getattr(scores, 'shape', ()))} (expected float32 "
+                            f"{f.scores} on {c.q.device})")
+        if f is not None and lse is not None and not problems:  # bound as given: refused before anything is allocated
+            check(problems, lse, "lse_out", f.lse, torch.float32, f.dev, 16)
+    elif f is not None:
+        padded = f.scores[:-1] + (policy.padded(f.s_k),)
+        shape = padded if _is_tensor(scores) and tuple(scores.shape) == padded else f.scores
+        if f.sm100 and shape != padded and _is_tensor(scores) and tuple(scores.shape) == f.scores:
             problems.append(f"scores: {tuple(scores.shape)} (SM100 binds the scores with a 16-byte row stride: pass a {padded} fp32 buffer, "
-                            f"whose first {c.s_k} columns receive the scores and the rest -inf)")
-        check(problems, scores, "scores", shape, torch.float32, c.dev, 16)
+                            f"whose first {f.s_k} columns receive the scores and the rest -inf)")
+        check(problems, scores, "scores", shape, torch.float32, f.dev, 16)
         if lse is not None:
-            check(problems, lse, "lse", c.lse, torch.float32, c.dev, 16)
-        if not problems:
-            problems += aliasing((("scores", scores), ("lse", lse)),
-                                 (("q", q), ("k", k), ("w", w), ("q_scale", q_scale), ("k_scale", k_scale), ("cu_seqlens_q", cu_seqlens_q),
-                                  ("cu_seqlens_k", cu_seqlens_k), ("q_causal_offsets", q_causal_offsets),
-                                  ("cu_seqlens_q_scale_padded", cu_seqlens_q_scale_padded),
-                                  ("cu_seqlens_k_scale_padded", cu_seqlens_k_scale_padded)))
-    if problems:
-        raise input_error(problems)
-    ts = (scores, lse, q, k, w, q_scale, k_scale, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
-    rec = Recorder(len(ts), 1)
+            check(problems, lse, "lse", f.lse, torch.float32, f.dev, 16)
+    if f is not None and not problems:
+        problems += aliasing(tuple(zip(("out", "lse_out") if c.allocating else _TENSORS[:2], (scores, lse))), [(n, getattr(c, n)) for n in _TENSORS[2:]])
+        c.dev = f.dev
+
+
+def _entries(c):
+    f = c.fwd
+    if not (f.b and f.s_q and f.s_k):  # grid.z / grid.x / key blocks of zero: upstream's launch would fail, nothing is visible
+        return {}
+    c.kernel = _kernel(f, c.ratio, c.q_causal_offsets is not None, c.want_lse)
+    return {"main": c.kernel}
+
+
+def _plan(rec, c):
     p = rec.p
-    runs = c.b and c.s_q and c.s_k  # grid.z / grid.x / key blocks of zero: upstream's launch would fail, nothing is visible
-    rec.memset(p[0], scores.numel() * 4, _NEG_INF)
-    if lse is not None and (c.varlen or not runs):  # THD rows outside every segment, and rows with no keys, are -inf
-        rec.memset(p[1], lse.numel() * 4, _NEG_INF)
-    if runs:
-        op, key = _kernel(c, ratio, q_causal_offsets is not None, lse is not None)
-        _record(rec, c, op, launcher(FAMILY, op, key, c.dev, _hint(op, key)), ts)
-    foot = footprint(ts, writes=(0, 1))
-    return compile_call("dsa_indexer_forward.forward", rec, c.dev, ts, foot, (scalar_f32([], "sm_scale", sm_scale),), _scale)
+    rec.memset(p[0], c.scores.numel() * 4, _NEG_INF)
+    if c.lse is not None and (c.fwd.varlen or "main" not in c.entry):  # THD rows outside every segment, and rows with no keys, are -inf
+        rec.memset(p[1], c.lse.numel() * 4, _NEG_INF)
+    if "main" in c.entry:
+        _record(rec, c.fwd, c.kernel[0], c.entry["main"], tuple(getattr(c, n) for n in _TENSORS))
 
 
-def indexer_forward_into(scores, lse, q, k, w, ratio=4, sm_scale=1.0, stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                         max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, *, cu_seqlens_q_scale_padded=None,
-                         cu_seqlens_k_scale_padded=None):
-    """``indexer_forward`` into caller-provided fp32 ``scores`` and ``lse`` (SM90; None for no LSE).
+_ARGS = ("cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision='bf16', q_scale=None, "
+         "k_scale=None")
+FORWARD = Op(
+    FAMILY, "indexer_forward", plan_class="IndexerForward",
+    into=f"scores, lse, q, k, w, ratio=4, sm_scale=1.0, stream=None, {_ARGS}, *, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None",
+    alloc="q, k, w, ratio=4, qhead_per_kv_head=None, m_block_size=128, n_block_size=128, q_stage=2, kv_stage=4, sm_scale=1.0, out=None, "
+          f"stream=None, {_ARGS}, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, return_lse=False, lse_out=None",
+    plan_args=f"scores, lse, q, k, w, ratio=4, sm_scale=1.0, {_ARGS}, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None",
+    tensors=(
+        Out("scores", "float32", lambda c: tuple(c.q.shape[:1]) + ((c.max_seqlen_k,) if c.cu_seqlens_q is not None else (c.q.shape[1], c.k.shape[1])),
+            given="out", pad=lambda c: c.fwd.padded_scores()),
+        Out("lse", "float32", lambda c: tuple(c.q.shape[:-2]), optional=True, given="lse_out", when="return_lse", omitted=True),
+        *(In(n, "float32", None, optional=n not in ("q", "k", "w"), staged=True) for n in _TENSORS[2:]),
+    ),
+    options=(
+        Int("ratio", 1, policy.MAX_RATIO, 4), Float("sm_scale", 1.0, per_call=True),
+        Int("max_seqlen_q", 0, _I32, None), Int("max_seqlen_k", 0, _I32, None),
+        OneOf("precision", policy.SM90_PRECISIONS + policy.SM100_ONLY, "bf16"),  # case-insensitive, of the device's arch: _check's
+        Int("qhead_per_kv_head", 1, _I32, None, alloc_only=True, torch=False), Flag("return_lse", False, alloc_only=True),
+        *(OneOf(n, (v,), v, alloc_only=True, torch=False) for n, v in (*_TUNING.items(), ("sf_vec_size", 32))),  # upstream's defaults: the only ones shipped
+    ),
+    check=_check, entries=_entries, plan=_plan, hint=_hint,
+    note="``scores`` fp32 (B, S_q, S_k) / (total_q, max_seqlen_k) (``_into``: on SM100 the row padded to a multiple of 4, its pad -inf); "
+         "``lse`` (B, S_q) / (total_q,) (SM90; ``_into``: None for none; allocating: ``return_lse`` or ``lse_out``, returned with "
+         "``return_lse``). ``out`` / ``lse_out``: given outputs (an ``out`` the kernel cannot bind as it is is filled through a padded "
+         "buffer and copied back, as upstream does); a strided input is copied first, on the launch stream, as upstream does.",
+)  # fmt: skip
 
-    ``scores``: (B, S_q, S_k) / (total_q, max_seqlen_k), or that with the last dim rounded up to a
-    multiple of 4 (a padded buffer: its first S_k columns receive the scores, the rest -inf); on SM100
-    the row must be a multiple of 4 (upstream's kernel binds 16-byte rows), so pass the padded buffer
-    when S_k % 4 != 0. ``lse``: (B, S_q) / (total_q,). Every tensor contiguous and 16-byte aligned.
-    Capture-safe from the first call; allocates nothing. Returns (scores, lse)."""
-    ts = (scores, lse, q, k, w, q_scale, k_scale, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
-    extra = (ratio, max_seqlen_q, max_seqlen_k, precision)
-    call, p = cached(_CALLS, ts, extra, lambda: _plan_forward(*ts[:5], ratio, sm_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                              q_causal_offsets, precision, q_scale, k_scale, *ts[10:]))
-    call.run(p, stream_handle(stream, call.dev), _scale(sm_scale), ts, stream)
-    return scores, lse
-
-
-def indexer_forward(q, k, w, ratio=4, qhead_per_kv_head=None, m_block_size=128, n_block_size=128, q_stage=2, kv_stage=4, sm_scale=1.0, out=None,
-                    stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-                    precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32,
-                    return_lse=False, lse_out=None):
-    """cudnn's indexer_forward_wrapper: returns ``{'scores'}``, and ``{'scores', 'lse'}`` with ``return_lse`` (SM90).
-
-    ``out`` / ``lse_out``: caller-provided outputs (fp32), else allocated on the launch stream. An
-    ``out`` the kernel cannot bind as it is (not contiguous, or on SM100 a row of S_k % 4 != 0 floats)
-    is filled through a padded buffer and copied back, as upstream does. A strided input is copied first, on the launch stream, as upstream does. The tuning
-    arguments take upstream's defaults only; ``sf_vec_size`` must be 32 (unused on SM90)."""
-    import torch
-
-    want_lse = bool(return_lse or lse_out is not None)
-    ins = (q, k, w, q_scale, k_scale, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
-    extra = (ratio, qhead_per_kv_head, m_block_size, n_block_size, q_stage, kv_stage, max_seqlen_q, max_seqlen_k, precision, return_lse,
-             lse_out is not None, sf_vec_size)
-    hit = None if out is not None else remembered(_CALLS, ALLOC, ins, extra)
-    if hit is not None:
-        c, box = hit[0]
-        x = _scale(sm_scale)
-    else:
-        problems = []
-        x = (scalar_f32(problems, "sm_scale", sm_scale),)
-        tuning = {"m_block_size": m_block_size, "n_block_size": n_block_size, "q_stage": q_stage, "kv_stage": kv_stage}
-        c = check_inputs(problems, q, k, w, ratio, qhead_per_kv_head, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
-                    precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded, lse=want_lse, staged=True, tuning=tuning)
-        if not (type(sf_vec_size) is int and sf_vec_size == 32):
-            problems.append(f"sf_vec_size={sf_vec_size!r} (the block-scaled kernels take 32; unused on SM90)")
-        flag(problems, "return_lse", return_lse)
-        if lse_out is not None and not _is_tensor(lse_out):
-            problems.append(f"lse_out: got {type(lse_out).__name__} (expected None or a float32 CUDA tensor)")
-        if c is not None and out is not None and (not _is_tensor(out) or tuple(out.shape) != c.scores or out.dtype != torch.float32
-                                                  or out.device != q.device):
-            problems.append(f"out: {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))} (expected float32 "
-                            f"{c.scores} on {q.device})")
-        if problems:
-            raise input_error(problems)
-        stream_handle(stream, c.dev)  # refuse a bad stream, and a missing entry, before allocating
-        if c.b and c.s_q and c.s_k:
-            op, key = _kernel(c, ratio, q_causal_offsets is not None, want_lse)
-            require(FAMILY, {"main": (op, key)}, c.dev, {"main": _hint(op, key)})
-        box = [None]
-        if out is None and all(t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0) for t in ins):
-            remember(_CALLS, ALLOC, extra, probe_for(ins, c.dev, footprint(ins, writes=())), (c, box))
-    s = stream_handle(stream, c.dev)
-
-    def staged(t):  # what upstream launches on: contiguous (16-byte aligned: torch's allocations are)
-        if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
-            return t
-        with alloc_on(stream, c.dev):
-            x = t.contiguous()
-            return x if x.data_ptr() % 16 == 0 else x.clone()
-
-    if hit is None:
-        ins = tuple(allocate(lambda t=t: staged(t)) for t in ins)
-    padded = c.padded_scores()
-    # the buffer the kernel writes: the caller's out when it can be bound as it is, else one of ours copied back into it (the
-    # -inf fill covers the whole buffer: a (..., S_k) view of the caller's padded buffer is staged too, its pad columns untouched)
-    buf = out if out is not None and tuple(out.shape) == padded and out.is_contiguous() and out.data_ptr() % 16 == 0 else None
-
-    def outputs():
-        with alloc_on(stream, c.dev):
-            sc = torch.empty(padded, dtype=torch.float32, device=q.device) if buf is None else buf
-            ls = (torch.empty(c.lse, dtype=torch.float32, device=q.device) if lse_out is None else lse_out) if want_lse else None
-            return sc, ls
-
-    sc, ls = allocate(outputs)
-    q, k, w, q_scale, k_scale, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, cqs, cks = ins
-    ts = (sc, ls, q, k, w, q_scale, k_scale, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, cqs, cks)
-    call, p = fresh(box, _CALLS, ts, (ratio, max_seqlen_q, max_seqlen_k, precision),
-                    lambda: _plan_forward(sc, ls, q, k, w, ratio, sm_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
-                                          precision, q_scale, k_scale, cqs, cks))
-    call.run(p, s, x, ts, stream)
-    result = sc
-    if out is not None:
-        if buf is None:  # staged: copied back into the caller's out on the stream (upstream's copy_into_on_stream)
-            with alloc_on(stream, c.dev):
-                out.copy_(sc[..., : c.s_k])
-        result = out
-    elif padded != c.scores:  # upstream returns its padded allocation made contiguous
-        with alloc_on(stream, c.dev):
-            result = allocate(lambda: sc[..., : c.s_k].contiguous())
-    return Outputs(scores=result, lse=ls) if return_lse else Outputs(scores=result)
-
-
-class IndexerForward(Plan):
-    """A plan of one indexer_forward call, built from :func:`indexer_forward_into`'s arguments
-    (``IndexerForward(scores, lse, q, k, w, ratio=4, sm_scale=1.0, ...)``, the stream excepted);
-    ``execute(scores, lse, q, k, w, q_scale=None, k_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-    q_causal_offsets=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, stream=None,
-    sm_scale=...)`` (see :class:`dsa_aot.ops.plan.Plan`). cudnn's IndexerForward class is the SM100 bf16
-    BSHD kernel's, execute taking the padded scores; this one serves every shipped entry of the
-    device's arch, with the scores as :func:`indexer_forward_into` takes them (padded on SM100)."""
-
-    _tensors = _TENSORS
-    _scalars = ("sm_scale",)
-
-    @staticmethod
-    def _build(scores, lse, q, k, w, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-               q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-        return _plan_forward(scores, lse, q, k, w, ratio, sm_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
-                             precision, q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded)
-
-
-# --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
-
-
-def _t_forward(q, k, w, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-               precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, return_lse=False):
-    out = indexer_forward(q, k, w, ratio, sm_scale=sm_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                          max_seqlen_k=max_seqlen_k, q_causal_offsets=q_causal_offsets, precision=precision, q_scale=q_scale, k_scale=k_scale,
-                          cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded,
-                          return_lse=return_lse)
-    return list(out.values())
-
-
-def _f_forward(q, k, w, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-               precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, return_lse=False):
-    import torch
-
-    if cu_seqlens_q is not None:
-        scores, lse = (q.shape[0], max_seqlen_k), (q.shape[0],)
-    else:
-        scores, lse = (q.shape[0], q.shape[1], k.shape[1]), (q.shape[0], q.shape[1])
-    out = [q.new_empty(scores, dtype=torch.float32)]
-    return out + ([q.new_empty(lse, dtype=torch.float32)] if return_lse else [])
-
-
-def _t_forward_into(scores, lse, q, k, w, ratio=4, sm_scale=1.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                    q_causal_offsets=None, precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None,
-                    cu_seqlens_k_scale_padded=None):
-    indexer_forward_into(scores, lse, q, k, w, ratio, sm_scale, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets,
-                         precision, q_scale, k_scale, cu_seqlens_q_scale_padded=cu_seqlens_q_scale_padded,
-                         cu_seqlens_k_scale_padded=cu_seqlens_k_scale_padded)
-
-
-_ARGS = ("int ratio=4, float sm_scale=1.0, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, "
-         "int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, Tensor? k_scale=None, "
-         "Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")
-TORCH_OPS = {
-    "dsa_indexer_forward": (f"(Tensor q, Tensor k, Tensor w, {_ARGS}, bool return_lse=False) -> Tensor[]", _t_forward, _f_forward),
-    "dsa_indexer_forward_into": (f"(Tensor(a!) scores, Tensor(b!)? lse, Tensor q, Tensor k, Tensor w, {_ARGS}) -> ()", _t_forward_into, writes_only),
-}  # fmt: skip
+indexer_forward, indexer_forward_into, IndexerForward = FORWARD.forms(globals())
+TORCH_OPS = FORWARD.torch_ops("dsa", indexer_forward, indexer_forward_into)
