@@ -404,7 +404,9 @@ def recheck_ptrs(ptrs, foot):
 
 
 def input_error(problems):
-    return InputError(f"{len(problems)} invalid input(s), nothing was launched:\n" + "\n".join(f"  - {p}" for p in problems))
+    e = InputError(f"{len(problems)} invalid input(s), nothing was launched:\n" + "\n".join(f"  - {p}" for p in problems))
+    e.problems = list(problems)  # a composite op adds its own to a part's (dsa_aot.dsa.sparse_attention)
+    return e
 
 
 def signature(ts, extra):

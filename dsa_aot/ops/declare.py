@@ -327,7 +327,7 @@ class Op:
             if v is None and (t.optional and (t.role == "in" or free or not wanted)):
                 continue
             if not wanted:
-                problems.append(f"{t.name}: must be None when {t.when}=False")
+                problems.append(f"{t.name}: must be None when {t.when}={values[t.when]!r}")
                 continue
             want = t.shape_of(c)
             if not isinstance(v, torch.Tensor) or v.layout != torch.strided or (want is not None and v.ndim != len(want)):
@@ -345,6 +345,7 @@ class Op:
             dts = (v.dtype,) if like in bad else t.dtype_of(c)  # "like" a malformed tensor: that one's problem says it
             if v.dtype not in dts:
                 problems.append(f"{t.name}: dtype {v.dtype} (expected {' or '.join(map(str, dts))})")
+                bad.add(t.name)  # (a tensor "like" it is not checked against its wrong dtype)
             shape = []
             for s, n in zip(want if want is not None else v.shape, v.shape):
                 shape.append(s if isinstance(s, int) else c.sym.setdefault(s, n))

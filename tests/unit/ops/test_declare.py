@@ -378,3 +378,41 @@ def test_padded_given_and_omitted_outputs_of_the_allocating_form(monkeypatch):
     assert r["aux"] is aux and ts[1] is aux  # given: used as it is, returned
     ts, r = run(values, (None, aux, x))
     assert ts[1] is aux and "aux" not in r  # given without want_aux: written, not returned
+
+
+# --- the generic validation's messages (dsa_sparse_attention_forward) --------------------------------------
+
+
+@pytest.fixture
+def op():
+    """A made-up op: y (n, 4) like x, an optional z written only when k != 0."""
+    made = declare.Op("test_family", "made_up", plan_class="MadeUp", into="y, z, x, *, k=0, stream=None", alloc="x, *, k=0, stream=None",
+                      tensors=(declare.Out("y", "like x", ("n", 4), align=4), declare.Out("z", "float32", ("n",), align=4, when="k"),
+                               declare.In("x", ("float32", "float16"), ("n", 4), align=4)),
+                      options=(declare.OneOf("k", (0, 2), 0),), plan=lambda rec, c: None)
+    declare.OPS.remove(made)
+    return made
+
+
+def _t(shape, dtype=torch.float32):
+    return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
+
+
+def _problems(op, **values):
+    with pytest.raises(InputError) as e:
+        op.validate(dict.fromkeys(op.names) | {"k": 0} | values)
+    return e.value.problems  # input_error keeps the list (a composite op adds its own to a part's)
+
+
+def test_an_output_not_wanted_names_the_option_value(op):
+    assert _problems(op, y=_t((3, 4)), z=_t((3,)), x=_t((3, 4))) == ["z: must be None when k=0"]
+
+
+def test_cpu_tensors_still_get_dtype_and_shape_checks(op):
+    got = _problems(op, y=_t((3, 4)), x=torch.zeros(3, 5, dtype=torch.int32))
+    assert got[:3] == ["x: on cpu (expected a CUDA tensor)", "x: dtype torch.int32 (expected torch.float32 or torch.float16)",
+                       "x: shape (3, 5) (expected (3, 4))"]
+
+
+def test_a_tensor_like_one_of_the_wrong_dtype_is_not_checked_against_it(op):
+    assert _problems(op, y=_t((3, 4)), x=_t((3, 4), torch.int32)) == ["x: dtype torch.int32 (expected torch.float32 or torch.float16)"]
