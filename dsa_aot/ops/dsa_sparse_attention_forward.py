@@ -27,123 +27,56 @@ from __future__ import annotations
 import math
 
 from ..policy import dsa_sparse_attention_forward as policy
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, check, flag, footprint, input_error, launcher, require, scalar_f32,
-                       stream_handle, tensor_args, writes_only)
+from ._support import alloc_on, arch_or_refuse, check, flag, input_error, require, tensor_args
+from .declare import Float, In, OneOf, Op, Out
 from .library import call
 from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
 __all__ = ["sparse_attention", "sparse_attention_forward", "sparse_attention_forward_into", "SparseAttentionForward"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31 - 1
 _NEG_INF, _POS_INF = 0xFF800000, 0x7F800000  # fp32 words of the empty-problem fills (upstream's fill_(-inf) / fill_(inf))
-_CALLS: dict = {}
-_TENSORS = ("out", "max_logits", "lse", "lse_indexer", "q", "kv", "topk_idxs", "attn_sink", "topk_length")
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "f16"}
+_VARIANTS = ((64, 512), (64, 576), (128, 512))
 
 
-def _is_tensor(t) -> bool:
-    import torch
-
-    return isinstance(t, torch.Tensor) and t.layout == torch.strided
-
-
-class _Call:
-    __slots__ = ("dev", "s_q", "h", "d", "s_kv", "k", "dtype")
-
-    def __init__(self, **kw):
-        for k, v in kw.items():
-            setattr(self, k, v)
+def _arch(c, problems):
+    """SM100 only, refused once the inputs passed (before the outputs and the rules: nothing else is meaningful on SM90)."""
+    if c.dev is not None:  # (None: a fake call, no device)
+        arch, sm100 = arch_or_refuse(problems, c.dev)
+        if arch is not None and not sm100:
+            problems.append(f"cuda:{c.dev} runs {arch}: cudnn's sparse attention forward exists for SM100 only (no SM90 kernel upstream)")
 
 
-def _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, staged=False, heads=None):
-    """A :class:`_Call` for valid inputs (problems appended otherwise). ``staged``: the layout and
-    alignment of the inputs are not checked (the allocating form stages them as upstream does), and
-    the index rows may have any width (it pads them). ``heads``: the head count of the launch when the
-    caller pads q and the sink to it (:func:`sparse_attention` runs H16 and H32 as H64); the tensors
-    given are checked against their own H."""
-    import torch
-
-    if not _is_tensor(q) or q.ndim != 3 or str(q.dtype) not in _DTYPES:
-        problems.append(f"q: expected a (S_q, H, D) bfloat16 or float16 CUDA tensor, got {getattr(q, 'dtype', type(q).__name__)} "
-                        f"{tuple(getattr(q, 'shape', ()))}")
-        return None
-    if q.device.type != "cuda":
-        problems.append(f"q: on {q.device} (expected a CUDA tensor)")
-        return None
-    dev = q.device.index
-    arch, sm100 = arch_or_refuse(problems, dev)
-    if arch is None:
-        return None
-    if not sm100:
-        problems.append(f"cuda:{dev} runs {arch}: cudnn's sparse attention forward exists for SM100 only (no SM90 kernel upstream)")
-        return None
-    s_q, h, d = q.shape
-
-    def tensor(t, name, shape, dtype, align):
-        check(problems, t, name, shape, dtype, dev, align, layout=not staged)
-
-    tensor(q, "q", q.shape, q.dtype, 16)
-    if (heads or h, d) not in ((64, 512), (64, 576), (128, 512)):
+def _rules(c, problems):
+    s_q, h, d, k = (c.sym[n] for n in ("S_q", "H", "D", "K"))
+    c.heads = getattr(c, "launch_heads", None) or h  # the head count launched (sparse_attention runs H16 and H32 as H64)
+    if (c.heads, d) not in _VARIANTS:
         problems.append(f"q: H {h}, D {d} (upstream's kernels serve (64, 512), (64, 576), (128, 512))")
-    if not _is_tensor(kv) or kv.ndim != 2:
-        problems.append(f"kv: expected a (S_kv, {d}) tensor, got {tuple(getattr(kv, 'shape', ()))}")
-        return None
-    tensor(kv, "kv", (kv.shape[0], d), q.dtype, 16)
-    if not _is_tensor(topk_idxs) or topk_idxs.ndim != 2:
-        problems.append(f"topk_idxs: expected a (S_q, K) int32 tensor, got {tuple(getattr(topk_idxs, 'shape', ()))}")
-        return None
-    k = topk_idxs.shape[1]
-    tensor(topk_idxs, "topk_idxs", (s_q, k), torch.int32, policy.IDX_ALIGN)
-    if not staged and k % policy.SLOT_TILE:
+    allowed = policy.INDEXER_TOPK.get(c.heads, ())
+    if allowed and c.indexer_topk not in allowed:
+        problems.append(f"indexer_topk={c.indexer_topk!r} (H {c.heads} takes {', '.join(map(str, allowed))})")
+    elif c.indexer_topk > k:
+        problems.append(f"indexer_topk={c.indexer_topk} exceeds the {k} slots of topk_idxs")
+    if not c.allocating and k % policy.SLOT_TILE:  # the allocating form pads the rows (ALLOC_VIEW)
         problems.append(f"topk_idxs: {k} slots a row (the kernels read 64 at a time: pad the rows with -1 to {policy.padded_topk(k)}; "
                         f"the allocating form does, as upstream)")
-    allowed = policy.INDEXER_TOPK.get(heads or h, ())
-    if not (type(indexer_topk) is int and indexer_topk in allowed):
-        problems.append(f"indexer_topk={indexer_topk!r} (H {heads or h} takes {', '.join(map(str, allowed))})")
-    elif indexer_topk > k:
-        problems.append(f"indexer_topk={indexer_topk} exceeds the {k} slots of topk_idxs")
-    if attn_sink is not None:
-        tensor(attn_sink, "attn_sink", (h,), torch.float32, 4)
-    if topk_length is not None:
-        tensor(topk_length, "topk_length", (s_q,), torch.int32, 4)
-    for n in (s_q, kv.shape[0], k):
-        if n > _I32:
-            problems.append("q / kv / topk_idxs: an extent past 2**31 - 1 (the kernels take int32 extents)")
-            break
-    if problems:
-        return None
-    return _Call(dev=dev, s_q=s_q, h=heads or h, d=d, s_kv=kv.shape[0], k=k, dtype=_DTYPES[str(q.dtype)])
+    if max(s_q, c.sym["S_kv"], k) > _I32:
+        problems.append("q / kv / topk_idxs: an extent past 2**31 - 1 (the kernels take int32 extents)")
 
 
-def _staged_call(problems, q, kv, topk_idxs, attn_sink, topk_length, softmax_scale, indexer_topk, heads=None):
-    """What the allocating form checks before it stages or allocates anything: the :class:`_Call`
-    (None, the problems appended, when the call is invalid). ``heads``: see :func:`_inputs`."""
-    c = _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk, staged=True, heads=heads)
-    if c is not None:
-        scalar_f32(problems, "softmax_scale", 1.0 / math.sqrt(c.d) if softmax_scale is None else softmax_scale, positive=True)
-    return c
+def _key(c, dtype, indexer_topk, sink, topk_length):
+    return policy.kernel(c.heads, c.sym["D"], dtype, indexer_topk, sink, topk_length)
 
 
-def _require(c, indexer_topk, sink, topk_length) -> None:
-    """The entry a valid call launches (none for an empty problem) ships for its device:
-    KernelNotFoundError / ArchMismatchError naming the bucket to add otherwise."""
-    if c.s_q and c.k and c.s_kv:
-        key = policy.kernel(c.h, c.d, c.dtype, indexer_topk, sink, topk_length)
-        require(FAMILY, {"main": key}, c.dev, {"main": _hint(key[1])})
+def _entries(c):  # an empty problem launches nothing
+    if not (c.sym["S_q"] and c.sym["K"] and c.sym["S_kv"]):
+        return {}
+    return {"main": _key(c, _DTYPES[str(c.q.dtype)], c.indexer_topk, c.attn_sink is not None, c.topk_length is not None)}
 
 
-def _scale_of(softmax_scale, d):
-    """The fp32 scale a call passes (default 1/sqrt(D)): InputError unless finite and positive."""
-    problems = []
-    x = scalar_f32(problems, "softmax_scale", 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale, positive=True)
-    if problems:
-        raise input_error(problems)
-    return (x,)
-
-
-def _hint(key) -> str:
+def _hint(c, key) -> str:
     return (f" (the sparse attention forward compiles one cubin per H {key['heads']}, D {key['dim']}, dtype {key['dtype']}, indexer_topk "
             f"{key['indexer_topk']}, sink {key['sink']} and topk_length {key['topk_length']})")
 
@@ -163,125 +96,58 @@ def _record(rec, le, ts):
     rec.launch(le, *args, rec.x[0], rec.s)
 
 
-def _plan_forward(out, max_logits, lse, lse_indexer, q, kv, topk_idxs, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0):
-    """Validate a sparse_attention_forward call into caller-provided outputs and compile what it does."""
-    import torch
-
-    problems = []
-    c = _inputs(problems, q, kv, topk_idxs, attn_sink, topk_length, indexer_topk)
-    if c is not None:
-        scalar_f32(problems, "softmax_scale", 1.0 / math.sqrt(c.d) if softmax_scale is None else softmax_scale, positive=True)
-        check(problems, out, "out", (c.s_q, c.h, policy.DV), q.dtype, c.dev, 16)
-        check(problems, max_logits, "max_logits", (c.s_q, c.h), torch.float32, c.dev, 4)
-        check(problems, lse, "lse", (c.s_q, c.h), torch.float32, c.dev, 4)
-        if indexer_topk:
-            check(problems, lse_indexer, "lse_indexer", (c.s_q, c.h), torch.float32, c.dev, 4)
-        elif lse_indexer is not None:
-            problems.append("lse_indexer: must be None when indexer_topk == 0 (nothing is snapshotted)")
-        if not problems:
-            problems += aliasing((("out", out), ("max_logits", max_logits), ("lse", lse), ("lse_indexer", lse_indexer)),
-                                 (("q", q), ("kv", kv), ("topk_idxs", topk_idxs), ("attn_sink", attn_sink), ("topk_length", topk_length)))
-    if problems:
-        raise input_error(problems)
-    ts = (out, max_logits, lse, lse_indexer, q, kv, topk_idxs, attn_sink, topk_length)
-    rec = Recorder(len(ts), 1)
+def _plan(rec, c):
     p = rec.p
-    if c.s_q and not (c.k and c.s_kv):  # nothing to attend to: upstream's epilogue, no launch
-        rec.memset(p[0], out.numel() * out.element_size())
-        rec.memset(p[1], max_logits.numel() * 4, _NEG_INF)
-        rec.memset(p[2], lse.numel() * 4, _POS_INF)
-        if lse_indexer is not None:
-            rec.memset(p[3], lse_indexer.numel() * 4, _POS_INF)
-    elif c.s_q:
-        op, key = policy.kernel(c.h, c.d, c.dtype, indexer_topk, attn_sink is not None, topk_length is not None)
-        _record(rec, launcher(FAMILY, op, key, c.dev, _hint(key)), ts)
-    foot = footprint(ts, writes=(0, 1, 2, 3), masks=(15, 3, 3, 3, 15, 15, policy.IDX_ALIGN - 1, 3, 3))
-    return compile_call("dsa_sparse_attention_forward.forward", rec, c.dev, ts, foot, _scale_of(softmax_scale, c.d),
-                        lambda softmax_scale=None: _scale_of(softmax_scale, c.d))
+    if "main" in c.entry:
+        _record(rec, c.entry["main"], tuple(getattr(c, n) for n in _TENSORS))
+    elif c.sym["S_q"]:  # nothing to attend to: upstream's epilogue, no launch
+        rec.memset(p[0], c.out.numel() * c.out.element_size())
+        rec.memset(p[1], c.max_logits.numel() * 4, _NEG_INF)
+        rec.memset(p[2], c.lse.numel() * 4, _POS_INF)
+        if c.lse_indexer is not None:
+            rec.memset(p[3], c.lse_indexer.numel() * 4, _POS_INF)
 
 
-def sparse_attention_forward_into(out, max_logits, lse, lse_indexer, q, kv, topk_idxs, *, attn_sink=None, topk_length=None, softmax_scale=None,
-                                  indexer_topk=0, stream=None):
-    """``sparse_attention_forward`` into caller-provided ``out`` (S_q, H, 512) in q's dtype and fp32
-    ``max_logits``, ``lse`` and ``lse_indexer`` (S_q, H) (None when ``indexer_topk`` is 0). Every
-    tensor contiguous; q, kv, out 16-byte aligned, ``topk_idxs`` 32-byte aligned with rows of a
-    multiple of 64 slots (pad with -1). Capture-safe from the first call; allocates nothing. Returns
-    (out, max_logits, lse, lse_indexer)."""
-    ts = (out, max_logits, lse, lse_indexer, q, kv, topk_idxs, attn_sink, topk_length)
-    call, p = cached(_CALLS, ts, (indexer_topk,), lambda: _plan_forward(*ts, softmax_scale, indexer_topk))
-    call.run(p, stream_handle(stream, call.dev), call.scalars(softmax_scale=softmax_scale), ts, stream)
-    return out, max_logits, lse, lse_indexer
-
-
-def sparse_attention_forward(q, kv, topk_idxs, *, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0, stream=None):
-    """cudnn's sparse_attention_forward_wrapper: returns ``{'out', 'max_logits', 'lse', 'lse_indexer'}``
-    (``lse_indexer`` None when ``indexer_topk`` is 0). Strided or misaligned inputs are copied, and the
-    index rows padded with -1 to a multiple of 64 slots, on the launch stream, as upstream does."""
+def _pad_rows(x):
+    """The allocating form's index rows padded with -1 to a multiple of 64 slots (on the launch stream), as upstream."""
     import torch
 
-    ins = (q, kv, topk_idxs, attn_sink, topk_length)
-    hit = remembered(_CALLS, ALLOC, ins, (indexer_topk,))
-    if hit is not None:
-        c, box = hit[0]
-    else:
-        problems = []
-        c = _staged_call(problems, q, kv, topk_idxs, attn_sink, topk_length, softmax_scale, indexer_topk)
-        if problems:
-            raise input_error(problems)
-        stream_handle(stream, c.dev)  # refuse a bad stream, and a missing entry, before allocating
-        _require(c, indexer_topk, attn_sink is not None, topk_length is not None)
-        box = [None]
-        aligned = {0: 16, 1: 16, 2: policy.IDX_ALIGN, 3: 4, 4: 4}
-        if c.k % policy.SLOT_TILE == 0 and all(t is None or (t.is_contiguous() and t.data_ptr() % aligned[i] == 0) for i, t in enumerate(ins)):
-            remember(_CALLS, ALLOC, (indexer_topk,), probe_for(ins, c.dev, footprint(ins, writes=(), masks=(15, 15, policy.IDX_ALIGN - 1, 3, 3))),
-                     (c, box))
-    s = stream_handle(stream, c.dev)
-
-    def staged():  # upstream's _normalize_and_validate: contiguous, aligned, the index rows padded with -1 to 64 slots
-        with alloc_on(stream, c.dev):
-            def aligned(t, a):
-                if t is None:
-                    return None
-                t = t.contiguous()
-                return t if t.data_ptr() % a == 0 else t.clone()
-
-            idx = topk_idxs.contiguous()
-            kp = policy.padded_topk(c.k)
-            if kp != c.k:
-                idx = torch.cat([idx, torch.full((c.s_q, kp - c.k), -1, dtype=torch.int32, device=idx.device)], dim=1)
-            return aligned(q, 16), aligned(kv, 16), aligned(idx, policy.IDX_ALIGN), aligned(attn_sink, 4), aligned(topk_length, 4)
-
-    if hit is None:
-        ins = allocate(staged)
-    q, kv, topk_idxs, attn_sink, topk_length = ins
-
-    def outputs():
-        with alloc_on(stream, c.dev):
-            out = torch.empty(c.s_q, c.h, policy.DV, dtype=q.dtype, device=q.device)
-            ml, ls = (torch.empty(c.s_q, c.h, dtype=torch.float32, device=q.device) for _ in range(2))
-            li = torch.empty(c.s_q, c.h, dtype=torch.float32, device=q.device) if indexer_topk else None
-            return out, ml, ls, li
-
-    out, ml, ls, li = allocate(outputs)
-    ts = (out, ml, ls, li, *ins)
-    call, p = fresh(box, _CALLS, ts, (indexer_topk,), lambda: _plan_forward(*ts, softmax_scale, indexer_topk))
-    call.run(p, s, _scale_of(softmax_scale, c.d), ts, stream)
-    return Outputs(out=out, max_logits=ml, lse=ls, lse_indexer=li)
+    q, kv, idx, sink, tl = x
+    s_q, k = idx.shape
+    if k % policy.SLOT_TILE:
+        idx = torch.cat([idx, torch.full((s_q, policy.padded_topk(k) - k), -1, dtype=torch.int32, device=idx.device)], dim=1)
+    return q, kv, idx, sink, tl
 
 
-class SparseAttentionForward(Plan):
-    """A plan of one sparse_attention_forward call, built from :func:`sparse_attention_forward_into`'s
-    arguments (``SparseAttentionForward(out, max_logits, lse, lse_indexer, q, kv, topk_idxs,
-    attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0)``); ``execute(out,
-    max_logits, lse, lse_indexer, q, kv, topk_idxs, attn_sink=None, topk_length=None, stream=None,
-    softmax_scale=...)`` (see :class:`dsa_aot.ops.plan.Plan`). cudnn's class of the same name is built
-    from sample inputs; this one, like every plan here, from the ``_into`` call's tensors."""
+FORWARD = Op(
+    FAMILY, "sparse_attention_forward", plan_class="SparseAttentionForward",
+    into="out, max_logits, lse, lse_indexer, q, kv, topk_idxs, *, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0, "
+         "stream=None",
+    alloc="q, kv, topk_idxs, *, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0, stream=None",
+    plan_args="out, max_logits, lse, lse_indexer, q, kv, topk_idxs, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0",
+    tensors=(
+        Out("out", "like q", ("S_q", "H", policy.DV)),
+        Out("max_logits", "float32", ("S_q", "H"), align=4),
+        Out("lse", "float32", ("S_q", "H"), align=4),
+        Out("lse_indexer", "float32", ("S_q", "H"), align=4, when="indexer_topk"),
+        In("q", ("bfloat16", "float16"), ("S_q", "H", "D"), staged=True),
+        In("kv", "like q", ("S_kv", "D"), staged=True),
+        In("topk_idxs", "int32", ("S_q", "K"), align=policy.IDX_ALIGN, staged=True),
+        In("attn_sink", "float32", ("H",), align=4, optional=True, staged=True),
+        In("topk_length", "int32", ("S_q",), align=4, optional=True, staged=True),
+    ),
+    options=(
+        Float("softmax_scale", None, positive=True, none=lambda c: 1.0 / math.sqrt(c.sym["D"]), per_call=True),
+        OneOf("indexer_topk", (0, 512, 1024, 2048), 0),
+    ),
+    symbols=_arch, rules=_rules, entries=_entries, plan=_plan, hint=_hint, alloc_view=_pad_rows,
+    note="``lse_indexer`` None when ``indexer_topk`` is 0. ``_into``: every tensor contiguous; q, kv, out 16-byte aligned, ``topk_idxs`` "
+         "32-byte aligned with rows of a multiple of 64 slots (pad with -1); the allocating form copies strided or misaligned inputs and "
+         "pads the rows on the launch stream, as upstream does.",
+)  # fmt: skip
 
-    _build = staticmethod(_plan_forward)
-    _tensors = _TENSORS
-    _scalars = ("softmax_scale",)
-
-
+_TENSORS = FORWARD.names
+sparse_attention_forward, sparse_attention_forward_into, SparseAttentionForward = FORWARD.forms(globals())
 # --- the differentiable op: cudnn.DSA.sparse_attention (deepseek_sparse_attention/training.py) ------------
 
 _TOPK_TILE = 128  # upstream's training composition pads the index rows with -1 to a multiple of 128 slots
@@ -318,28 +184,40 @@ def _training_call(q, kv, indices, attn_sink, softmax_scale, topk_length, truste
     """Everything :func:`sparse_attention` checks before it runs anything: the forward's own checks of
     the launch it makes (q's heads padded for H16 / H32, always a sink), upstream's training contract
     beyond them, then the entries it launches (the forward's; compactify's when it compacts lengths).
-    Returns (the forward's :class:`_Call`, trusted)."""
+    Returns (the forward's checked call, trusted)."""
+    import torch
+
+    from ..errors import InputError
+
     problems = []
     trusted = flag(problems, "trusted_compact_metadata", trusted)
-    h = q.shape[1] if _is_tensor(q) and q.ndim == 3 else None
-    c = _staged_call(problems, q, kv, indices, attn_sink, topk_length, softmax_scale, 0, heads=_PADDED_HEADS if h in (16, 32) else None)
-    if c is not None:
-        # upstream's training contract beyond the forward's: bf16 (the backward has no fp16 kernels), every
-        # tensor contiguous, q, kv and the sink 16-byte aligned (the backward reads them in place), no empty extent
-        if c.dtype != "bf16":
-            problems.append(f"q: dtype {q.dtype} (expected torch.bfloat16: the sparse attention backward is bf16 only)")
-        for name, t, align in (("q", q, 16), ("kv", kv, 16), ("indices", indices, 4), ("attn_sink", attn_sink, 16), ("topk_length", topk_length, 4)):
-            if t is not None:
-                check(problems, t, name, t.shape, t.dtype, c.dev, align)
-        if not (c.s_q and c.s_kv and c.k):
-            problems.append(f"S_q = {c.s_q}, S_kv = {c.s_kv}, top-k = {c.k} (expected each >= 1, as upstream's sparse_attention)")
+    h = q.shape[1] if isinstance(q, torch.Tensor) and q.ndim == 3 else None
+    values = dict.fromkeys(FORWARD.names) | dict(q=q, kv=kv, topk_idxs=indices, attn_sink=attn_sink, topk_length=topk_length,
+                                                 softmax_scale=softmax_scale, indexer_topk=0, launch_heads=_PADDED_HEADS if h in (16, 32) else None)
+    try:
+        c = FORWARD.validate(values, allocating=True)
+    except InputError as e:
+        if not problems:
+            raise
+        raise input_error(problems + e.problems) from None
+    # upstream's training contract beyond the forward's: bf16 (the backward has no fp16 kernels), every
+    # tensor contiguous, q, kv and the sink 16-byte aligned (the backward reads them in place), no empty extent
+    if q.dtype != torch.bfloat16:
+        problems.append(f"q: dtype {q.dtype} (expected torch.bfloat16: the sparse attention backward is bf16 only)")
+    for name, t, align in (("q", q, 16), ("kv", kv, 16), ("indices", indices, 4), ("attn_sink", attn_sink, 16), ("topk_length", topk_length, 4)):
+        if t is not None:
+            check(problems, t, name, t.shape, t.dtype, c.dev, align)
+    s_q, s_kv, k = c.sym["S_q"], c.sym["S_kv"], c.sym["K"]
+    if not (s_q and s_kv and k):
+        problems.append(f"S_q = {s_q}, S_kv = {s_kv}, top-k = {k} (expected each >= 1, as upstream's sparse_attention)")
     if problems:
         raise input_error(problems)
-    _require(c, 0, True, topk_length is not None)
+    key = _key(c, "bf16", 0, True, topk_length is not None)
+    require(FAMILY, {"main": key}, c.dev, {"main": _hint(c, key[1])})
     if topk_length is not None and not trusted:
         from ..policy import dsa_topk_utils as topk_utils
 
-        require(topk_utils.FAMILY, {"main": topk_utils.compactify_kernel(c.k)}, c.dev)
+        require(topk_utils.FAMILY, {"main": topk_utils.compactify_kernel(k)}, c.dev)
     return c, trusted
 
 
@@ -352,29 +230,29 @@ def _t_sparse_attention(q, kv, indices, attn_sink=None, softmax_scale=None, topk
     from .dsa_topk_utils import compactify
 
     c, trusted = _training_call(q, kv, indices, attn_sink, softmax_scale, topk_length, trusted_compact_metadata)
-    h = q.shape[1]
+    h, s_kv, k0, heads = q.shape[1], c.sym["S_kv"], c.sym["K"], c.heads
     with alloc_on(None, c.dev):  # torch's current stream of the tensors' device (upstream: torch.cuda.device(q.device))
         idx, lengths = indices, topk_length
         if not trusted:  # ids outside [0, S_kv) and slots past the clamped length become -1 ...
-            valid = (indices >= 0) & (indices < c.s_kv)
+            valid = (indices >= 0) & (indices < s_kv)
             if topk_length is not None:
-                slots = torch.arange(c.k, dtype=torch.int32, device=indices.device)
-                valid &= slots[None, :] < topk_length.clamp(0, c.k)[:, None]
+                slots = torch.arange(k0, dtype=torch.int32, device=indices.device)
+                valid &= slots[None, :] < topk_length.clamp(0, k0)[:, None]
             idx = torch.where(valid, indices, -1)
             if topk_length is not None:  # ... and each row's valid ids move to its front, their count the new length
                 idx, lengths = compactify(idx)
-        k = -(-c.k // _TOPK_TILE) * _TOPK_TILE
-        idx = F.pad(idx, (0, k - c.k), value=-1) if k != c.k else idx.clone() if idx is indices else idx
+        k = -(-k0 // _TOPK_TILE) * _TOPK_TILE
+        idx = F.pad(idx, (0, k - k0), value=-1) if k != k0 else idx.clone() if idx is indices else idx
         lengths = idx.new_empty(0) if lengths is None else lengths.clone() if lengths is topk_length else lengths
         sink = attn_sink if attn_sink is not None else torch.full((h,), -math.inf, dtype=torch.float32, device=q.device)
         launch_q, launch_sink = q, sink
-        if h < c.h:  # zero heads with a -inf sink, sliced off below
-            launch_q = F.pad(q, (0, 0, 0, c.h - h))
-            launch_sink = F.pad(sink, (0, c.h - h), value=-math.inf)
+        if h < heads:  # zero heads with a -inf sink, sliced off below
+            launch_q = F.pad(q, (0, 0, 0, heads - h))
+            launch_sink = F.pad(sink, (0, heads - h), value=-math.inf)
         r = sparse_attention_forward(launch_q, kv, idx, attn_sink=launch_sink, topk_length=None if topk_length is None else lengths,
                                      softmax_scale=softmax_scale)
         out, max_logits, lse = r["out"], r["max_logits"], r["lse"]
-        if h < c.h:
+        if h < heads:
             out, max_logits, lse = (t[:, :h].contiguous() for t in (out, max_logits, lse))
     return out, max_logits, lse, idx, lengths
 
@@ -414,31 +292,7 @@ def _sparse_attention_grad(ctx, dout, *_):
 
 # --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
 
-
-def _t_forward(q, kv, topk_idxs, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0):
-    r = sparse_attention_forward(q, kv, topk_idxs, attn_sink=attn_sink, topk_length=topk_length, softmax_scale=softmax_scale, indexer_topk=indexer_topk)
-    return [r["out"], r["max_logits"], r["lse"]] + ([r["lse_indexer"]] if indexer_topk else [])
-
-
-def _f_forward(q, kv, topk_idxs, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0):
-    import torch
-
-    s_q, h = q.shape[0], q.shape[1]
-    rows = [q.new_empty((s_q, h), dtype=torch.float32) for _ in range(3 if indexer_topk else 2)]
-    return [q.new_empty((s_q, h, policy.DV))] + rows
-
-
-def _t_forward_into(out, max_logits, lse, lse_indexer, q, kv, topk_idxs, attn_sink=None, topk_length=None, softmax_scale=None, indexer_topk=0):
-    sparse_attention_forward_into(out, max_logits, lse, lse_indexer, q, kv, topk_idxs, attn_sink=attn_sink, topk_length=topk_length,
-                                  softmax_scale=softmax_scale, indexer_topk=indexer_topk)
-
-
-TORCH_OPS = {
-    "dsa_sparse_attention_forward": ("(Tensor q, Tensor kv, Tensor topk_idxs, Tensor? attn_sink=None, Tensor? topk_length=None, "
-                                     "float? softmax_scale=None, int indexer_topk=0) -> Tensor[]", _t_forward, _f_forward),
-    "dsa_sparse_attention_forward_into": ("(Tensor(a!) out, Tensor(b!) max_logits, Tensor(c!) lse, Tensor(d!)? lse_indexer, Tensor q, Tensor kv, "
-                                          "Tensor topk_idxs, Tensor? attn_sink=None, Tensor? topk_length=None, float? softmax_scale=None, "
-                                          "int indexer_topk=0) -> ()", _t_forward_into, writes_only),
+TORCH_OPS = FORWARD.torch_ops("dsa", sparse_attention_forward, sparse_attention_forward_into) | {
     "dsa_sparse_attention": ("(Tensor q, Tensor kv, Tensor indices, Tensor? attn_sink=None, float? softmax_scale=None, Tensor? topk_length=None, "
                              "bool trusted_compact_metadata=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", _t_sparse_attention,
                              _f_sparse_attention, (_sparse_attention_setup, _sparse_attention_grad)),

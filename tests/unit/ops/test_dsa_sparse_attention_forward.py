@@ -35,7 +35,7 @@ def test_bad_inputs_are_named():
 
     with pytest.raises(InputError) as e:
         dsa_aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.float32), torch.zeros(3), torch.zeros(4, 64))
-    assert "q: expected a (S_q, H, D) bfloat16 or float16" in str(e.value)
+    assert "q: dtype torch.float32 (expected torch.bfloat16 or torch.float16)" in str(e.value)
     with pytest.raises(InputError, match="on cpu"):
         dsa_aot.dsa.sparse_attention_forward(torch.zeros(4, 64, 512, dtype=torch.bfloat16), torch.zeros(3), torch.zeros(4, 64))
 
