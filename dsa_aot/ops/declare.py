@@ -241,7 +241,7 @@ class Op:
 
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
                  into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None, alloc_prelude=None,
-                 early_rules=None, scalar_fn=None, torch_into=None):
+                 early_rules=None, scalar_fn=None, torch_into=None, alloc_first=None, alias_order=()):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
@@ -263,6 +263,11 @@ class Op:
         self.early_rules, self.scalar_fn = early_rules, scalar_fn
         # torch_into: the torch _into op's signature where its schema differs from the _into form's (a workspace taken positionally)
         self.torch_into = torch_into
+        # alloc_first: called first by the generated allocating form, before its memo, with the arguments its parameters name:
+        # it returns new values of its positional ones (upstream's THD maxima read from cu_seqlens), its keyword-only ones are
+        # read only. alias_order: the tensors given the first alias letters of the torch schemas, the same in both (the rest
+        # follow in signature order): a hand-written schema's letters kept
+        self.alloc_first, self.alias_order = alloc_first, tuple(alias_order)
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call and not o.alloc_only)  # the cache key's options, one order for every form
@@ -574,6 +579,11 @@ class Op:
         iopts = "_opts" if self.alloc_key == self.key else "_iopts"  # alloc_only options: in its memo's key, not the _into call's
         ret = "_make.done(_ts, _x, stream)" if any(t.pad or t.omitted for t in self.tensors) else \
             f"Outputs({', '.join(f'{r}=_ts[{i}]' for r, i in self.results)})"
+        first = ""
+        if self.alloc_first is not None:
+            ps = inspect.signature(self.alloc_first).parameters.values()
+            pos = [p.name for p in ps if p.kind is not p.KEYWORD_ONLY]
+            first = f"    {tup(pos)[1:-1]}= FIRST({', '.join(pos + [f'{p.name}={p.name}' for p in ps if p.kind is p.KEYWORD_ONLY])})\n"
         # the allocating form, straight-line as a hand-written op is (its host cost is the point): the memo of the
         # last validated inputs, else prepare_alloc's full checks; then allocate on the launch stream, the _into
         # call (fresh: only the new pointers re-checked), the launch
@@ -592,6 +602,7 @@ class Op:
                     f"    return OP.alloc_result(_c, _a, stream)\n")
         else:
             src += (f"def {self.name}({self.alloc_sig}):\n"
+               f"{first}"
                f"    _ins = {tup(self._by_name[n].param for n in self.ins)}\n"
                f"    _opts = {tup(self.alloc_key)}\n"
                f"    _hit = remembered(CACHE, ALLOC, _ins, _opts)\n"
@@ -613,7 +624,7 @@ class Op:
                f"    return {ret}\n")
         env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle, "remembered": remembered, "ALLOC": ALLOC,
                "alloc_on": alloc_on, "alloc_failed": alloc_failed, "fresh": fresh, "Outputs": Outputs,
-               "ALLOC_VIEW": self.alloc_view}
+               "ALLOC_VIEW": self.alloc_view, "FIRST": self.alloc_first}
         exec(compile(src, f"<dsa_aot op: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         into, alloc = env[f"{self.name}_into"], env[self.name]
         self.into_params = tuple(inspect.signature(into).parameters)
@@ -646,13 +657,14 @@ class Op:
         import inspect
 
         def params(fn):
-            out, letters = [], iter("abcdefghijklmnop")
+            out, letters = [], iter("abcdefghijklmnop"[len(self.alias_order):])
             for p in inspect.signature(fn).parameters.values():
                 spec = self._by_name.get(p.name)
                 if p.name == "stream" or spec is None or (isinstance(spec, _Option) and not spec.torch) or (fn is alloc and getattr(spec, "given", False)):
                     continue
                 if isinstance(spec, _Tensor):
-                    alias = f"({next(letters)}!)" if spec.written else ""
+                    first = p.name in self.alias_order
+                    alias = f"({'abcdefghijklmnop'[self.alias_order.index(p.name)] if first else next(letters)}!)" if spec.written else ""
                     required = spec.role == "workspace" and p.default is inspect.Parameter.empty  # a signature's positional workspace
                     opt = "?" if (spec.optional and not required) or p.default is None else ""
                     txt = f"Tensor{alias}{opt} {p.name}"

@@ -19,24 +19,16 @@ reading of the code and the measurements.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 from ..policy import dsa_dense_indexer_backward as policy
-from ._support import (aliasing, cast_into, alloc_on, allocate, arch_or_refuse, check, flat_args, footprint, input_error, integer, launcher, max_lengths,
-                       require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
-from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
+from ._support import (_FLT_MAX, aliasing, alloc_on, arch_or_refuse, cast_into, check, flat_args, input_error, integer, max_lengths, require, scalar_f32,
+                       tensor_args, thd_batch, workspace_problems)
+from .declare import Float, In, Int, OneOf, Op, Out, Workspace
 
 __all__ = ["dense_indexer_backward", "dense_indexer_backward_into", "dense_indexer_backward_workspace_bytes", "DenseIndexerBackward"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31
-_FLT_MAX = 3.4028234663852886e38
-# the op's tensors, in the order of the plan's pointers
-_TENSORS = ("d_index_q", "d_weights", "d_index_k", "index_q", "weights", "index_k", "attn_score", "attn_l1norm", "index_score", "index_lse",
-            "grad_loss", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
-_WRITES = (0, 1, 2, 8, 14)  # the outputs, index_score (the score-grad signal), the workspace
+_SIZER = "dsa_aot.dsa.dense_indexer_backward_workspace_bytes"
 
 
 def dense_indexer_backward_workspace_bytes(index_k_shape, d_index_k_dtype=None) -> int:
@@ -62,130 +54,123 @@ def dense_indexer_backward_workspace_bytes(index_k_shape, d_index_k_dtype=None) 
     return policy.workspace_bytes(n, d_index_k_dtype == torch.float32)
 
 
-@dataclass(frozen=True)
-class _Call:
-    """What validating one call proved: device, arch, layout, extents, workspace bytes, entries."""
-
-    dev: int
-    arch: str
-    varlen: bool
-    b: int
-    rows: int  # B*S_q (BSHD) or total_q (THD): upstream's normalisation of the loss
-    s_q: int  # S_q or max_seqlen_q
-    s_k: int  # S_k or max_seqlen_k
-    need: int
-    kernels: dict | None  # role -> (op, key); None when nothing launches
-    foot: list
+def _maxima(max_seqlen_q, max_seqlen_k, *, cu_seqlens_q, cu_seqlens_k, stream):
+    """The allocating form's THD maxima, read from ``cu_seqlens_*`` when not given (upstream's .item(): a synchronisation)."""
+    if cu_seqlens_q is not None and (max_seqlen_q is None or max_seqlen_k is None):
+        return max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
+    return max_seqlen_q, max_seqlen_k
 
 
-def dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, sm_scale=1.0, loss_coeff=1.0,
-                           block_I=128, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-                           d_index_q=None, d_weights=None, d_index_k=None, stream=None, workspace=None):
-    """cudnn's ``dense_indexer_backward_wrapper``: returns ``{'d_index_q', 'd_weights', 'd_index_k'}``.
-
-    BSHD: index_q (B, S_q, H, 128), weights (B, S_q, H), index_k (B, S_k, 128) bf16; attn_score and
-    index_score (B, S_q, S_k), attn_l1norm and index_lse (B, S_q) fp32. THD (``cu_seqlens_q`` and
-    ``cu_seqlens_k``, int32 (B + 1,)): (total_q, H, 128), (total_q, H), (total_k, 128); scores
-    (total_q, max_seqlen_k), denominators (total_q,). ``index_score`` is overwritten with the score-grad
-    signal. Outputs not given are allocated like the inputs (bf16; ``d_index_k`` may be fp32);
-    ``workspace`` (uint8, ``dense_indexer_backward_workspace_bytes``) per call when omitted. THD without
-    ``max_seqlen_q`` / ``max_seqlen_k`` reads them from ``cu_seqlens_*`` (a synchronisation, refused under
-    graph capture). Every tensor contiguous: pass ``.contiguous()`` copies of strided ones.
-    """
+def _check(c, problems):
+    """Every problem with a call (options, tensors, workspace, overlaps), listed together (``c.allocating``: outputs
+    and workspace given as None will be allocated, not checked); sets what the plan reads, requires every entry it names."""
     import torch
 
-    if cu_seqlens_q is not None and (max_seqlen_q is None or max_seqlen_k is None):
-        max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
-    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, cu_seqlens_q,
-          cu_seqlens_k, q_causal_offsets, workspace)
-    if workspace is None or d_index_q is None or d_weights is None or d_index_k is None:
-        extra = (block_I, ratio, max_seqlen_q, max_seqlen_k)
-        hit = remembered(_CALLS, ALLOC, ts, extra)
-        call = hit and hit[0]
-        if call is None:
-            call = _validate(ts, sm_scale, loss_coeff, block_I, ratio, max_seqlen_q, max_seqlen_k, allocating=True)
-            remember(_CALLS, ALLOC, extra, probe_for(ts, call.dev, call.foot), call)
-        _scalars_of(call.rows)(sm_scale=sm_scale, loss_coeff=loss_coeff)  # the per-call scalars, before allocating
-        dev = call.dev
-        stream_handle(stream, dev)  # refuse a bad stream before allocating on it
+    scalar_f32(problems, "sm_scale", c.sm_scale)
+    scalar_f32(problems, "loss_coeff", c.loss_coeff)
+    if not (type(c.block_I) is int and c.block_I == policy.BLOCK_I):
+        problems.append(f"block_I={c.block_I!r}: the build ships upstream's default {policy.BLOCK_I} only")
+    integer(problems, "ratio", c.ratio, 1, _I32 - 1)
+    index_q, index_k, offsets = c.index_q, c.index_k, c.q_causal_offsets
+    c.varlen = varlen = c.cu_seqlens_q is not None or c.cu_seqlens_k is not None
+    rank = 3 if varlen else 4
+    if not isinstance(index_q, torch.Tensor) or index_q.layout != torch.strided or index_q.ndim != rank or index_q.device.type != "cuda":
+        problems.append(f"index_q: expected a CUDA tensor {'(total_q, H, 128)' if varlen else '(B, S_q, H, 128)'}"
+                        f"{' (THD: cu_seqlens_q / cu_seqlens_k given)' if varlen else ''}, got {getattr(index_q, 'shape', type(index_q).__name__)}")
+        raise input_error(problems)
+    if not isinstance(index_k, torch.Tensor) or index_k.ndim != rank - 1:
+        problems.append(f"index_k: expected a {'(total_k, 128)' if varlen else '(B, S_k, 128)'} tensor, got {getattr(index_k, 'shape', type(index_k).__name__)}")
+        raise input_error(problems)
+    c.dev = dev = index_q.device.index
+    arch, _ = arch_or_refuse(problems, dev)
+    h, d = index_q.shape[-2], index_q.shape[-1]
+    lead = tuple(index_q.shape[:-2])
+    b = thd_batch(problems, varlen, c.cu_seqlens_q, c.cu_seqlens_k, c.max_seqlen_q, c.max_seqlen_k, dev)
+    if varlen:
+        s_q, s_k, rows = c.max_seqlen_q, c.max_seqlen_k, lead[0]
+        k_shape, score = (index_k.shape[0], d), (rows, s_k)
+    else:
+        (b, s_q), s_k = lead, index_k.shape[1]
+        rows, k_shape, score = b * s_q, (b, s_k, d), (b, s_q, s_k)
+    bf16, f32 = torch.bfloat16, torch.float32
+    check(problems, index_q, "index_q", lead + (h, d), bf16, dev, 16)
+    check(problems, c.weights, "weights", lead + (h,), bf16, dev, 16)
+    check(problems, index_k, "index_k", k_shape, bf16, dev, 16)
+    if isinstance(score[-1], int):
+        check(problems, c.attn_score, "attn_score", score, f32, dev, 16)
+        check(problems, c.index_score, "index_score", score, f32, dev, 16)
+    check(problems, c.attn_l1norm, "attn_l1norm", lead, f32, dev, 16)
+    check(problems, c.index_lse, "index_lse", lead, f32, dev, 16)
+    if offsets is not None and b is not None:
+        check(problems, offsets, "q_causal_offsets", (b,), torch.int32, dev, 16)
+    c.dk_f32 = isinstance(c.d_index_k, torch.Tensor) and c.d_index_k.dtype == f32
+    for name, shape, dt in (("d_index_q", lead + (h, d), bf16), ("d_weights", lead + (h,), bf16), ("d_index_k", k_shape, f32 if c.dk_f32 else bf16)):
+        if not (c.allocating and getattr(c, name) is None):
+            check(problems, getattr(c, name), name, shape, dt, dev, 16)
+    gl = c.grad_loss
+    if not isinstance(gl, torch.Tensor) or gl.layout != torch.strided or gl.numel() != 1 or gl.dtype != f32 or gl.device != index_q.device:
+        problems.append(f"grad_loss: must be a single-element float32 tensor on {index_q.device}")
+    elif gl.data_ptr() % 4:
+        problems.append(f"grad_loss: data pointer 0x{gl.data_ptr():x} is not 4-byte aligned")
+    if h not in policy.HEADS:
+        problems.append(f"H={h} (the dense indexer backward ships H={', '.join(map(str, policy.HEADS))}: upstream needs H >= 64, and its "
+                        f"SM100 GEMM does not fit in shared memory beyond H 64)")
+    if d != policy.DIM:
+        problems.append(f"D={d} (expected {policy.DIM})")
+    if not problems:
+        for what, n in (("rows*H*D", rows * h * d), ("index_k elements", index_k.numel()), ("rows*S_k", rows * s_k)):
+            if n >= _I32:
+                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+    if not problems:
+        ks = policy.kernels(arch, h, varlen, ratio=c.ratio, offsets=offsets is not None)
+        require(FAMILY, ks, dev)  # every entry ships, before anything is allocated or written (an empty call too: the same key)
+        c.ks = ks if rows and s_q and s_k and b else {}  # {}: nothing to launch
+        c.rows, c.s_q, c.s_k = rows, s_q, s_k
+        c.ws_need = need = policy.workspace_bytes(index_k.numel(), c.dk_f32)
+        if need and not (c.allocating and c.workspace is None):
+            problems += workspace_problems(c.workspace, need, dev, [(n, getattr(c, n)) for n in _TENSORS[:14]], _SIZER)
+        elif c.workspace is not None and not isinstance(c.workspace, torch.Tensor):  # not needed, but given: a tensor or None
+            problems.append(f"workspace: got {type(c.workspace).__name__} (expected None or a 1-D uint8 CUDA tensor)")
+    if not problems:  # the outputs and index_score (the score-grad signal) against each other and the inputs
+        named = [(n, getattr(c, n)) for n in _TENSORS[:14]]
+        problems += aliasing([named[i] for i in (0, 1, 2, 8)], [nt for i, nt in enumerate(named) if i not in (0, 1, 2, 8)])
 
-        def outputs():
-            with alloc_on(stream, dev):
-                return (torch.empty_like(index_q) if d_index_q is None else d_index_q, torch.empty_like(weights) if d_weights is None else d_weights,
-                        torch.empty_like(index_k) if d_index_k is None else d_index_k,
-                        torch.empty(call.need, dtype=torch.uint8, device=index_q.device) if workspace is None and call.need else workspace)
 
-        d_index_q, d_weights, d_index_k, workspace = allocate(outputs)
-    dense_indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse,
-                                grad_loss, sm_scale, loss_coeff, block_I, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                q_causal_offsets, stream, workspace)
-    return Outputs(d_index_q=d_index_q, d_weights=d_weights, d_index_k=d_index_k)
+def _scalars(c):
+    """The per-call scalars of a call like ``c`` (sm_scale, grad_scale = loss_coeff / max(rows, 1)), checked."""
+    rows = max(c.rows, 1)
 
-
-def dense_indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse,
-                                grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None,
-                                max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, stream=None, workspace=None):
-    """``dense_indexer_backward`` into caller-provided outputs and workspace (THD: ``max_seqlen_q`` and
-    ``max_seqlen_k`` required). Capture-safe from the first call; allocates nothing."""
-    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, cu_seqlens_q,
-          cu_seqlens_k, q_causal_offsets, workspace)
-    extra = (block_I, ratio, max_seqlen_q, max_seqlen_k)
-    call, p = cached(_CALLS, ts, extra, lambda: _plan(*ts[:11], sm_scale, loss_coeff, block_I, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                       max_seqlen_k, q_causal_offsets, workspace))
-    call.run(p, stream_handle(stream, call.dev), call.scalars(sm_scale=sm_scale, loss_coeff=loss_coeff), ts, stream)
-    return d_index_q, d_weights, d_index_k
-
-
-def _scalars_of(rows: int):
-    """The per-call scalars (grad_scale = loss_coeff / max(rows, 1), sm_scale), checked."""
-
-    def scalars(sm_scale=1.0, loss_coeff=1.0):
+    def scalars(sm_scale, loss_coeff):
         if type(sm_scale) is float and type(loss_coeff) is float and -_FLT_MAX <= sm_scale <= _FLT_MAX and -_FLT_MAX <= loss_coeff <= _FLT_MAX:
-            return (loss_coeff / max(rows, 1), sm_scale)
+            return (sm_scale, loss_coeff / rows)
         problems = []
         sm = scalar_f32(problems, "sm_scale", sm_scale)
         lc = scalar_f32(problems, "loss_coeff", loss_coeff)
         if problems:
             raise input_error(problems)
-        return (lc / max(rows, 1), sm)
+        return (sm, lc / rows)
 
     return scalars
 
 
-def _plan(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, sm_scale=1.0,
-          loss_coeff=1.0, block_I=128, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-          workspace=None):
-    """Validate a dense indexer backward call and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
-    import torch
-
-    ts = (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, cu_seqlens_q,
-          cu_seqlens_k, q_causal_offsets, workspace)
-    c = _validate(ts, sm_scale, loss_coeff, block_I, ratio, max_seqlen_q, max_seqlen_k)
-    scalars = _scalars_of(c.rows)
-    x = scalars(sm_scale=sm_scale, loss_coeff=loss_coeff)
-    defaults = functools.partial(scalars, sm_scale=sm_scale, loss_coeff=loss_coeff)  # a plan's execute overrides some
-    rec = Recorder(len(ts), 2)
-    P, s, (grad_scale, sm) = rec.p, rec.s, rec.x
-    if c.kernels is None:
-        # nothing launches (no query rows, no keys, or no segments): dK is zero; dQ / dW zero where they have rows
+def _plan(rec, c):
+    if not c.ks:  # nothing launches (no query rows, no keys, or no segments): dK is zero; dQ / dW zero where they have rows
         def zero(ts, stream):
             with alloc_on(stream, c.dev):
                 for t in ts[:3]:
                     t.zero_()
 
         rec.then(zero)
-        return compile_call("dsa_dense_indexer_backward", rec, c.dev, ts, c.foot, x, defaults)
-    f32 = d_index_k.dtype == torch.float32
-    rec.memset(P[2] if f32 else P[14], index_k.numel() * 4)  # both GEMMs reduce-add dK into zeroed fp32
+        return
+    ts, p, (sm, grad_scale) = tuple(getattr(c, n) for n in _TENSORS), rec.p, rec.x
+    rec.memset(p[2] if c.dk_f32 else p[14], c.index_k.numel() * 4)  # both GEMMs reduce-add dK into zeroed fp32
     for role in ("score_grad", "gemm"):
-        op, key = c.kernels[role]
-        rec.launch(launcher(FAMILY, op, key, c.dev), *_launch_args(op, ts, P, c.varlen, c.s_q, c.s_k, f32, grad_scale, sm, s))
-    if not f32:
-        def cast_dk(ts, stream, shape=(1, 1, index_k.numel())):
+        rec.launch(c.entry[role], *_launch_args(c.ks[role][0], ts, p, c.varlen, c.s_q, c.s_k, c.dk_f32, grad_scale, sm, rec.s))
+    if not c.dk_f32:
+        def cast_dk(ts, stream, shape=(1, 1, c.index_k.numel())):
             cast_into(ts[2], ts[14], shape, stream, c.dev)
 
         rec.then(cast_dk)
-    return compile_call("dsa_dense_indexer_backward", rec, c.dev, ts, c.foot, x, defaults)
 
 
 def _launch_args(op, ts, p, varlen, s_q, s_k, dk_f32, grad_scale, sm_scale, s) -> tuple:
@@ -205,141 +190,37 @@ def _launch_args(op, ts, p, varlen, s_q, s_k, dk_f32, grad_scale, sm_scale, s) -
     return (*head, sm_scale, s, *cu, s_q, s_k, *off)  # SM90: (..., [no top-k ids], scale, stream, cu_seqlens, S_q, S_k, offsets)
 
 
-class DenseIndexerBackward(Plan):
-    """cudnn's DenseIndexerBackward shape: ``DenseIndexerBackward(d_index_q, d_weights, d_index_k, index_q, weights,
-    index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
-    ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-    workspace=None)``; ``execute(<the tensors>, stream=None, sm_scale=..., loss_coeff=...)``."""
+_ARGS = ("index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128, "
+         "ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None")
+BACKWARD = Op(
+    FAMILY, "dense_indexer_backward", plan_class="DenseIndexerBackward",
+    into=f"d_index_q, d_weights, d_index_k, {_ARGS}, stream=None, workspace=None",
+    alloc=f"{_ARGS}, d_index_q=None, d_weights=None, d_index_k=None, stream=None, workspace=None",
+    tensors=(
+        Out("d_index_q", "bfloat16", "like index_q", given=True, alloc_like=True),
+        Out("d_weights", "bfloat16", "like weights", given=True, alloc_like=True),
+        Out("d_index_k", ("bfloat16", "float32"), "like index_k", given=True, alloc_like=True),
+        *(In(n, "bfloat16", None) for n in ("index_q", "weights", "index_k")),
+        In("attn_score", "float32", None), In("attn_l1norm", "float32", None), In("index_score", "float32", None, written=True),
+        In("index_lse", "float32", None), In("grad_loss", "float32", None, align=4),
+        *(In(n, "int32", None, optional=True) for n in ("cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets")),
+        Workspace("workspace", lambda c: policy.workspace_bytes(c.index_k.numel(), c.dk_f32), _SIZER, given=True),
+    ),
+    options=(
+        Float("sm_scale", 1.0, per_call=True), Float("loss_coeff", 1.0, per_call=True), OneOf("block_I", (policy.BLOCK_I,), policy.BLOCK_I),
+        Int("ratio", 1, _I32 - 1, 1), Int("max_seqlen_q", 0, _I32 - 1, None), Int("max_seqlen_k", 0, _I32 - 1, None),
+    ),
+    check=_check, entries=lambda c: c.ks, plan=_plan, scalar_fn=_scalars, alloc_first=_maxima, alias_order=("index_score",),
+    note="BSHD: index_q (B, S_q, H, 128), weights (B, S_q, H), index_k (B, S_k, 128) bf16; attn_score and index_score (B, S_q, S_k), "
+         "attn_l1norm and index_lse (B, S_q) fp32. THD (``cu_seqlens_q`` and ``cu_seqlens_k``, int32 (B + 1,)): (total_q, H, 128), "
+         "(total_q, H), (total_k, 128); scores (total_q, max_seqlen_k), denominators (total_q,). ``index_score`` is overwritten with the "
+         "score-grad signal. Outputs not given are allocated like the inputs (bf16; ``d_index_k`` may be fp32); ``workspace`` (uint8, "
+         "``dense_indexer_backward_workspace_bytes``) per call when omitted. THD without ``max_seqlen_q`` / ``max_seqlen_k``: the allocating "
+         "form reads them from ``cu_seqlens_*`` (a synchronisation, refused under graph capture); the _into form and the plan need them. "
+         "Every tensor contiguous: pass ``.contiguous()`` copies of strided ones.",
+)  # fmt: skip
+_TENSORS = BACKWARD.names  # the op's tensors, in the order of the plan's pointers
 
-    _build = staticmethod(_plan)
-    _tensors = _TENSORS[:11] + ("cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
-    _scalars = ("sm_scale", "loss_coeff")
-
-
-_CALLS: dict = {}
-
-
-def _validate(ts, sm_scale, loss_coeff, block_I, ratio, max_seqlen_q, max_seqlen_k, allocating=False) -> _Call:
-    """Every problem with a call, raised together before anything is touched. ``allocating``: outputs
-    and workspace given as None will be allocated (not checked)."""
-    import torch
-
-    (d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, cu_q, cu_k, offsets,
-     workspace) = ts
-    problems = []
-    scalar_f32(problems, "sm_scale", sm_scale)
-    scalar_f32(problems, "loss_coeff", loss_coeff)
-    if not (type(block_I) is int and block_I == policy.BLOCK_I):
-        problems.append(f"block_I={block_I!r}: the build ships upstream's default {policy.BLOCK_I} only")
-    integer(problems, "ratio", ratio, 1, _I32 - 1)
-    varlen = cu_q is not None or cu_k is not None
-    rank = 3 if varlen else 4
-    if not isinstance(index_q, torch.Tensor) or index_q.layout != torch.strided or index_q.ndim != rank or index_q.device.type != "cuda":
-        problems.append(f"index_q: expected a CUDA tensor {'(total_q, H, 128)' if varlen else '(B, S_q, H, 128)'}"
-                        f"{' (THD: cu_seqlens_q / cu_seqlens_k given)' if varlen else ''}, got {getattr(index_q, 'shape', type(index_q).__name__)}")
-        raise input_error(problems)
-    if not isinstance(index_k, torch.Tensor) or index_k.ndim != rank - 1:
-        problems.append(f"index_k: expected a {'(total_k, 128)' if varlen else '(B, S_k, 128)'} tensor, got {getattr(index_k, 'shape', type(index_k).__name__)}")
-        raise input_error(problems)
-    dev = index_q.device.index
-    arch, _ = arch_or_refuse(problems, dev)
-    h, d = index_q.shape[-2], index_q.shape[-1]
-    lead = tuple(index_q.shape[:-2])
-    b = thd_batch(problems, varlen, cu_q, cu_k, max_seqlen_q, max_seqlen_k, dev)
-    if varlen:
-        s_q, s_k = max_seqlen_q, max_seqlen_k
-        rows = lead[0]
-        k_shape = (index_k.shape[0], d)
-        score, denom = (rows, s_k), lead
-    else:
-        b, s_q = lead
-        s_k = index_k.shape[1]
-        rows = b * s_q
-        k_shape = (b, s_k, d)
-        score, denom = (b, s_q, s_k), lead
-    bf16, f32 = torch.bfloat16, torch.float32
-    check(problems, index_q, "index_q", lead + (h, d), bf16, dev, 16)
-    check(problems, weights, "weights", lead + (h,), bf16, dev, 16)
-    check(problems, index_k, "index_k", k_shape, bf16, dev, 16)
-    if isinstance(score[-1], int):
-        check(problems, attn_score, "attn_score", score, f32, dev, 16)
-        check(problems, index_score, "index_score", score, f32, dev, 16)
-    check(problems, attn_l1norm, "attn_l1norm", denom, f32, dev, 16)
-    check(problems, index_lse, "index_lse", denom, f32, dev, 16)
-    if offsets is not None and b is not None:
-        check(problems, offsets, "q_causal_offsets", (b,), torch.int32, dev, 16)
-    skip = (lambda t: allocating and t is None)  # noqa: E731
-    if not skip(d_index_q):
-        check(problems, d_index_q, "d_index_q", lead + (h, d), bf16, dev, 16)
-    if not skip(d_weights):
-        check(problems, d_weights, "d_weights", lead + (h,), bf16, dev, 16)
-    dk_f32 = isinstance(d_index_k, torch.Tensor) and d_index_k.dtype == f32
-    if not skip(d_index_k):
-        check(problems, d_index_k, "d_index_k", k_shape, f32 if dk_f32 else bf16, dev, 16)
-    if (not isinstance(grad_loss, torch.Tensor) or grad_loss.layout != torch.strided or grad_loss.numel() != 1 or grad_loss.dtype != f32
-            or grad_loss.device != index_q.device):
-        problems.append(f"grad_loss: must be a single-element float32 tensor on {index_q.device}")
-    elif grad_loss.data_ptr() % 4:
-        problems.append(f"grad_loss: data pointer 0x{grad_loss.data_ptr():x} is not 4-byte aligned")
-    if h not in policy.HEADS:
-        problems.append(f"H={h} (the dense indexer backward ships H={', '.join(map(str, policy.HEADS))}: upstream needs H >= 64, and its "
-                        f"SM100 GEMM does not fit in shared memory beyond H 64)")
-    if d != policy.DIM:
-        problems.append(f"D={d} (expected {policy.DIM})")
-    if not problems:
-        for what, n in (("rows*H*D", rows * h * d), ("index_k elements", index_k.numel()), ("rows*S_k", rows * s_k)):
-            if n >= _I32:
-                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
-    ks = None
-    if not problems:
-        ks = policy.kernels(arch, h, varlen, ratio, offsets is not None)
-        require(FAMILY, ks, dev)  # every entry ships, before anything is allocated or written (an empty call too: the same key)
-        if not (rows and s_q and s_k and b):
-            ks = None  # nothing to launch
-    need = 0
-    if not problems:
-        need = policy.workspace_bytes(index_k.numel(), dk_f32)
-        if need and not skip(workspace):
-            problems += workspace_problems(workspace, need, dev, list(zip(_TENSORS, ts[:14])), "dsa_aot.dsa.dense_indexer_backward_workspace_bytes")
-        elif workspace is not None and not isinstance(workspace, torch.Tensor):  # not needed, but given: a tensor or None
-            problems.append(f"workspace: got {type(workspace).__name__} (expected None or a 1-D uint8 CUDA tensor)")
-    if not problems:
-        named = [(n, t) for n, t in zip(_TENSORS, ts)]
-        problems += aliasing([named[i] for i in _WRITES[:4]], [nt for i, nt in enumerate(named[:14]) if i not in _WRITES])
-    if problems:
-        raise input_error(problems)
-    masks = tuple(3 if i == 10 else (15 if i != 14 or need else 0) for i in range(len(ts)))
-    foot = footprint(ts, writes=_WRITES, masks=masks, sizes={14: need})
-    return _Call(dev, arch, varlen, b or 0, rows, s_q, s_k, need, ks, foot)
-
-
-# --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------
-# On torch's current stream. index_score is overwritten with the score-grad signal: annotated as mutated.
-
-
-def _t_backward(index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, sm_scale=1.0, loss_coeff=1.0, block_I=128,
-                ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None):
-    return tuple(dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss, sm_scale, loss_coeff,
-                                        block_I, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_causal_offsets))
-
-
-def _f_backward(index_q, weights, index_k, *args, **kwargs):
-    return index_q.new_empty(index_q.shape), weights.new_empty(weights.shape), index_k.new_empty(index_k.shape)
-
-
-def _t_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss,
-                     sm_scale=1.0, loss_coeff=1.0, block_I=128, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                     q_causal_offsets=None, workspace=None):
-    dense_indexer_backward_into(d_index_q, d_weights, d_index_k, index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse,
-                                grad_loss, sm_scale, loss_coeff, block_I, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                q_causal_offsets, None, workspace)
-
-
-_IN = ("Tensor index_q, Tensor weights, Tensor index_k, Tensor attn_score, Tensor attn_l1norm, Tensor(a!) index_score, Tensor index_lse, "
-       "Tensor grad_loss, float sm_scale=1.0, float loss_coeff=1.0, int block_I=128, int ratio=1, Tensor? cu_seqlens_q=None, "
-       "Tensor? cu_seqlens_k=None, int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None")
-TORCH_OPS = {
-    "dsa_dense_indexer_backward": (f"({_IN}) -> (Tensor, Tensor, Tensor)", _t_backward, _f_backward),
-    "dsa_dense_indexer_backward_into": (f"(Tensor(b!) d_index_q, Tensor(c!) d_weights, Tensor(d!) d_index_k, {_IN}, Tensor(e!)? workspace=None) -> ()",
-                                        _t_backward_into, writes_only),
-}
+dense_indexer_backward, dense_indexer_backward_into, DenseIndexerBackward = BACKWARD.forms(globals())
+# torch.ops.dsa_aot.<name>, on torch's current stream; index_score is overwritten with the score-grad signal: annotated as mutated
+TORCH_OPS = BACKWARD.torch_ops("dsa", dense_indexer_backward, dense_indexer_backward_into)

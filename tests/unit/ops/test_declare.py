@@ -416,3 +416,42 @@ def test_cpu_tensors_still_get_dtype_and_shape_checks(op):
 
 def test_a_tensor_like_one_of_the_wrong_dtype_is_not_checked_against_it(op):
     assert _problems(op, y=_t((3, 4)), x=_t((3, 4), torch.int32)) == ["x: dtype torch.int32 (expected torch.float32 or torch.float16)"]
+
+
+# --- Op(alloc_first=fn), Op(alias_order=...): the dense indexer backward's ---------------------------------------
+
+def _firsts(seen):
+    def first(n, *, x):  # the allocating form's THD maxima: a value worked out from the inputs before the memo looks
+        seen.append(n)
+        return (x.shape[0] if n is None else n,)
+
+    def rules(c, problems):
+        seen.append(("rules", c.n))
+
+    op = D.Op("toy", "first", plan_class="First", into="out, x, y, n=None, stream=None", alloc="x, y, n=None, out=None, stream=None",
+              tensors=(D.Out("out", "float32", "like x", given=True, alloc_like=True), D.In("x", "float32", ("k",)),
+                       D.In("y", "float32", ("k",), written=True)),
+              options=(D.Int("n", 0, 99, None),), plan=lambda rec, c: rec.memset(c.p.out, 4), rules=rules, alloc_first=first, alias_order=("y",))
+    D.OPS.remove(op)
+    return op
+
+
+def test_alias_order_gives_the_named_tensors_the_first_letters_in_both_schemas():
+    op = _firsts([])
+    alloc, into, _ = op.forms({"__name__": __name__})
+    ops = op.torch_ops("dsa", alloc, into)
+    assert ops["dsa_first"][0] == "(Tensor x, Tensor(a!) y, int? n=None) -> Tensor"
+    assert ops["dsa_first_into"][0] == "(Tensor(b!) out, Tensor x, Tensor(a!) y, int? n=None) -> ()"
+
+
+def test_alloc_first_replaces_arguments_before_the_memo(env, monkeypatch):
+    seen = []
+    op = _firsts(seen)
+    alloc, _, _ = op.forms({"__name__": __name__})
+    monkeypatch.setitem(alloc.__globals__, "alloc_on", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: stand_in.cuda_tensor(torch.zeros(t.shape, dtype=t.dtype), t.get_device()))
+    s = env.new_stream(0)
+    alloc(_f(), _f(), stream=s)
+    alloc(_f(), _f(), stream=s)  # the memo: validated once, alloc_first called every time
+    alloc(_f(), _f(), n=5, stream=s)
+    assert seen == [None, ("rules", 8), ("rules", 8), None, 5, ("rules", 5), ("rules", 5)]

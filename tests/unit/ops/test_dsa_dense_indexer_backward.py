@@ -24,6 +24,7 @@ def torch_steps(monkeypatch):
 
     for mod in (op, ib, support):  # (_support.max_lengths reads the THD maxima)
         monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
+    monkeypatch.setitem(op.dense_indexer_backward.__globals__, "alloc_on", lambda stream, dev: contextlib.nullcontext())  # the declared form's own
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
 
