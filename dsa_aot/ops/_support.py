@@ -207,10 +207,11 @@ def lookup(cache: dict, key):
         return None
 
 
-def check(problems, t, name, shape, dtype, dev, align, layout=True):
+def check(problems, t, name, shape, dtype, dev, align, layout=True, device=True):
     """Append to ``problems`` what is wrong with tensor ``t`` against the expected shape, dtype, device,
     layout, contiguity and base alignment (``layout=False``: not contiguity and alignment, for the
-    inputs an allocating form copies first, as upstream does)."""
+    inputs an allocating form copies first, as upstream does; ``device=False``: not the device, its
+    problem said already)."""
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -223,7 +224,7 @@ def check(problems, t, name, shape, dtype, dev, align, layout=True):
         problems.append(f"{name}: shape {tuple(t.shape)} (expected {tuple(shape)})")
     if t.dtype != dtype:
         problems.append(f"{name}: dtype {t.dtype} (expected {dtype})")
-    if t.device.type != "cuda" or (dev is not None and t.device.index != dev):
+    if device and (t.device.type != "cuda" or (dev is not None and t.device.index != dev)):
         problems.append(f"{name}: on {t.device} (expected cuda:{dev}, the device of the first input)")
     if not layout:
         return

@@ -42,7 +42,7 @@ class _Tensor:
     role = "in"
 
     def __init__(self, name, dtype, shape, *, align=16, optional=False, when=None, staged=False, returns=None, given=False, written=False,
-                 alloc_like=False, pad=None, omitted=False):
+                 alloc_like=False, pad=None, omitted=False, zeroed=False):
         # shape: a tuple of ints and symbol names; "like <tensor>": that tensor's; None: any (the op's rules check it);
         # align: bytes, "element", or align(c) -> bytes (an arch that loads wider); given, alloc_like: see Out; written: see In
         self.name, self.dtypes, self.align, self.given = name, (dtype,) if isinstance(dtype, str) else tuple(dtype), align, given
@@ -51,6 +51,7 @@ class _Tensor:
         self.optional, self.when, self.staged = optional or when is not None, when, staged
         self.returns = name if returns is None else returns  # False: written, not in the allocating form's result (a scratch buffer)
         self.pad, self.omitted, self.param = pad, omitted, given if isinstance(given, str) else name  # param: its allocating-form name
+        self.zeroed = zeroed
 
     def dtype_of(self, c):
         """The torch dtypes this tensor may have in call ``c`` ("like <tensor>": that tensor's)."""
@@ -97,7 +98,8 @@ class Out(_Tensor):
     (not written); a ``when`` naming an ``alloc_only`` option is the allocating form's. ``pad(c)``: the shape the
     kernel binds (rows padded); the allocating form allocates that and returns the declared shape's part, contiguous,
     and a given one it cannot bind as it is (any strides) is filled through such a buffer and copied back.
-    ``omitted``: the allocating form's result has no key for it when ``when`` is false."""
+    ``omitted``: the allocating form's result has no key for it when ``when`` is false. ``zeroed``: the allocating
+    form allocates it zeroed (True, or ``zeroed(c)`` per call: an output the kernels write only in part, or not at all)."""
 
     role = "out"
 
@@ -241,7 +243,8 @@ class Op:
 
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
                  into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None, alloc_prelude=None,
-                 early_rules=None, scalar_fn=None, torch_into=None, alloc_first=None, alias_order=()):
+                 early_rules=None, scalar_fn=None, torch_into=None, alloc_first=None, alias_order=(),
+                 guard=None, alloc_sizes=None, torch_order=None):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
@@ -268,6 +271,13 @@ class Op:
         # read only. alias_order: the tensors given the first alias letters of the torch schemas, the same in both (the rest
         # follow in signature order): a hand-written schema's letters kept
         self.alloc_first, self.alias_order = alloc_first, tuple(alias_order)
+        # guard(c) -> None or a per-call check of process state (torch's deterministic mode), run by every call of
+        # the compiled call (Call.guard) and once at build, before any entry is resolved; alloc_sizes(c): the memoized
+        # allocating form's, once its inputs and stream passed, before entries and outputs: binds what the outputs
+        # need (a size read from the device, as upstream's wrapper does); False: do not memoize the call;
+        # torch_order: (allocating, into) schema parameters, ", "-separated, when they differ from the Python order:
+        # a name (typed and defaulted as the declaration says) or a literal "type name[=default]"
+        self.guard, self.alloc_sizes, self.torch_order = guard, alloc_sizes, torch_order
         self.into_returns = into_returns or tuple(t.name for t in self.tensors if t.role == "out")
         self.names = tuple(t.name for t in self.tensors)  # the plan's tensors, in p[i] order
         self.key = tuple(o.name for o in self.options if not o.per_call and not o.alloc_only)  # the cache key's options, one order for every form
@@ -288,7 +298,8 @@ class Op:
         """A call's context: its arguments, and its integer options bound as shape symbols (``top_k``)."""
         c = _Ctx(values)
         c.allocating = allocating
-        c.sym.update((o.name, values[o.name]) for o in self.options if isinstance(o, Int) and o.name in values)  # (alloc_only: not in _into's)
+        c.sym.update((o.name, v) for o in self.options  # (alloc_only: not in _into's; an int OneOf too: ratio; not an Int's None)
+                     if (v := values.get(o.name)) is not None and (isinstance(o, Int) or isinstance(o, OneOf) and type(v) is int))
         return c
 
     def _values(self, ts, opts, scal=(), key=None):
@@ -313,16 +324,16 @@ class Op:
         if problems and self.early_rules is None:  # options fix shapes and keys below: nothing more is meaningful with a wrong one
             raise input_error(problems)
         c = self._context(values, allocating)
-        bad = set()
+        bad, cpu_only = set(), 0  # cpu_only: problems of tensors on the CPU, whose shapes the symbols still check
         ins = [t for t in self.tensors if t.role == "in"]  # allocating: the outputs given (cudnn's out=), checked before any allocation
         outs = [t for t in self.tensors if t.role != "in" and not (allocating and values[t.name] is None)]
         for t in ins + outs:
             if t is (outs or [None])[0]:  # the inputs fix the symbols the outputs are checked against
-                if problems:
+                if len(problems) > cpu_only:
                     break
                 if self.symbols is not None:
                     self.symbols(c, problems)
-                    if problems:
+                    if len(problems) > cpu_only:
                         break
             v = values[t.name]
             free = t.when is None or self._opt(t.when).alloc_only  # None: not written (a `when` of the allocating form's)
@@ -344,6 +355,7 @@ class Op:
             cpu = v.device.type != "cuda"  # still its dtype and shape checked, reported together
             if cpu:
                 problems.append(f"{t.name}: on {v.device} (expected a CUDA tensor)")
+                cpu_only += 1
             elif c.dev is None:
                 c.dev = v.device.index
             like = t.dtypes[0][5:] if t.dtypes[0].startswith("like ") else None
@@ -354,17 +366,14 @@ class Op:
             shape = []
             for s, n in zip(want if want is not None else v.shape, v.shape):
                 shape.append(s if isinstance(s, int) else c.sym.setdefault(s, n))
-            if cpu:
-                if tuple(v.shape) != tuple(shape):
-                    problems.append(f"{t.name}: shape {tuple(v.shape)} (expected {tuple(shape)})")
-                continue
             staged = allocating and t.staged
-            check(problems, v, t.name, tuple(shape), v.dtype, c.dev, t.mask(v, c) + 1, layout=not staged)
-            if staged == "contiguous" and v.is_contiguous() and v.data_ptr() & t.mask(v, c):  # only a strided one is copied
+            align = 1 if cpu and callable(t.align) else t.mask(v, c) + 1  # (an arch's alignment needs a device)
+            check(problems, v, t.name, tuple(shape), v.dtype, c.dev, align, layout=not staged, device=not cpu)  # (cpu: its layout too)
+            if staged == "contiguous" and v.is_contiguous() and v.data_ptr() & (align - 1):  # only a strided one is copied
                 problems.append(f"{t.name}: data pointer 0x{v.data_ptr():x} is not {t.mask(v, c) + 1}-byte aligned (clone() the tensor)")
         if self.early_rules is not None:
             self.early_rules(c, problems)
-        if not problems and not outs and self.symbols is not None:
+        if len(problems) == cpu_only and not outs and self.symbols is not None:
             self.symbols(c, problems)
         if not problems and self.rules is not None:
             self.rules(c, problems)
@@ -418,6 +427,9 @@ class Op:
     def build(self, ts, opts, scal):
         """Validate a call of the ``_into`` form and compile what it does (:class:`dsa_aot.ops.plan.Call`)."""
         c = self.validate(self._values(ts, opts, scal))
+        guard = self.guard(c) if self.guard is not None else None
+        if guard is not None:
+            guard()  # refused before anything is resolved
         rec = Recorder(len(ts), len(self.scalars))
         c.p = _Ptrs(self.names, rec.p)
         c.x = dict(zip(self.scalars, rec.x))
@@ -430,7 +442,7 @@ class Op:
         if self.scalar_fn is not None:
             scalars = functools.partial(self.scalar_fn(c), **given)
         x = scalars() if self.scalars else ()
-        return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, x, scalars, keep=getattr(c, "keep", ()))  # c.keep: plan's memory
+        return compile_call(f"{self.family}.{self.name}", rec, c.dev, ts, foot, x, scalars, guard, keep=getattr(c, "keep", ()))  # c.keep: plan's memory
 
     def _footprint(self, c, specs, ts):
         """What the per-call recheck of tensors ``ts`` (of ``specs``) needs: the written ones, masks, the workspace bytes used."""
@@ -455,6 +467,7 @@ class Op:
         values = dict.fromkeys(self.names) | dict(zip(self.ins, ins)) | self._values((), opts, scal, self.alloc_key)
         c = self.validate(values, allocating=True)
         stream_handle(stream, c.dev)  # a bad stream, and a missing entry, refused before anything is allocated
+        memo = self.alloc_sizes(c) if self.alloc_sizes is not None else True
         if self.entries:
             ks = self.entries(c)
             require(self.family, ks, c.dev, {r: self.hint(c, k[1]) for r, k in ks.items()} if self.hint else None)
@@ -466,7 +479,7 @@ class Op:
         direct = all(t is None or not st or (t.is_contiguous() and not t.data_ptr() & m) for t, m, st in zip(ins, foot[1], staged))
         x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c)) if st else t for n, t, st in zip(self.ins, ins, staged))
         sc = (self.scalar_fn(c) if self.scalar_fn is not None else lambda **kw: self._scalar_check(c, kw)) if self.scalars else None
-        if direct:
+        if direct and memo is not False:
             remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, foot), (c.dev, box, make, sc))
         return c.dev, box, make, x, sc
 
@@ -489,7 +502,8 @@ class Op:
             elif t.alloc_like:
                 new = ("like", self.ins.index(t.shape[5:]), slot)
             else:
-                new = ("new", t.pad(c) if t.pad else t.size_in(c), t.dtype_of(c)[0], slot)
+                zero = t.zeroed(c) if callable(t.zeroed) else t.zeroed
+                new = ("zero" if zero else "new", t.pad(c) if t.pad else t.size_in(c), t.dtype_of(c)[0], slot)
             out.append(("in", slot) if new is None and slot is not None else new)
         return tuple(out)
 
@@ -499,7 +513,7 @@ class Op:
         ``make.done(ts, x, stream)``: the result, where an output is padded or omitted (Out's ``pad``, ``omitted``)."""
         import torch
 
-        env = {"E": torch.empty, "EL": torch.empty_like, "DEV": torch.device("cuda", dev), "AO": alloc_on, "A": allocate, "R": Outputs, "dev": dev}
+        env = {"E": torch.empty, "EL": torch.empty_like, "Z": torch.zeros, "DEV": torch.device("cuda", dev), "AO": alloc_on, "A": allocate, "R": Outputs, "dev": dev}
         items, done, res = [], [], []
         for i, (t, sh) in enumerate(zip(self.tensors, shapes)):
             if sh is None:
@@ -511,7 +525,7 @@ class Op:
                     new = f"EL(x[{sh[1]}])"
                 else:
                     env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
-                    new = f"E(S{i}, dtype=D{i}, device=DEV)"
+                    new = f"{'Z' if sh[0] == 'zero' else 'E'}(S{i}, dtype=D{i}, device=DEV)"
                 g = sh[-1]
                 if t.pad and g is not None:  # a given one the kernel binds as it is: its padded shape, contiguous, aligned
                     env[f"M{i}"] = t.mask(values[t.name], c) if values[t.name] is not None else 15
@@ -576,6 +590,7 @@ class Op:
             if all(fast) and self.scalar_fn is None:
                 x = f"{tup(self.scalars)} if {' and '.join(fast)} else {x}"
         view = "ALLOC_VIEW(_x)" if self.alloc_view is not None else "_x"
+        guard = "    if _call.guard is not None:\n        _call.guard()\n" if self.guard is not None else ""
         iopts = "_opts" if self.alloc_key == self.key else "_iopts"  # alloc_only options: in its memo's key, not the _into call's
         ret = "_make.done(_ts, _x, stream)" if any(t.pad or t.omitted for t in self.tensors) else \
             f"Outputs({', '.join(f'{r}=_ts[{i}]' for r, i in self.results)})"
@@ -591,6 +606,7 @@ class Op:
                f"    _ts = {tup(self.names)}\n"
                f"    _opts = {tup(self.key)}\n"
                f"    _call, _p = cached(CACHE, _ts, _opts, lambda: OP.build(_ts, _opts, {tup(self.scalars)}))\n"
+               f"{guard}"
                f"    _call.run(_p, stream_handle(stream, _call.dev), {x}, _ts, stream)\n"
                f"    return {', '.join(self.into_returns)}\n\n")
         if self.alloc_prelude is not None:  # the family makes the _into call's arguments; the checks first, nothing touched before
@@ -620,6 +636,7 @@ class Op:
                f"        except RuntimeError as _e:  # torch.OutOfMemoryError is one\n"
                f"            raise alloc_failed(_e) from None\n"
                f"    _call, _p = fresh(_box, CACHE, _ts, {iopts}, lambda: OP.build(_ts, {iopts}, {tup(self.scalars)}))\n"
+               f"{guard}"
                f"    _call.run(_p, _s, _xs, _ts, stream)\n"
                f"    return {ret}\n")
         env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle, "remembered": remembered, "ALLOC": ALLOC,
@@ -656,9 +673,12 @@ class Op:
         """``{name: (schema, impl, fake)}`` of the allocating and the ``_into`` op (what :mod:`dsa_aot.ops.library` registers)."""
         import inspect
 
-        def params(fn):
-            out, letters = [], iter("abcdefghijklmnop"[len(self.alias_order):])
-            for p in inspect.signature(fn).parameters.values():
+        def params(fn, order=None):
+            out, letters, sig = [], iter("abcdefghijklmnop"[len(self.alias_order):]), inspect.signature(fn).parameters
+            for p in (sig[n] if " " not in n else n for n in (order.split(", ") if order else sig)):
+                if isinstance(p, str):  # a literal "type name[=default]" of torch_order
+                    out.append((p.split("=")[0].split()[-1], p))
+                    continue
                 spec = self._by_name.get(p.name)
                 if p.name == "stream" or spec is None or (isinstance(spec, _Option) and not spec.torch) or (fn is alloc and getattr(spec, "given", False)):
                     continue
@@ -682,7 +702,8 @@ class Op:
         sig = {}
         if self.torch_into is not None:
             exec(f"def into({self.torch_into}): pass", sig)  # noqa: S102 (our own text: a signature)
-        ap, ip = params(alloc), params(sig.get("into", into))
+        order = self.torch_order or (None, None)
+        ap, ip = params(alloc, order[0]), params(sig.get("into", into), order[1])
         op = self
 
         def t_alloc(*args):

@@ -455,3 +455,135 @@ def test_alloc_first_replaces_arguments_before_the_memo(env, monkeypatch):
     alloc(_f(), _f(), stream=s)  # the memo: validated once, alloc_first called every time
     alloc(_f(), _f(), n=5, stream=s)
     assert seen == [None, ("rules", 8), ("rules", 8), None, 5, ("rules", 5), ("rules", 5)]
+
+
+# --- what the CSA compressor needs: int OneOf symbols, CPU tensors still checked, an allocating form's own option in its
+# memo, alloc_sizes (a size read from the device), zeroed outputs, guard, torch_order ----------------------------------
+
+import torch  # noqa: E402
+
+import stand_in  # noqa: E402
+from dsa_aot.ops import _support  # noqa: E402
+from dsa_aot.ops.declare import In, Int, OneOf, Op, Out  # noqa: E402
+
+
+@pytest.fixture
+def current_stream(monkeypatch):
+    """Torch's current device is 0, its current stream 0x5A00 (a CPU-only torch has none)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_support, "_raw_stream", lambda dev: 0x5A00)
+
+
+@pytest.fixture
+def on_device(monkeypatch, current_stream):
+    """torch's factories given a CUDA device make stand-in CUDA tensors."""
+    made = []
+    for name in ("empty", "zeros"):
+        fn = getattr(torch, name)
+
+        def make(*a, device=None, _fn=fn, _name=name, **kw):
+            made.append((_name, stand_in.cuda_tensor(_fn(*a, **kw))))
+            return made[-1][1]
+
+        monkeypatch.setattr(torch, name, make)
+    return made
+
+
+def _csa_toy(name, **kw):
+    """out (total, cols) from x (rows, cols): n (optional Int), width (OneOf bound as a symbol), total (the allocating form's own)."""
+    ran = []
+
+    def plan(rec, c):
+        rec.then(lambda ts, stream: ran.append((c.sym["total"], c.sym["cols"])))
+
+    op = Op("toy", name, plan_class="Toy", into="out, x, n=None, width=4, stream=None", alloc="x, n=None, width=4, total=None, stream=None",
+            tensors=(Out("out", "float32", ("total", "cols"), zeroed=kw.pop("zeroed", False)), In("x", "float32", ("rows", "width"))),
+            options=(Int("n", 1, 8, None), OneOf("width", (4, 8), 4), Int("total", 0, 100, None, alloc_only=True)),
+            symbols=lambda c, problems: c.sym.setdefault("cols", c.sym["width"]), plan=plan, **kw)
+    declare.OPS.remove(op)  # (the fuzz and the cache resets walk that list)
+    alloc, into, plan_cls = op.forms({"__name__": __name__})
+    return op, alloc, into, plan_cls, ran
+
+
+def _csa_x(rows=3, width=4):
+    return stand_in.cuda_tensor(torch.ones(rows, width))
+
+
+def test_int_oneof_options_are_shape_symbols(current_stream):
+    op, alloc, into, _, ran = _csa_toy("toy_symbols")
+    out = stand_in.cuda_tensor(torch.empty(5, 4))
+    assert into(out, _csa_x()) is out and ran == [(5, 4)]
+    assert into(out, _csa_x(), n=3) is out
+    with pytest.raises(InputError, match=r"n=None|n=0 \(expected an integer in \[1, 8\]\)"):
+        into(out, _csa_x(), n=0)
+    with pytest.raises(InputError, match=r"x: shape \(3, 8\) \(expected \(3, 4\)\)"):  # width=4 is the symbol x's shape names
+        into(out, _csa_x(width=8))
+
+
+def test_cpu_tensors_still_get_dtype_shape_and_layout_checks(current_stream):
+    op, alloc, into, _, _ = _csa_toy("toy_cpu")
+    x = torch.ones(3, 8, dtype=torch.float16)[:, ::2]  # CPU, fp16, strided
+    with pytest.raises(InputError) as e:
+        into(stand_in.cuda_tensor(torch.empty(5, 4)), x)
+    msg = str(e.value)
+    assert "x: on cpu (expected a CUDA tensor)" in msg and "x: dtype torch.float16" in msg and "x: strides" in msg
+
+
+def test_alloc_only_option_in_the_memo_alloc_sizes_and_zeroed_outputs(on_device):
+    calls = []
+
+    def prelude(c):  # total=None: a size "read from the device"; not memoized then
+        calls.append(c.total)
+        if c.total is None:
+            c.sym["total"] = 2
+            return False
+        return True
+
+    op, alloc, into, _, ran = _csa_toy("toy_alloc", alloc_sizes=prelude, zeroed=lambda c: c.sym["total"] == 0)
+    assert op.key == ("n", "width") and op.alloc_key == ("n", "width", "total")  # total: the allocating form's own
+    r = alloc(_csa_x(), total=0)
+    assert r["out"].shape == (0, 4) and on_device[-1][0] == "zeros"
+    alloc(_csa_x(), total=6)
+    assert on_device[-1][0] == "empty" and ran[-1] == (6, 4)
+    alloc(_csa_x(), total=6)  # memoized: no prelude
+    assert calls == [0, 6]
+    assert alloc(_csa_x())["out"].shape == (2, 4) and alloc(_csa_x())["out"].shape == (2, 4) and calls == [0, 6, None, None]
+    with pytest.raises(InputError, match="total=101"):
+        alloc(_csa_x(), total=101)
+
+
+def test_guard_runs_at_build_and_on_every_call(current_stream):
+    state = {"refuse": False, "runs": 0}
+
+    def guard(c):
+        def check():
+            state["runs"] += 1
+            if state["refuse"]:
+                raise InputError("refused by the guard")
+
+        return check
+
+    op, alloc, into, plan_cls, ran = _csa_toy("toy_guard", guard=guard)
+    out = stand_in.cuda_tensor(torch.empty(5, 4))
+    into(out, _csa_x())
+    assert state["runs"] == 2 and len(ran) == 1  # once at build, once for the call
+    into(out, _csa_x())
+    p = plan_cls(out, _csa_x())
+    p.execute(out, _csa_x())
+    state["refuse"] = True
+    with pytest.raises(InputError, match="refused"):
+        into(out, _csa_x())
+    with pytest.raises(InputError, match="refused"):
+        p.execute(out, _csa_x())
+    assert len(ran) == 3
+
+
+def test_torch_order():
+    op, alloc, into, _, _ = _csa_toy("toy_order", torch_order=("x, SymInt total, int width, n", "out, x, int width, n"))
+    ops = op.torch_ops("toy", alloc, into)
+    assert ops["toy_toy_order"][0] == "(Tensor x, SymInt total, int width, int? n=None) -> Tensor"
+    assert ops["toy_toy_order_into"][0] == "(Tensor(a!) out, Tensor x, int width, int? n=None) -> ()"
+    op, alloc, into, _, _ = _csa_toy("toy_plain")  # without: the Python signatures' order and defaults
+    assert op.torch_ops("toy", alloc, into)["toy_toy_plain"][0] == "(Tensor x, int? n=None, int width=4, int? total=None) -> Tensor"
+
+
