@@ -20,7 +20,7 @@ def test_bad_inputs_are_all_reported_before_anything_runs():
     assert "nothing was launched" in msg
     assert "kv: dtype torch.float16 (expected torch.bfloat16)" in msg
     assert "kv: strides" in msg and "contiguous" in msg
-    assert "(expected cuda" in msg
+    assert "kv: on cpu (expected a CUDA tensor)" in msg
     assert "cu_seqlens: dtype torch.int64" in msg
     with pytest.raises(InputError, match="ratio=3"):
         dsa_aot.csa.compressor_forward(score, score, ape, cuc, cuc, ratio=3, coff=2, total_comp=0)

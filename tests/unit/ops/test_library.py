@@ -118,5 +118,5 @@ def test_ops_trace_into_one_graph():
 def test_cpu_tensors_reach_the_ops_own_validation():
     x = dict(kv=torch.zeros(128, 256, dtype=BF16), score=torch.zeros(128, 256, dtype=BF16), ape=torch.zeros(4, 256), cu_seqlens=torch.tensor([0, 128], dtype=I32),
              cu_seqlens_comp=torch.tensor([0, 32], dtype=I32))
-    with pytest.raises(InputError, match="expected cuda"):
+    with pytest.raises(InputError, match=r"on cpu \(expected a CUDA tensor\)"):
         OPS.csa_compressor_forward(*x.values(), ratio=4, coff=2, total_comp=32)
