@@ -15,8 +15,8 @@ def export(namespace: str, into: dict) -> list:
     from ..policy.families import FAMILIES
 
     names = []
-    for family, ns in FAMILIES.items():
-        if ns == namespace:
+    for family, fam in FAMILIES.items():
+        if fam.namespace == namespace:
             mod = importlib.import_module(f"dsa_aot.ops.{family}")
             for n in mod.__all__:
                 if n in into and into[n] is not getattr(mod, n):

@@ -1,25 +1,37 @@
 """The one place a kernel family is registered.
 
-:data:`FAMILIES` maps a family name to the public namespace its ops join (``dsa_aot.csa`` or ``dsa_aot.dsa``).
+:data:`FAMILIES` maps a family name to a :class:`Family`: the public namespace its ops join (``dsa_aot.csa`` or
+``dsa_aot.dsa``) and the pinned distribution its kernels are imported from at build time (cuDNN's frontend for
+these; quack or flash-attn for a family that is not cuDNN's). The build installs and checks that pin.
 Everything else follows from the name (docs/adding-a-family.md): ``kernels/<family>.py`` (the spec),
 ``dsa_aot/policy/<family>.py``, ``dsa_aot/ops/<family>.py``, ``ci/parity/<family>.py``, ``bench/<family>.py``
 and the manifest's buckets. (A module of its own: the build hashes the sources a family's cubins
 depend on, and registering another family must not invalidate them.)
 """
 
-__all__ = ["FAMILIES", "family_policy"]
+from typing import NamedTuple
+
+__all__ = ["FAMILIES", "Family", "family_policy", "upstreams"]
+
+
+class Family(NamedTuple):
+    namespace: str  # the public module its ops join: dsa_aot.<namespace>
+    upstream: str  # "dist==version": the distribution the spec imports its kernels from (the build pins it)
+
+
+CUDNN = "nvidia-cudnn-frontend==1.32.0"
 
 FAMILIES = {
-    "csa_compressor": "csa",
-    "dsa_dense_indexer_backward": "dsa",
-    "dsa_indexer_backward": "dsa",
-    "dsa_indexer_forward": "dsa",
-    "dsa_indexer_forward_top_k": "dsa",
-    "dsa_indexer_top_k": "dsa",
-    "dsa_score_recompute": "dsa",
-    "dsa_sparse_attention_backward": "dsa",
-    "dsa_sparse_attention_forward": "dsa",
-    "dsa_topk_utils": "dsa",
+    "csa_compressor": Family("csa", CUDNN),
+    "dsa_dense_indexer_backward": Family("dsa", CUDNN),
+    "dsa_indexer_backward": Family("dsa", CUDNN),
+    "dsa_indexer_forward": Family("dsa", CUDNN),
+    "dsa_indexer_forward_top_k": Family("dsa", CUDNN),
+    "dsa_indexer_top_k": Family("dsa", CUDNN),
+    "dsa_score_recompute": Family("dsa", CUDNN),
+    "dsa_sparse_attention_backward": Family("dsa", CUDNN),
+    "dsa_sparse_attention_forward": Family("dsa", CUDNN),
+    "dsa_topk_utils": Family("dsa", CUDNN),
 }
 
 
@@ -30,3 +42,13 @@ def family_policy(family: str):
     if family not in FAMILIES:
         raise KeyError(f"unknown kernel family {family!r} (registered: {sorted(FAMILIES)})")
     return importlib.import_module(f"dsa_aot.policy.{family}")
+
+
+def upstreams() -> dict:
+    """{distribution: version} of every registered family's upstream (what a build must have installed)."""
+    out = {}
+    for f in FAMILIES.values():
+        dist, _, version = f.upstream.partition("==")
+        if out.setdefault(dist, version) != version:
+            raise ValueError(f"families pin {dist} at {out[dist]} and {version}: one version per distribution")
+    return out

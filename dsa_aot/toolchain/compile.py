@@ -37,7 +37,7 @@ __all__ = ["compile_entries", "CompiledEntry", "tool_versions", "cache_key"]
 
 # libs-cu13 carries the ptxas that cudnn's JIT uses on a CUDA 13 machine (the H200 test machine): with the
 # cu12 libs the same key gives a different (older-ptxas) cubin, so it is part of the toolchain pin.
-TOOL_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu13", "nvidia-cudnn-frontend")
+_CUTLASS = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": "4.8.1"}
 ARTIFACTS = ("kernel.cubin", "host.mlir", "meta.json")
 
 
@@ -49,17 +49,25 @@ class CompiledEntry:
     seconds: float
 
 
+def pins() -> dict:
+    """{distribution: version} the build compiles with: the DSL, and each registered family's upstream."""
+    from ..policy.families import upstreams
+
+    return _CUTLASS | upstreams()
+
+
 def tool_versions() -> dict:
+    """The installed versions of :func:`pins` (they enter every cache key and meta.json); CompileError when one
+    is missing or another version (the specs and policies were checked against the pinned kernels)."""
     out = {}
-    for d in TOOL_DISTS:
+    for d, want in pins().items():
         try:
             out[d] = metadata.version(d)
         except metadata.PackageNotFoundError:
-            raise CompileError(f"{d} is not installed: the build needs it (pip install {d}=={_PINS[d]})") from None
+            raise CompileError(f"{d} is not installed: the build needs it (pip install {d}=={want})") from None
+        if out[d] != want:
+            raise CompileError(f"{d} {out[d]} is installed; the build is pinned to {want} (pip install {d}=={want})")
     return out
-
-
-_PINS = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": "4.8.1", "nvidia-cudnn-frontend": "1.32.0"}
 
 
 # the stage's own sources: what turns a spec's compile into the artifacts' bytes, with everything they

@@ -127,3 +127,53 @@ def test_debug_dump_keeps_the_dsl_files_and_marks_the_build_not_for_shipping(tmp
     build.lift_and_verify(r.dir)
     index = pack.pack([r.dir], tmp_path / "gen")
     assert index["for_shipping"] is False and "NOT FOR SHIPPING" in (tmp_path / "gen" / "report.md").read_text()
+
+
+def test_the_build_refuses_a_missing_or_other_version_of_a_pinned_distribution(monkeypatch):
+    """Every family names its upstream; the build compiles only against the pinned versions (the policies were
+    checked against those kernels), and says which pip install fixes it."""
+    from importlib import metadata
+
+    from dsa_aot.errors import CompileError
+    from dsa_aot.policy.families import FAMILIES
+
+    pins = compile_stage.pins()
+    assert {f.upstream.partition("==")[0] for f in FAMILIES.values()} <= set(pins)
+    assert pins["nvidia-cudnn-frontend"] == "1.32.0" and pins["nvidia-cutlass-dsl"] == "4.8.1"
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda d: "1.31.0" if d == "nvidia-cudnn-frontend" else real(d))
+    with pytest.raises(CompileError, match=r"nvidia-cudnn-frontend 1\.31\.0 is installed; the build is pinned to 1\.32\.0 \(pip install nvidia-cudnn-frontend==1\.32\.0\)"):
+        compile_stage.tool_versions()
+
+    def missing(d):
+        raise metadata.PackageNotFoundError(d)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    with pytest.raises(CompileError, match=r"is not installed: the build needs it \(pip install nvidia-cutlass-dsl==4\.8\.1\)"):
+        compile_stage.tool_versions()
+
+
+def test_two_families_cannot_pin_one_distribution_at_two_versions(monkeypatch):
+    from dsa_aot.policy import families
+
+    monkeypatch.setitem(families.FAMILIES, "zz_other", families.Family("dsa", "nvidia-cudnn-frontend==1.30.0"))
+    with pytest.raises(ValueError, match="families pin nvidia-cudnn-frontend at 1.32.0 and 1.30.0"):
+        families.upstreams()
+
+
+def test_every_pin_is_what_the_build_environments_install():
+    """pip wheel's isolated build (pyproject's build requirements), the [build] extra and ci/setup.sh install each
+    pinned distribution at its pin: a family's new upstream is added to all three, or the build refuses to run."""
+    import tomllib
+
+    from dsa_aot.toolchain.sources import REPO
+
+    py = tomllib.loads((REPO / "pyproject.toml").read_text())
+    setup = (REPO / "ci/setup.sh").read_text()
+    for dist, version in compile_stage.pins().items():
+        if dist.startswith("nvidia-cutlass-dsl"):  # both come as nvidia-cutlass-dsl[cu13] (libs-cu13 is the extra)
+            dist = "nvidia-cutlass-dsl[cu13]"
+        want = f"{dist}=={version}"
+        assert want in py["build-system"]["requires"], want
+        assert want in py["project"]["optional-dependencies"]["build"], want
+        assert f'"{want}"' in setup, want

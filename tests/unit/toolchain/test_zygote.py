@@ -58,7 +58,7 @@ def _other_checkout(tmp_path):
     for junk in (".venv", ".cache/aot", "_build", "dist", "dsa_aot/_generated/entries"):
         (root / junk).mkdir(parents=True)
     reg = root / "dsa_aot/policy/families.py"
-    reg.write_text(reg.read_text().replace("FAMILIES = {\n", 'FAMILIES = {\n    "zz_extra": "dsa",\n'))
+    reg.write_text(reg.read_text().replace("FAMILIES = {\n", 'FAMILIES = {\n    "zz_extra": Family("dsa", CUDNN),\n'))
     (root / "dsa_aot/policy/zz_extra.py").write_text("OPS = {}\n")
     (root / "kernels/zz_extra.py").write_text('from dsa_aot.policy.zz_extra import OPS  # noqa: F401\n'
                                               'PRELOAD = ("cudnn.deepseek_sparse_attention.sparse_attention_backward._interface_sm100",)\n')
