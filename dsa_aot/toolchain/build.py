@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from .artifacts import read_meta
 from ..errors import AotError, ManifestError, PolicyError, VerifyError
 from . import compile as compile_stage
 from . import fidelity as fidelity_stage
@@ -51,7 +52,7 @@ def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
     and the lifter's and verifier's own sources, so a rebuild after a manifest edit re-checks only
     the new entries."""
     d = Path(entry_dir)
-    meta = json.loads((d / "meta.json").read_text())
+    meta = read_meta(d)
     host = (d / "host.mlir").read_text()
     cubin = (d / "kernel.cubin").read_bytes()
     literals = literals_of(meta["family"], meta["op"])
@@ -123,7 +124,7 @@ def check_fidelity(dirs, jobs=None, cache_dir=None, progress=True, samples=50, l
     verdicts = fidelity_stage.check(dirs, jobs=jobs, cache_dir=cache_dir, progress=progress)
     fidelity_stage.write_verdicts(verdicts, dirs)
     fidelity_stage.require_identical(verdicts)
-    ids = {json.loads((Path(d) / "meta.json").read_text())["id"]: d for d in dirs}
+    ids = {read_meta(d)["id"]: d for d in dirs}
     adopted = [ids[i] for i, v in verdicts.items() if v.get("adopted")]
     if adopted:
         lift_and_verify_all(adopted, samples, cache_dir, jobs, progress, lv_seconds)

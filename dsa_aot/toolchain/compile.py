@@ -180,7 +180,9 @@ def _rename(edir: Path, e: Entry) -> None:
     """A cached compile under this entry's id and target name: the cache keys what the cubin depends on
     (arch, SM count, ...), not what the manifest calls the entry (another target name; an id that names the
     SM count once the arch has two targets)."""
-    meta = json.loads((edir / "meta.json").read_text())
+    from .artifacts import read_meta  # here, not at import: a compile process's imports can change two-CTA cubins
+
+    meta = read_meta(edir)
     want = {"id": e.id, "target": {"name": e.target.name, "sm_count": e.target.sm_count}}
     if any(meta.get(k) != v for k, v in want.items()):
         _atomic_write(edir / "meta.json", json.dumps(meta | want, indent=2, sort_keys=True))

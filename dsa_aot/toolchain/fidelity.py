@@ -78,6 +78,14 @@ _STAGE = ("dsa_aot/toolchain/fidelity.py", "dsa_aot/toolchain/workers.py")
 # --- parent side ---------------------------------------------------------------------------------
 
 
+def _meta(d) -> dict:
+    """An entry's meta.json (:func:`dsa_aot.toolchain.artifacts.read_meta`, imported here: compile processes import
+    this module, and what they import before compiling can change the two-CTA cubins, docs/fidelity.md)."""
+    from .artifacts import read_meta
+
+    return read_meta(d)
+
+
 def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> dict:
     """Check every entry directory (compile-stage output); return ``{entry id: verdict dict}``.
 
@@ -109,7 +117,7 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> 
     cache = Path(cache_dir) / "fidelity" if cache_dir else None
     results, todo = {}, []
     for d in map(Path, entry_dirs):
-        meta = json.loads((d / "meta.json").read_text())
+        meta = _meta(d)
         ssha = hashlib.sha256((d / "kernel.cubin").read_bytes()).hexdigest()
         base = {"shipped_sha256": ssha, "upstream_sha256": None, "seconds": 0.0}
         routes = getattr(SPECS[meta["family"]], "FIDELITY_ROUTES", {})
@@ -199,7 +207,7 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> 
                 print(f"fidelity {n}/{total} {item[1]['id']} {res['verdict']} ({how})", file=sys.stderr, flush=True)
     order = {}
     for i, d in enumerate(map(Path, entry_dirs)):
-        order[json.loads((d / "meta.json").read_text())["id"]] = i
+        order[_meta(d)["id"]] = i
     return dict(sorted(results.items(), key=lambda kv: order.get(kv[0], 0)))
 
 
@@ -347,7 +355,7 @@ def _ptx_verdict(fut, d: Path, first: dict, again: dict) -> dict:
         line = next((i for i, (x, y) in enumerate(zip(up.splitlines(), spec.splitlines()), 1) if x != y), min(up.count("\n"), spec.count("\n")) + 1)
         return res | {"verdict": "differs", "note": f"PTX differs from the spec's for the key ({len(spec)} vs {len(up)} chars, first difference at "
                                                     f"line {line}); both saved as {d / SPEC_PTX} and {d / UPSTREAM_PTX}; {summary}; {res['note']}"}
-    arch = json.loads((d / "meta.json").read_text())["arch"]
+    arch = _meta(d)["arch"]
     if _options(art["options"], arch) != _options(art["spec_options"], arch):
         return res | {"verdict": "differs", "note": f"same PTX, but upstream compiles with {art['options']!r} and the spec with "
                                                     f"{art['spec_options']!r}; {summary}; {res['note']}"}
@@ -466,7 +474,7 @@ def require_identical(results: dict) -> None:
 def write_verdicts(results: dict, entry_dirs) -> None:
     """Write each entry's verdict to ``<entry dir>/fidelity.json`` (what :func:`dsa_aot.toolchain.pack.pack` reads)."""
     for d in map(Path, entry_dirs):
-        ident = json.loads((d / "meta.json").read_text())["id"]
+        ident = _meta(d)["id"]
         if ident in results:
             tmp = d / f".{VERDICT_FILE}.tmp"
             tmp.write_text(json.dumps(results[ident], indent=1, sort_keys=True))
@@ -479,7 +487,7 @@ def load_verdicts(entry_dirs) -> dict:
     for d in map(Path, entry_dirs):
         f = d / VERDICT_FILE
         if f.is_file():
-            out[json.loads((d / "meta.json").read_text())["id"]] = json.loads(f.read_text())
+            out[_meta(d)["id"]] = json.loads(f.read_text())
     return out
 
 

@@ -32,6 +32,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .artifacts import read_meta
 from .cubin import read_cubin
 from ..errors import PackError
 
@@ -58,7 +59,7 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> 
             missing = [a for a in ("meta.json", "kernel.cubin", "launcher.py", "verify.json") if not (d / a).is_file()]
             if missing:
                 raise PackError(f"{d.name}: missing {missing}; run the compile, lift and verify stages first (python -m dsa_aot build)")
-            meta = json.loads((d / "meta.json").read_text())
+            meta = read_meta(d)
             if meta.get("debug_dump"):
                 dumped.add(meta["id"])
             ver = json.loads((d / "verify.json").read_text())

@@ -26,6 +26,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from .artifacts import read_meta
 from ..errors import PackError
 
 __all__ = ["select_shard", "write_partial", "merge", "parse_shard", "seconds_of", "entry_seconds"]
@@ -110,7 +111,7 @@ def entry_seconds(dirs, lift_verify: dict, verdicts: dict | None) -> dict:
     or skipped)."""
     out = {}
     for d in map(Path, dirs):
-        meta = json.loads((d / "meta.json").read_text())
+        meta = read_meta(d)
         ident = meta["id"]
         out[ident] = {"compile_s": round(meta.get("compile_seconds", 0.0), 4), "lift_verify_s": round(lift_verify.get(d.name, 0.0), 4),
                       "fidelity_s": round(float(_fidelity_seconds((verdicts or {}).get(ident, {}))), 4)}
@@ -137,7 +138,7 @@ def write_partial(entry_dirs, out_dir, manifest_path, shard, *, fidelity: bool, 
     try:
         ids = []
         for d in map(Path, entry_dirs):
-            ident = json.loads((d / "meta.json").read_text())["id"]
+            ident = read_meta(d)["id"]
             (tmp / "entries" / ident).mkdir(parents=True)
             for a in _PARTIAL_FILES:
                 if (d / a).is_file():
