@@ -7,7 +7,8 @@ ROOT is a checkout of an earlier commit whose ``dsa_aot/_generated`` is this tre
 package is imported a second time as ``dsa_aot_before`` (its relative imports stay inside it; what it names
 by absolute path, the policy registry and the generated launchers, is this tree's: the same code in both
 trees for these ops), so both op implementations run side by side on the same build, inputs and stream.
-Each round times ``--calls`` calls of every row in both trees, the order of the two alternating per round;
+The rows: every case of bench/host_floor.py (its inputs made once, shared by the two trees), its plan, ``_into``
+and allocating forms. Each round times ``--calls`` calls of every row in both trees, the order of the two alternating per round;
 a call is timed alone (the device synchronised every 20 calls, outside the timing). Printed: the median per
 call over all rounds per tree, and the median of the per-round ratios this / before.
 """
@@ -18,6 +19,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import re
 import statistics
 import sys
 
@@ -35,32 +37,38 @@ def _before(root):
     return mod
 
 
-def rows(pkg, torch):
-    """{row: fn} of one tree's ops (``pkg`` the package name), on the inputs of bench/host_floor.py's cases."""
-    tk = importlib.import_module(f"{pkg}.ops.dsa_indexer_top_k")
-    tu = importlib.import_module(f"{pkg}.ops.dsa_topk_utils")
-    dev = torch.device("cuda", 0)
-    g = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn(64, 8192, device=dev, generator=g)
-    sl = torch.full((64,), 8192, dtype=torch.int32, device=dev)
-    idx, val = torch.empty(64, 2048, dtype=torch.int32, device=dev), torch.empty(64, 2048, device=dev)
-    ws = torch.empty(tk.indexer_top_k_workspace_bytes(x), dtype=torch.uint8, device=dev)
-    local = torch.randint(0, 8192, (2, 1024, 2048), dtype=torch.int32, device=dev, generator=g)
-    gl = torch.empty_like(local)
-    ids = torch.randint(-1, 8192, (4096, 2048), dtype=torch.int32, device=dev, generator=g)
-    out, n = torch.empty_like(ids), torch.empty(4096, dtype=torch.int32, device=dev)
-    p_tk, p_l2g, p_cmp = tk.IndexerTopK(idx, val, x, sl, 2048, workspace=ws), tu.LocalToGlobal(gl, local, 8192), tu.Compactify(out, n, ids)
-    return {
-        "indexer top-k: plan.execute": lambda: p_tk.execute(idx, val, x, sl, ws),
-        "indexer top-k: _into": lambda: tk.indexer_top_k_into(idx, val, x, sl, 2048, workspace=ws),
-        "indexer top-k: allocating": lambda: tk.indexer_top_k(x, sl, 2048),
-        "local_to_global: plan.execute": lambda: p_l2g.execute(gl, local),
-        "local_to_global: _into": lambda: tu.local_to_global_into(gl, local, 8192),
-        "local_to_global: allocating": lambda: tu.local_to_global(local, 8192),
-        "compactify: plan.execute": lambda: p_cmp.execute(out, n, ids),
-        "compactify: _into": lambda: tu.compactify_into(out, n, ids),
-        "compactify: allocating": lambda: tu.compactify(ids),
-    }
+def _namespaces(pkg):
+    """``dsa_aot.csa`` / ``dsa_aot.dsa`` of one tree, gathered from its op modules (its own export() imports this
+    tree's by absolute name)."""
+    from types import SimpleNamespace
+
+    from dsa_aot.policy.families import FAMILIES
+
+    spaces = {"csa": SimpleNamespace(), "dsa": SimpleNamespace()}
+    for family, fam in FAMILIES.items():
+        mod = importlib.import_module(f"{pkg}.ops.{family}")
+        for n in mod.__all__:
+            setattr(spaces[fam.namespace], n, getattr(mod, n))
+    return SimpleNamespace(**spaces)
+
+
+def rows(cases, torch):
+    """{tree: {"case: row": fn}}: bench/host_floor.py's cases (their inputs made once, shared by both trees), each
+    case's AOT rows run once per tree."""
+    from host_floor import CASES, ROOT
+
+    out = {"this": {}, "before": {}}
+    for case in cases:
+        setup, aot, _ = CASES[case]
+        env = {"ROOT": ROOT, "sys": sys, "os": os, "math": __import__("math"), "torch": torch, "dev": torch.device("cuda", 0)}
+        torch.manual_seed(0)
+        exec(setup, env)  # noqa: S102 (the benchmark's own case text)
+        body = re.sub(r"^import dsa_aot\.\w+\n", "", aot, flags=re.M)
+        for tree, pkg in (("this", "dsa_aot"), ("before", "dsa_aot_before")):
+            g = dict(env, dsa_aot=_namespaces(pkg), rows={})
+            exec(body, g)  # noqa: S102
+            out[tree].update({f"{case}: {r}": fn for r, fn in g["rows"].items()})
+    return out
 
 
 def main(argv=None):
@@ -68,11 +76,14 @@ def main(argv=None):
     ap.add_argument("--before", required=True, metavar="ROOT")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--cases", default=None, help="comma-separated bench/host_floor.py cases (default: all)")
     a = ap.parse_args(argv)
     import torch
 
+    from host_floor import CASES
+
     _before(a.before)
-    sides = {"this": rows("dsa_aot", torch), "before": rows("dsa_aot_before", torch)}
+    sides = rows([c for c in CASES if a.cases is None or c in a.cases.split(",")], torch)
     for fns in sides.values():  # every entry loaded, every plan cached, before timing
         for fn in fns.values():
             fn()
