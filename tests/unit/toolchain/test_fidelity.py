@@ -174,7 +174,7 @@ def test_second_look_without_compiling(entries, tmp_path):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
         (d / "kernel.cubin").write_bytes(shipped)
-        (d / "meta.json").write_text(json.dumps({"arch": "sm_100a"}))
+        (d / "meta.json").write_text(json.dumps({"id": "fam.op.k.sm_100a", "arch": "sm_100a"}))
         art = {"cubin": upstream_cubin, "ptx": "// PTX\n.version 9.4\n.target sm_100a\n", "spec_ptx": spec_ptx, "spec_cubin": upstream_cubin,
                "options": "--enable-tvm-ffi --gpu-arch sm_100a", "spec_options": spec_options}
         first = {"verdict": "differs", "note": "first look", "second_look": True, "shipped_sha256": hashlib.sha256(shipped).hexdigest(),
