@@ -24,7 +24,7 @@ import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [os.path.dirname(HERE), HERE]  # this tree's dsa_aot, as host_floor's PRELUDE does in its subprocesses
 from _harness import per_call  # noqa: E402
 
 
