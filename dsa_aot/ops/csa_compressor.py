@@ -187,9 +187,9 @@ BACKWARD = Op(
          "deterministic=False, workspace=None",
     alloc="kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=4, head_dim=None, coff=2, stream=None, deterministic=False",
     tensors=(
-        Out("grad_kv", "bfloat16", "like kv", zeroed=lambda c: not c.sym["total_comp"]),
-        Out("grad_score", "bfloat16", "like score", zeroed=lambda c: not c.sym["total_comp"]),
-        Out("grad_ape", "float32", "like ape", zeroed=lambda c: not (c.deterministic and c.sym["total_comp"])),
+        Out("grad_kv", "bfloat16", "like kv", alloc_like=True, zeroed=lambda c: not c.sym["total_comp"]),
+        Out("grad_score", "bfloat16", "like score", alloc_like=True, zeroed=lambda c: not c.sym["total_comp"]),
+        Out("grad_ape", "float32", "like ape", alloc_like=True, zeroed=lambda c: not (c.deterministic and c.sym["total_comp"])),
         *_INPUTS, In("grad_out", "bfloat16", ("total_comp", "head_dim")),
         Workspace("workspace", _need, "dsa_aot.csa.backward_workspace_bytes"),
     ),

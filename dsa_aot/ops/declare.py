@@ -94,7 +94,7 @@ class Out(_Tensor):
     only when it is true, and must be None otherwise. ``returns``: its key in the allocating form's result.
     ``given``: the allocating form takes it too (cudnn's ``out=None``): used as given (the ``_into`` call checks
     it), allocated when None; a string names that parameter (``given="lse_out"``). ``alloc_like``: allocated as
-    ``torch.empty_like`` the tensor its shape is "like". ``optional`` without ``when``: the ``_into`` form takes None
+    ``torch.empty_like`` (``zeros_like`` when ``zeroed``) the tensor its shape is "like", of its dtype. ``optional`` without ``when``: the ``_into`` form takes None
     (not written); a ``when`` naming an ``alloc_only`` option is the allocating form's. ``pad(c)``: the shape the
     kernel binds (rows padded); the allocating form allocates that and returns the declared shape's part, contiguous,
     and a given one it cannot bind as it is (any strides) is filled through such a buffer and copied back.
@@ -499,11 +499,12 @@ class Op:
                 new = ("new", (need,), torch.uint8, slot) if need else None
             elif t.when is not None and not values[t.when]:
                 new = None
-            elif t.alloc_like:
-                new = ("like", self.ins.index(t.shape[5:]), slot)
             else:
                 zero = t.zeroed(c) if callable(t.zeroed) else t.zeroed
-                new = ("zero" if zero else "new", t.pad(c) if t.pad else t.size_in(c), t.dtype_of(c)[0], slot)
+                if t.alloc_like:
+                    new = ("like", self.ins.index(t.shape[5:]), zero, slot)
+                else:
+                    new = ("zero" if zero else "new", t.pad(c) if t.pad else t.size_in(c), t.dtype_of(c)[0], slot)
             out.append(("in", slot) if new is None and slot is not None else new)
         return tuple(out)
 
@@ -513,7 +514,7 @@ class Op:
         ``make.done(ts, x, stream)``: the result, where an output is padded or omitted (Out's ``pad``, ``omitted``)."""
         import torch
 
-        env = {"E": torch.empty, "EL": torch.empty_like, "Z": torch.zeros, "DEV": torch.device("cuda", dev), "AO": alloc_on, "A": allocate, "R": Outputs, "dev": dev}
+        env = {"E": torch.empty, "EL": torch.empty_like, "ZL": torch.zeros_like, "Z": torch.zeros, "DEV": torch.device("cuda", dev), "AO": alloc_on, "A": allocate, "R": Outputs, "dev": dev}
         items, done, res = [], [], []
         for i, (t, sh) in enumerate(zip(self.tensors, shapes)):
             if sh is None:
@@ -521,8 +522,8 @@ class Op:
             elif sh[0] == "in":
                 items.append(f"x[{sh[1]}]")
             else:
-                if sh[0] == "like":  # empty_like the input, as upstream allocates it
-                    new = f"EL(x[{sh[1]}])"
+                if sh[0] == "like":  # empty_like (zeros_like) the input, as upstream allocates it: about 1 us less than empty(shape)
+                    new = f"{'ZL' if sh[2] else 'EL'}(x[{sh[1]}])"
                 else:
                     env[f"S{i}"], env[f"D{i}"] = sh[1], sh[2]
                     new = f"{'Z' if sh[0] == 'zero' else 'E'}(S{i}, dtype=D{i}, device=DEV)"
