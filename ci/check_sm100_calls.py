@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import struct
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -356,7 +357,7 @@ def check_dense_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) 
     kind = op_mod._DENSE_INDEXER if op == "dense_indexer" else op_mod._DENSE_ATTENTION
     shapes += scales if mx else [None] * 4
     ts, ptr, values, rec, t = _fakes(shapes, kind.tensors)
-    c = op_mod._DenseCall(0, "sm_100a", vl, b, s_q, s_k, 0, None, [], (0.5,))
+    c = types.SimpleNamespace(varlen=vl, s_q=s_q, s_k=s_k)  # what the launch arguments read of a validated call
     # upstream's order (_interface_sm100._dense_indexer_ / _dense_attn_score_recompute's cute.compile calls, bf16 and block-scaled),
     # written down here: q, k, w / lse, [q_scale, k_scale], out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q,
     # cu_seqlens_k, [their scale-padded twins]], [offsets], stream

@@ -457,7 +457,7 @@ class JitKeys:
 
 
 # the plan caches (signature -> validated call) of the op modules not yet on dsa_aot.ops.declare
-PLAN_CACHES = ("_CALLS", "_ATTN_CALLS", "_DENSE_CALLS", "_DATTN_CALLS", "_FWD", "_BWD", "_TAILS")
+PLAN_CACHES = ("_TAILS",)
 
 
 class AotKeys:

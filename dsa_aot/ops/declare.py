@@ -25,7 +25,7 @@ from ._support import (_FLT_MAX, alloc_failed, aliasing, alloc_on, allocate, che
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
-__all__ = ["In", "Out", "Workspace", "Int", "Float", "Flag", "OneOf", "Op", "REQUIRED", "OPS", "clear_caches"]
+__all__ = ["In", "Out", "Workspace", "Int", "Float", "Flag", "OneOf", "Hidden", "Op", "REQUIRED", "OPS", "clear_caches"]
 
 OPS: list = []  # every declared op of the process, in declaration order (the tests' fuzz and cache resets walk it)
 
@@ -229,6 +229,17 @@ class OneOf(_Option):
         return super().bad_values() + [float(self.choices[0]) if isinstance(self.choices[0], int) else 0]
 
 
+class Hidden(_Option):
+    """A value neither signature takes, keyed as an option: what a form's ``first`` hook works out (an SM90 THD
+    call's host segment bounds); its default where a plan is built."""
+
+    def __init__(self, name, default=None):
+        super().__init__(name, default, torch=False)
+
+    def check(self, problems, v):
+        pass
+
+
 class _Ctx:
     """What one call of an op is: its arguments by name, its shape symbols, its device."""
 
@@ -244,7 +255,7 @@ class Op:
     def __init__(self, family, name, *, into, alloc, tensors, options=(), entries=None, rules=None, plan, plan_class,
                  into_returns=None, hint=None, note="", alloc_view=None, symbols=None, check=None, plan_args=None, alloc_prelude=None,
                  early_rules=None, scalar_fn=None, torch_into=None, alloc_first=None, alias_order=(),
-                 guard=None, alloc_sizes=None, torch_order=None):
+                 guard=None, alloc_sizes=None, torch_order=None, into_first=None, fake=None):
         self.family, self.name, self.into_sig, self.alloc_sig, self.plan_class = family, name, into, alloc, plan_class
         self.tensors, self.options = tuple(tensors), tuple(options)
         self.entries, self.rules, self.plan, self.hint, self.note = entries, rules, plan, hint, note
@@ -271,6 +282,9 @@ class Op:
         # read only. alias_order: the tensors given the first alias letters of the torch schemas, the same in both (the rest
         # follow in signature order): a hand-written schema's letters kept
         self.alloc_first, self.alias_order = alloc_first, tuple(alias_order)
+        # into_first: alloc_first's twin for the _into form (a positional name neither form takes, a Hidden option, is
+        # only returned); fake: the allocating torch op's fake where the outputs' shapes follow values only check() works out
+        self.into_first, self.fake = into_first, fake
         # guard(c) -> None or a per-call check of process state (torch's deterministic mode), run by every call of
         # the compiled call (Call.guard) and once at build, before any entry is resolved; alloc_sizes(c): the memoized
         # allocating form's, once its inputs and stream passed, before entries and outputs: binds what the outputs
@@ -551,6 +565,9 @@ class Op:
             src += "def done(ts, x, stream):\n" + "\n".join(done) + f"\n    return R({', '.join(res)})\n"
         exec(compile(src, f"<dsa_aot alloc: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         env["make"].done = env.get("done")
+        # nothing to allocate (every output given, as they are): the form skips switching torch's stream (~1 us)
+        env["make"].allocates = any(sh is not None and sh[0] != "in" and (sh[-1] is None or values[t.name] is None or t.pad)
+                                    for t, sh in zip(self.tensors, shapes))
         return env["make"]
 
     def into_args(self, c, stream) -> dict:
@@ -595,15 +612,20 @@ class Op:
         iopts = "_opts" if self.alloc_key == self.key else "_iopts"  # alloc_only options: in its memo's key, not the _into call's
         ret = "_make.done(_ts, _x, stream)" if any(t.pad or t.omitted for t in self.tensors) else \
             f"Outputs({', '.join(f'{r}=_ts[{i}]' for r, i in self.results)})"
-        first = ""
-        if self.alloc_first is not None:
-            ps = inspect.signature(self.alloc_first).parameters.values()
-            pos = [p.name for p in ps if p.kind is not p.KEYWORD_ONLY]
-            first = f"    {tup(pos)[1:-1]}= FIRST({', '.join(pos + [f'{p.name}={p.name}' for p in ps if p.kind is p.KEYWORD_ONLY])})\n"
+
+        def first(fn, sig, name):  # "a, b, = FIRST(a=a, b=b, q=q)": its positional names returned, those of the form's signature passed
+            if fn is None:
+                return ""
+            ps = inspect.signature(fn).parameters.values()
+            given = [f"{p.name}={p.name}" for p in ps if p.name in sig]
+            return f"    {tup(p.name for p in ps if p.kind is not p.KEYWORD_ONLY)[1:-1]}= {name}({', '.join(given)})\n"
+
+        names_of = lambda sig: {n.strip().split("=")[0] for n in sig.split(",")}  # noqa: E731
         # the allocating form, straight-line as a hand-written op is (its host cost is the point): the memo of the
         # last validated inputs, else prepare_alloc's full checks; then allocate on the launch stream, the _into
         # call (fresh: only the new pointers re-checked), the launch
         src = (f"def {self.name}_into({self.into_sig}):\n"
+               f"{first(self.into_first, names_of(self.into_sig), 'INTO_FIRST')}"
                f"    _ts = {tup(self.names)}\n"
                f"    _opts = {tup(self.key)}\n"
                f"    _call, _p = cached(CACHE, _ts, _opts, lambda: OP.build(_ts, _opts, {tup(self.scalars)}))\n"
@@ -619,7 +641,7 @@ class Op:
                     f"    return OP.alloc_result(_c, _a, stream)\n")
         else:
             src += (f"def {self.name}({self.alloc_sig}):\n"
-               f"{first}"
+               f"{first(self.alloc_first, names_of(self.alloc_sig), 'FIRST')}"
                f"    _ins = {tup(self._by_name[n].param for n in self.ins)}\n"
                f"    _opts = {tup(self.alloc_key)}\n"
                f"    _hit = remembered(CACHE, ALLOC, _ins, _opts)\n"
@@ -631,18 +653,21 @@ class Op:
                f"    _xs = {x.replace('_call.scalars', '_sc') if self.scalars else '()'}  # checked before allocating\n"
                f"    _s = stream_handle(stream, _dev)\n"
                + (f"    _iopts = {tup(self.key)}\n" if iopts == "_iopts" else "")
-               + f"    with alloc_on(stream, _dev):\n"
-               f"        try:\n"
-               f"            _ts = _make({view})\n"
-               f"        except RuntimeError as _e:  # torch.OutOfMemoryError is one\n"
-               f"            raise alloc_failed(_e) from None\n"
+               + f"    if not _make.allocates:\n"
+               f"        _ts = _make({view})\n"
+               f"    else:\n"
+               f"        with alloc_on(stream, _dev):\n"
+               f"            try:\n"
+               f"                _ts = _make({view})\n"
+               f"            except RuntimeError as _e:  # torch.OutOfMemoryError is one\n"
+               f"                raise alloc_failed(_e) from None\n"
                f"    _call, _p = fresh(_box, CACHE, _ts, {iopts}, lambda: OP.build(_ts, {iopts}, {tup(self.scalars)}))\n"
                f"{guard}"
                f"    _call.run(_p, _s, _xs, _ts, stream)\n"
                f"    return {ret}\n")
         env = {"OP": self, "CACHE": self.cache, "cached": cached, "stream_handle": stream_handle, "remembered": remembered, "ALLOC": ALLOC,
                "alloc_on": alloc_on, "alloc_failed": alloc_failed, "fresh": fresh, "Outputs": Outputs,
-               "ALLOC_VIEW": self.alloc_view, "FIRST": self.alloc_first}
+               "ALLOC_VIEW": self.alloc_view, "FIRST": self.alloc_first, "INTO_FIRST": self.into_first}
         exec(compile(src, f"<dsa_aot op: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
         into, alloc = env[f"{self.name}_into"], env[self.name]
         self.into_params = tuple(inspect.signature(into).parameters)
@@ -662,7 +687,8 @@ class Op:
             b = plan_sig.bind(*args, **kwargs)
             b.apply_defaults()
             a = b.arguments
-            return op.build(tuple(a[n] for n in op.names), tuple(a[k] for k in op.key), tuple(a[k] for k in op.scalars))
+            key = tuple(a[k] if k in a else op._opt(k).default for k in op.key)  # a Hidden option: its default
+            return op.build(tuple(a[n] for n in op.names), key, tuple(a[k] for k in op.scalars))
 
         doc = (f"cudnn's {self.plan_class} shape: ``{self.plan_class}{plan_sig}`` validates and resolves everything once; "
                f"``execute({', '.join(self.names)}, stream=None)`` then launches (see :class:`dsa_aot.ops.plan.Plan`).")
@@ -729,7 +755,7 @@ class Op:
             into(**dict(zip([n for n, _ in ip], args)))
 
         base = names or self.name
-        return {f"{namespace}_{base}": ("(" + ", ".join(t for _, t in ap) + f") -> {ret}", t_alloc, f_alloc),
+        return {f"{namespace}_{base}": ("(" + ", ".join(t for _, t in ap) + f") -> {ret}", t_alloc, self.fake or f_alloc),
                 f"{namespace}_{base}_into": ("(" + ", ".join(t for _, t in ip) + ") -> ()", t_into, writes_only)}
 
 

@@ -18,12 +18,10 @@ import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
-from ..policy.arch import is_sm100
-from ._support import (aliasing, alloc_on, allocate, arch_or_refuse, block_scales, check, flag, flat_args, footprint, input_error, integer, launcher,
-                       max_lengths, require, scalar_f32, stream_handle, tensor_args, thd_batch, workspace_problems, writes_only)
-from .declare import Flag, Float, In, Int, Op, Out, Workspace
+from ._support import (aliasing, alloc_on, arch_or_refuse, block_scales, check, flag, flat_args, input_error, integer, max_lengths, require,
+                       scalar_f32, tensor_args, thd_batch, workspace_problems)
+from .declare import REQUIRED, Flag, Float, Hidden, In, Int, OneOf, Op, Out, Workspace
 from .outputs import Outputs
-from .plan import ALLOC, Plan, Recorder, cached, compile_call, probe_for, remember, remembered
 
 __all__ = ["sparse_indexer_score_recompute", "sparse_indexer_score_recompute_into", "sparse_indexer_score_recompute_workspace_bytes",
            "SparseIndexerScoreRecompute", "sparse_attn_score_recompute", "sparse_attn_score_recompute_into",
@@ -270,23 +268,6 @@ _DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", _DENSE_TENSORS[:4] +
 _QK_DTYPES = {"bf16": "bfloat16", "mxfp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn_x2"}  # Q / K as each precision stores them
 
 
-@dataclass(frozen=True)
-class _DenseCall:
-    dev: int
-    arch: str
-    varlen: bool
-    b: int
-    s_q: int  # S_q, or max_seqlen_q (THD)
-    s_k: int  # S_k, or max_seqlen_k (THD)
-    need: int
-    kernel: tuple | None
-    foot: list
-    x: tuple  # the scale as the kernel reads it: SM100 an argument; SM90 the attention's literal argument, the indexer's none (in the cubin)
-    segs: tuple = ()  # SM90 THD: the segments launched, policy.thd_segments
-    regions: tuple = ()  # SM90 THD: their workspace regions, policy.thd_workspace
-    no_keys: tuple = ()  # SM90 THD: (q_start, S_q) of the segments with queries and no key
-
-
 def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None, cu_seqlens_q=None, cu_seqlens_k=None) -> int:
     """uint8 bytes the ``workspace`` of a dense indexer call with ``weights`` of this shape needs on GPU
     ``device`` (None: the current one); none on SM100. SM90 BSHD, weights (B, S_q, H): their transposed
@@ -328,156 +309,25 @@ def _dense_workspace_bytes(kind, aux_shape, device, cu_q, cu_k) -> int:
     return policy.thd_workspace(policy.thd_segments(*cu), shape[1], kind.aux_bytes)[1]
 
 
-def dense_indexer_score_recompute(q, k, weights, qhead_per_kv_head=None, out=None, denom_out=None, sm_scale=1.0, ratio=1, cu_seqlens_q=None,
-                                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None,
-                                  k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, stream=None, *,
-                                  workspace=None):
-    """cudnn's ``dense_indexer_score_recompute_wrapper``: returns ``{'out', 'denom'}``: the indexer's logits
-    ``out[b, i, j] = sm_scale * sum_h w[b, i, h] relu(q[b, i, h] . k[b, j, h // qhpkv])`` over every key,
-    -inf where the ratio-causal rule hides key j from row i (``j >= (offset_b + i + 1) // ratio``), and
-    ``denom`` their log-sum-exp per row (-inf for a row that sees no key).
-
-    BSHD: q (B, S_q, H, 128), k (B, S_k, H_kv, 128), weights (B, S_q, H) bf16; ``out`` (B, S_q, S_k), ``denom``
-    (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): q (T_q, H, 128), k (T_k, H_kv, 128), weights
-    (T_q, H); ``out`` (T_q, max_seqlen_k), ``denom`` (T_q,). SM100 runs THD natively, from ``cu_seqlens``
-    on the device (int32): the allocating form reads missing ``max_seqlen_*`` back from it as upstream
-    does (refused under capture: pass them), ``_into`` needs them. SM90 runs upstream's per-segment form
-    (one BSHD launch per segment with queries and keys, through workspace temporaries): it needs the
-    segment bounds on the host, so ``cu_seqlens`` given as CPU tensors or lists make it sync-free and
-    capture-safe; device ones are read back as upstream does (a synchronisation, refused under capture).
-    Rows of a segment with no key get ``denom`` -inf (upstream leaves them unwritten). Upstream's plan
-    classes do not run SM90 THD, nor do ours. ``q_causal_offsets`` (B,) int32 or None. On SM90 the
-    kernel bakes ``sm_scale`` in as a float32 immediate: the build ships the scales its manifest lists (a
-    call at another is a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin).
-    ``out`` / ``denom_out`` are allocated when not given, and on SM90 the ``workspace``
-    (``dense_indexer_score_recompute_workspace_bytes``; THD: of the call's ``cu_seqlens``). Every tensor
-    contiguous.
-
-    ``precision``: "bf16", or on SM100 the block-scaled "mxfp8" (q / k float8_e4m3fn) and "mxfp4" (q / k
-    float4_e2m1fn_x2, last dim 64: two values a byte), one KV head and 32 or 64 q heads, with e8m0
-    (float8_e8m0fnu) scales, one per 32 values, in upstream's packed layout: BSHD ``q_scale`` (B,
-    ceil128(S_q * H), 4) and ``k_scale`` (B, ceil128(S_k), 4); THD both (1, a multiple of 128 rows, 4),
-    each segment's rows padded to 128 at ``cu_seqlens_q_scale_padded`` / ``cu_seqlens_k_scale_padded``
-    (int32, B + 1). ``sf_vec_size`` 32 only. SM90 refuses them (upstream raises NotImplementedError)."""
-    _sf_vec(sf_vec_size)
-    out, denom_out = _dense_call(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
-                                 (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
-    return Outputs(out=out, denom=denom_out)
-
-
-def dense_indexer_score_recompute_into(out, denom_out, q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                                       max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None,
-                                       precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-    """``dense_indexer_score_recompute`` into a caller's ``out`` and ``denom_out`` (and, on SM90,
-    ``workspace``); SM100 THD needs ``max_seqlen_q`` / ``max_seqlen_k``, SM90 THD host ``cu_seqlens``.
-    The block-scaled precisions and their scales as there (SM100). Capture-safe from the first call (SM90
-    THD with host ``cu_seqlens``), allocates nothing. Returns ``(out, denom_out)``."""
-    return _dense_into(_DENSE_INDEXER, out, denom_out, q, k, weights, sm_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
-                       (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
-
-
-def dense_attn_score_recompute(q, k, lse, softmax_scale, qhead_per_kv_head=None, out=None, denom_out=None, ratio=1, cu_seqlens_q=None,
-                               cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None, precision="bf16", q_scale=None,
-                               k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, sf_vec_size=32, stream=None, *,
-                               workspace=None):
-    """cudnn's ``dense_attn_score_recompute_wrapper``: returns ``{'out', 'denom'}``: the attention's
-    probabilities summed over heads, ``out[b, i, j] = sum_h exp(softmax_scale q[b, i, h] . k[b, j, h // qhpkv]
-    - lse[b, i, h])`` for every key the ratio-causal rule shows row i, -inf where it hides one, and ``denom``
-    their sum per row (the L1 norm; ``out`` is not divided by it).
-
-    Layouts as :func:`dense_indexer_score_recompute` with ``lse`` (B, S_q, H) / (T_q, H) fp32 in place of the
-    weights and D 512 or 576. ``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code
-    literal is the launcher's argument). THD as the indexer's (SM90: per segment, host ``cu_seqlens``
-    sync-free; rows of a segment with no key get ``denom`` 0, the sum of no probability).
-
-    ``precision``: "bf16", or on SM100 "mxfp8": q / k float8_e4m3fn, D512 or D128, one KV head and 64 or 128
-    q heads, e8m0 scales in the indexer's packed layout with ceil4(D / 32) columns (16 at D512, 4 at D128).
-    Its K block is upstream's choice from S_k (BSHD) or ``max_seqlen_k`` (THD): at D512 256-wide from 4096
-    keys, 128 below (two entries). ``out`` is zeroed before the launch, not -inf filled (the kernel
-    accumulates into it), and ``denom`` too at D512 H128 and D128 H64, as upstream does. SM90 refuses it
-    (upstream raises NotImplementedError)."""
-    _sf_vec(sf_vec_size)
-    out, denom_out = _dense_call(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
-                                 (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
-    return Outputs(out=out, denom=denom_out)
-
-
-def dense_attn_score_recompute_into(out, denom_out, q, k, lse, softmax_scale, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                                    max_seqlen_k=None, q_causal_offsets=None, stream=None, *, workspace=None, qhead_per_kv_head=None,
-                                    precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-    """``dense_attn_score_recompute`` into a caller's ``out`` and ``denom_out`` (and, on SM90,
-    ``workspace``); THD as :func:`dense_indexer_score_recompute_into`; mxfp8 and its scales as there
-    (SM100). Capture-safe from the first call, allocates nothing. Returns ``(out, denom_out)``."""
-    return _dense_into(_DENSE_ATTENTION, out, denom_out, q, k, lse, softmax_scale, ratio, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       q_causal_offsets, stream, workspace, qhead_per_kv_head, precision,
-                       (q_scale, k_scale, cu_seqlens_q_scale_padded, cu_seqlens_k_scale_padded))
-
-
-def _remembered_call(cache, ts, extra, validate):
-    """An allocating form's validation: the one its last call with these options and tensors like these
-    proved (a loop of one shape validates once), else ``validate()`` kept for the next."""
-    hit = remembered(cache, ALLOC, ts, extra)
-    c = hit and hit[0]
-    if c is None:
-        c = validate()
-        remember(cache, ALLOC, extra, probe_for(ts, c.dev, c.foot), c)
-    return c
-
-
-def _dense_calls(kind) -> dict:
-    return _DENSE_CALLS if kind is _DENSE_INDEXER else _DATTN_CALLS
-
-
-def _dense_call(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
-    """The allocating forms: THD maxima read back where missing, the outputs and workspace allocated on the
-    call's stream where not given, then the ``_into`` form (``scales``: the four block-scale tensors, None
-    where not given). Returns (out, denom_out)."""
-    import torch
-
+def _dense_first(cu_seqlens_q, cu_seqlens_k, precision, host=None, *, q, stream):
+    """The ``_into`` form's first step, before its cache: ``precision`` as upstream compares it (lower case), and an
+    SM90 THD call's segment bounds on the host (``host``; its ``cu_seqlens`` then None: :func:`_sm90_segments`)."""
     precision = _lower(precision)
-    host = None
-    if cu_q is not None or cu_k is not None:
-        host, cu_q, cu_k, refused = _sm90_segments(q, cu_q, cu_k, stream, precision)
-        if host is None and not refused and (max_q is None or max_k is None):
-            max_q, max_k = max_lengths(cu_q, cu_k, max_q, max_k, stream)
-    ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
-    if out is None or denom_out is None or workspace is None:
-        extra = (scale, ratio, max_q, max_k, qhpkv, host, precision)
-        c = _remembered_call(_dense_calls(kind), ts, extra,
-                             lambda: _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, allocating=True, host=host, precision=precision))
-        stream_handle(stream, c.dev)
-
-        def outputs():
-            with alloc_on(stream, c.dev):
-                rows = (q.shape[0],) if c.varlen else (c.b, c.s_q)
-                return (torch.empty(*rows, c.s_k, dtype=torch.float32, device=q.device) if out is None else out,
-                        torch.empty(*rows, dtype=torch.float32, device=q.device) if denom_out is None else denom_out,
-                        torch.empty(c.need, dtype=torch.uint8, device=q.device) if workspace is None and c.need else workspace)
-
-        out, denom_out, workspace = allocate(outputs)
-        ts = (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales)
-    return _dense_run(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision, stream)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        host, cu_seqlens_q, cu_seqlens_k, _ = _sm90_segments(q, cu_seqlens_q, cu_seqlens_k, stream, precision)
+    return cu_seqlens_q, cu_seqlens_k, precision, host
 
 
-def _dense_into(kind, out, denom_out, q, k, aux, scale, ratio, cu_q, cu_k, max_q, max_k, offs, stream, workspace, qhpkv, precision="bf16", scales=()):
+def _dense_alloc_first(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host=None, *, q, stream, sf_vec_size):
+    """The allocating form's: as :func:`_dense_first`, and SM100 THD maxima read back from ``cu_seqlens`` where missing,
+    as upstream does (a synchronisation: refused under capture)."""
+    _sf_vec(sf_vec_size)
     precision = _lower(precision)
-    host = None
-    if cu_q is not None or cu_k is not None:
-        host, cu_q, cu_k, _ = _sm90_segments(q, cu_q, cu_k, stream, precision)
-    return _dense_run(kind, (out, denom_out, q, k, aux, cu_q, cu_k, offs, workspace, *scales), scale, ratio, max_q, max_k, qhpkv, host, precision,
-                      stream)
-
-
-def _dense_run(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision, stream):
-    """Both forms' last step, from the call's tensors ``ts`` and SM90 THD bounds ``host`` already resolved (the
-    allocating form resolved them once, reading device bounds back at most once). Returns (out, denom_out)."""
-    extra = (scale, ratio, max_q, max_k, qhpkv, host, precision)
-    call, p = cached(_dense_calls(kind), ts, extra, lambda: _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host, precision))
-    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
-    return ts[0], ts[1]
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        host, cu_seqlens_q, cu_seqlens_k, refused = _sm90_segments(q, cu_seqlens_q, cu_seqlens_k, stream, precision)
+        if host is None and not refused and (max_seqlen_q is None or max_seqlen_k is None):
+            max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
+    return cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host
 
 
 def _sm90_segments(q, cu_q, cu_k, stream, precision="bf16"):
@@ -556,49 +406,33 @@ def _dense_precision(problems, kind, precision, scales) -> str:
     return p
 
 
-def _plan_dense(out, denom_out, q, k, weights, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
-                cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, sm_scale=1.0, ratio=1, max_seqlen_q=None, max_seqlen_k=None,
-                qhead_per_kv_head=None, precision="bf16"):
-    """Validate a dense indexer call and compile what it does."""
-    ts = (out, denom_out, q, k, weights, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace, q_scale, k_scale, cu_seqlens_q_scale_padded,
-          cu_seqlens_k_scale_padded)
-    return _plan_dense_kind(_DENSE_INDEXER, ts, sm_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, precision=_lower(precision))
+def _dense_plan(kind):
+    def plan(rec, c):
+        ts = tuple(getattr(c, n) for n in kind.tensors)
+        out, aux = ts[0], ts[4]
+        if c.varlen and not c.sm100:
+            _record_sm90_thd(rec, kind, ts, c)
+        elif c.kernel is not None:
+            op, key = c.kernel
+            if op.endswith("_sm90"):
+                rec.first(_transposed_into_workspace(aux.shape, 4, 8, kind.aux_dtype, c.dev))
+            if key.get("precision") == "mxfp8" and op == "dense_attention":
+                # upstream zeroes out (the kernel accumulates into it and writes -inf where the causal rule hides a key) and, for
+                # the kernels that accumulate into denom too, denom (it zeroes out twice there: once is the same)
+                rec.memset(rec.p[0], out.numel() * 4)
+                if policy.mx_zeroes_denom(key["dim"], key["heads"]):
+                    rec.memset(rec.p[1], ts[1].numel() * 4)
+            else:
+                # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
+                rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
+            rec.launch(c.entry["main"], *_dense_launch_args(op, ts, c, rec.p, rec.s, c.kx))
+        elif ts[1].numel():
+            # queries and no key (S_k 0): nothing to launch, and each row gets what the kernel writes for a row
+            # that sees no key, the LSE of none (-inf) or the sum of none (0), not the caller's old bytes
+            rec.memset(rec.p[1], ts[1].numel() * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
 
+    return plan
 
-def _plan_dense_attention(out, denom_out, q, k, lse, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None,
-                          k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, softmax_scale, ratio=1, max_seqlen_q=None,
-                          max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16"):
-    """Validate a dense attention call and compile what it does."""
-    ts = (out, denom_out, q, k, lse, cu_seqlens_q, cu_seqlens_k, q_causal_offsets, workspace, q_scale, k_scale, cu_seqlens_q_scale_padded,
-          cu_seqlens_k_scale_padded)
-    return _plan_dense_kind(_DENSE_ATTENTION, ts, softmax_scale, ratio, max_seqlen_q, max_seqlen_k, qhead_per_kv_head, precision=_lower(precision))
-
-
-def _plan_dense_kind(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=None, precision="bf16"):
-    c = _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhpkv, host=host, precision=precision)
-    out, aux = ts[0], ts[4]
-    rec = Recorder(len(ts), len(c.x))
-    if c.varlen and not is_sm100(c.arch):
-        _record_sm90_thd(rec, kind, ts, c)
-    elif c.kernel is not None:
-        op, key = c.kernel
-        if op.endswith("_sm90"):
-            rec.first(_transposed_into_workspace(aux.shape, 4, 8, kind.aux_dtype, c.dev))
-        if key.get("precision") == "mxfp8" and op == "dense_attention":
-            # upstream zeroes out (the kernel accumulates into it and writes -inf where the causal rule hides a key) and, for
-            # the kernels that accumulate into denom too, denom (it zeroes out twice there: once is the same)
-            rec.memset(rec.p[0], out.numel() * 4)
-            if policy.mx_zeroes_denom(key["dim"], key["heads"]):
-                rec.memset(rec.p[1], ts[1].numel() * 4)
-        else:
-            # upstream fills out with -inf before the kernel, which skips the K blocks the causal rule hides
-            rec.memset(rec.p[0], out.numel() * 4, _NEG_INF)
-        rec.launch(launcher(FAMILY, op, key, c.dev), *_dense_launch_args(op, ts, c, rec.p, rec.s, rec.x))
-    elif ts[1].numel():
-        # queries and no key (S_k 0): nothing to launch, and each row gets what the kernel writes for a row
-        # that sees no key, the LSE of none (-inf) or the sum of none (0), not the caller's old bytes
-        rec.memset(rec.p[1], ts[1].numel() * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
-    return compile_call(f"dsa_score_recompute.{kind.name}", rec, c.dev, ts, c.foot, c.x)
 
 
 def _record_sm90_thd(rec, kind, ts, c):
@@ -634,17 +468,17 @@ def _record_sm90_thd(rec, kind, ts, c):
         rec.memset(p[1] + qs * 4, sq * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
     for (_, _, sq, _, sk), (_, oo, _) in zip(segs, regions):
         rec.memset(p[8] + oo, sq * sk * 4, _NEG_INF)
-    entry = launcher(FAMILY, *c.kernel, c.dev) if segs else None
+    entry = c.entry.get("main")
     for (b, qs, sq, ks, sk), (wo, oo, do) in zip(segs, regions):
         rec.launch(entry, *_sm90_dense_args(p[2] + qs * h * d * 2, p[3] + ks * h_kv * d * 2, p[8] + oo, p[8] + wo, p[8] + do,
-                                            None if offs is None else p[7] + 4 * b, 1, sq, sk, h, h_kv, d, rec.s, rec.x))
+                                            None if offs is None else p[7] + 4 * b, 1, sq, sk, h, h_kv, d, rec.s, c.kx))
     if segs:
         rec.then(copy_back)
 
 
 def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:
     """The host-function arguments of dense entry ``op`` in upstream's order (``x``: the scale as the kernel
-    reads it, see :class:`_DenseCall`)."""
+    reads it: the call's ``c.kx``)."""
     out, denom, q, k, aux, cu_q, cu_k, offs, _ = ts[:9]
     if not op.endswith("_sm90"):
         # SM100: q, k, w / lse, [q_scale, k_scale], out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k,
@@ -670,45 +504,26 @@ def _sm90_dense_args(q, k, out, aux_t, denom, offs, b, s_q, s_k, h, h_kv, d, s, 
             *flat_args(denom, (b, s_q)), *o, *x)
 
 
-class DenseIndexerScoreRecompute(Plan):
-    """cudnn's DenseIndexerScoreRecompute shape: ``DenseIndexerScoreRecompute(out, denom_out, q, k, weights,
-    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
-    cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, sm_scale=1.0, ratio=1, max_seqlen_q=None,
-    max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16")``; ``execute(<the tensors>, stream=None)``.
-    cudnn's class is bf16 only; this one also plans the SM100 block-scaled calls of
-    :func:`dense_indexer_score_recompute_into`."""
+def _dense_check(kind):
+    """The dense ``kind``'s validation (:class:`dsa_aot.ops.declare.Op`'s ``check``): every problem with a call, raised
+    together before anything is touched (``c.host``: an SM90 THD call's segment bounds, its ``cu_seqlens`` then None;
+    allocating: ``out``, ``denom_out`` and ``workspace`` given as None will be allocated). Sets what the plan reads."""
 
-    _build = staticmethod(_plan_dense)
-    _tensors = _DENSE_INDEXER.tensors
+    def validate(c, problems):
+        c.__dict__.update(_validate_dense(problems, kind, tuple(getattr(c, n) for n in kind.tensors), c.sm_scale if kind is _DENSE_INDEXER else
+                                          c.softmax_scale, c.ratio, c.max_seqlen_q, c.max_seqlen_k, c.qhead_per_kv_head, c.allocating, c.host,
+                                          c.precision))
 
-
-class DenseAttnScoreRecompute(Plan):
-    """cudnn's DenseAttnScoreRecompute shape: ``DenseAttnScoreRecompute(out, denom_out, q, k, lse,
-    cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, q_scale=None, k_scale=None,
-    cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None, *, softmax_scale, ratio=1, max_seqlen_q=None,
-    max_seqlen_k=None, qhead_per_kv_head=None, precision="bf16")``; ``execute(<the tensors>, stream=None)``.
-    cudnn's class is bf16 only; this one also plans the SM100 mxfp8 calls of
-    :func:`dense_attn_score_recompute_into`."""
-
-    _build = staticmethod(_plan_dense_attention)
-    _tensors = _DENSE_ATTENTION.tensors
+    return validate
 
 
-_DENSE_CALLS: dict = {}  # the dense indexer's plans
-_DATTN_CALLS: dict = {}  # the dense attention's
-
-
-def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating=False, host=None, precision="bf16") -> _DenseCall:
-    """Every problem with a dense call, raised together before anything is touched (``host``: an SM90 THD
-    call's segment bounds, :func:`_sm90_segments`; its ``cu_seqlens`` are then None in ``ts``; ``ts[9:]``:
-    the block scales)."""
+def _validate_dense(problems, kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating, host, precision) -> dict:
     import torch
 
     out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts[:9]
     scales = ts[9:]
     names = kind.tensors
     attention = kind is _DENSE_ATTENTION
-    problems = []
     prec = _dense_precision(problems, kind, precision, scales)
     mx = prec in policy.MX_PRECISIONS
     what = f"the block-scaled dense {'attention' if attention else 'indexer'}"
@@ -802,11 +617,8 @@ def _validate_dense(kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, all
             problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:8])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
     if not problems:
         problems += aliasing([("out", out), ("denom_out", denom)], list(zip(names[2:8] + names[9:], ts[2:8] + ts[9:])))
-    if problems:
-        raise input_error(problems)
-    masks = tuple(3 if i == 7 and not sm100 else (0 if i == 8 and not need else 15) for i in range(len(ts)))
-    foot = footprint(ts, writes=(0, 1, 8), masks=masks, sizes={8: need})
-    return _DenseCall(dev, arch, varlen, b or 0, s_q, s_k, need, kernel, foot, x, segs, regions, no_keys)
+    return dict(dev=dev, arch=arch, sm100=sm100, varlen=varlen, b=b or 0, s_q=s_q, s_k=s_k, ws_need=need, kernel=kernel, kx=x, segs=segs,
+                regions=regions, no_keys=no_keys, score=score, lead=lead)
 
 
 def _host_thd(problems, host, t_q, t_k, max_q, max_k):
@@ -836,6 +648,89 @@ def _host_thd(problems, host, t_q, t_k, max_q, max_k):
     return b, got[0], got[1], policy.thd_segments(cu_q, cu_k), no_keys
 
 
+def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
+             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+    import torch
+
+    if cu_seqlens_q is not None:
+        if max_seqlen_k is None:
+            raise input_error(["max_seqlen_k: the torch op needs it for THD (the output's width)"])
+        rows, s_k = (q.shape[0],), max_seqlen_k
+    else:
+        rows, s_k = tuple(q.shape[:2]), k.shape[1]
+    return q.new_empty((*rows, s_k), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
+
+
+def _f_dattn(q, k, lse, softmax_scale, *args, **kwargs):
+    return _f_dense(q, k, lse, None, *args, **kwargs)
+
+
+def _dense(kind, plan_class, note, scale):
+    """The declaration of a dense wrapper (``scale``: its sm_scale / softmax_scale option), cudnn's signatures."""
+    aux, sc, d = kind.tensors[4], scale.name, "=1.0" if scale.default is not REQUIRED else ""
+    scales = "q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None"
+    thd = "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None"
+    return Op(
+        FAMILY, kind.name, plan_class=plan_class, note=note,
+        into=f"out, denom_out, q, k, {aux}, {sc}{d}, ratio=1, {thd}, stream=None, *, workspace=None, qhead_per_kv_head=None, precision='bf16', "
+             f"{scales}",
+        alloc=f"q, k, {aux}, {sc}{d}, qhead_per_kv_head=None, out=None, denom_out=None, ratio=1, {thd}, precision='bf16', {scales}, "
+              "sf_vec_size=32, stream=None, *, workspace=None" if not d else
+              f"q, k, {aux}, qhead_per_kv_head=None, out=None, denom_out=None, {sc}{d}, ratio=1, {thd}, precision='bf16', {scales}, "
+              "sf_vec_size=32, stream=None, *, workspace=None",
+        plan_args=f"out, denom_out, q, k, {aux}, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, {scales}, *, "
+                  f"{sc}{d}, ratio=1, max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None, precision='bf16'",
+        tensors=(Out("out", "float32", lambda c: c.score, given=True), Out("denom_out", "float32", lambda c: c.lead, given=True, returns="denom"),
+                 In("q", _QK_DTYPES.values(), None), In("k", _QK_DTYPES.values(), None), In(aux, kind.aux_dtype, None),
+                 *(In(n, "int32", None, optional=True) for n in ("cu_seqlens_q", "cu_seqlens_k")),
+                 In("q_causal_offsets", "int32", None, optional=True, align=lambda c: 16 if c.sm100 else 4),
+                 Workspace("workspace", lambda c: c.ws_need, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws_need else 1,
+                           given=True),
+                 *(In(n, "float8_e8m0fnu", None, optional=True) for n in _SCALES[:2]), *(In(n, "int32", None, optional=True) for n in _SCALES[2:])),
+        options=(scale, Int("ratio", 1, _I32 - 1, 1), Int("max_seqlen_q", 0, _I32 - 1, None), Int("max_seqlen_k", 0, _I32 - 1, None),
+                 Int("qhead_per_kv_head", 1, _I32 - 1, None, torch=False), Hidden("host"), OneOf("precision", kind.precisions, "bf16"),
+                 OneOf("sf_vec_size", (policy.SF_VEC,), policy.SF_VEC, alloc_only=True, torch=False)),
+        torch_order=(None, f"out, denom_out, q, k, {aux}, {sc}, ratio, {thd.replace('=None', '')}, precision, "
+                           f"{scales.replace('=None', '')}, workspace"),
+        check=_dense_check(kind), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_dense_plan(kind),
+        into_first=_dense_first, alloc_first=_dense_alloc_first, fake=_f_dense if kind is _DENSE_INDEXER else _f_dattn,
+    )  # fmt: skip
+
+
+DENSE_INDEXER = _dense(_DENSE_INDEXER, "DenseIndexerScoreRecompute", (
+    "The indexer's logits ``out[b, i, j] = sm_scale * sum_h w[b, i, h] relu(q[b, i, h] . k[b, j, h // qhpkv])`` over every key, -inf "
+    "where the ratio-causal rule hides key j from row i (``j >= (offset_b + i + 1) // ratio``), and ``denom`` their log-sum-exp per row "
+    "(-inf for a row that sees no key). BSHD: q (B, S_q, H, 128), k (B, S_k, H_kv, 128), weights (B, S_q, H) bf16; ``out`` (B, S_q, "
+    "S_k), ``denom`` (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): q (T_q, H, 128), k (T_k, H_kv, 128), weights (T_q, H); "
+    "``out`` (T_q, max_seqlen_k), ``denom`` (T_q,). SM100 runs THD natively, from ``cu_seqlens`` on the device (int32): the allocating "
+    "form reads missing ``max_seqlen_*`` back from it as upstream does (refused under capture: pass them), ``_into`` needs them. SM90 "
+    "runs upstream's per-segment form (one BSHD launch per segment with queries and keys, through workspace temporaries): it needs the "
+    "segment bounds on the host, so ``cu_seqlens`` given as CPU tensors or lists make it sync-free and capture-safe; device ones are "
+    "read back as upstream does (a synchronisation, refused under capture). Rows of a segment with no key get ``denom`` -inf (upstream "
+    "leaves them unwritten). Upstream's plan classes do not run SM90 THD, nor do ours. ``q_causal_offsets`` (B,) int32 or None. On "
+    "SM90 the kernel bakes ``sm_scale`` in as a float32 immediate: the build ships the scales its manifest lists (a call at another is "
+    "a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin). ``out`` / ``denom_out`` are allocated when not "
+    "given, and on SM90 the ``workspace`` (``dense_indexer_score_recompute_workspace_bytes``; THD: of the call's ``cu_seqlens``). Every "
+    "tensor contiguous. ``precision``: \"bf16\", or on SM100 the block-scaled \"mxfp8\" (q / k float8_e4m3fn) and \"mxfp4\" (q / k "
+    "float4_e2m1fn_x2, last dim 64: two values a byte), one KV head and 32 or 64 q heads, with e8m0 (float8_e8m0fnu) scales, one per 32 "
+    "values, in upstream's packed layout: BSHD ``q_scale`` (B, ceil128(S_q * H), 4) and ``k_scale`` (B, ceil128(S_k), 4); THD both (1, "
+    "a multiple of 128 rows, 4), each segment's rows padded to 128 at ``cu_seqlens_q_scale_padded`` / ``cu_seqlens_k_scale_padded`` "
+    "(int32, B + 1). ``sf_vec_size`` 32 only. SM90 refuses them (upstream raises NotImplementedError); cudnn's plan class is bf16 "
+    "only, ours also plans the block-scaled calls."), Float("sm_scale", 1.0))
+DENSE_ATTN = _dense(_DENSE_ATTENTION, "DenseAttnScoreRecompute", (
+    "The attention's probabilities summed over heads, ``out[b, i, j] = sum_h exp(softmax_scale q[b, i, h] . k[b, j, h // qhpkv] - "
+    "lse[b, i, h])`` for every key the ratio-causal rule shows row i, -inf where it hides one, and ``denom`` their sum per row (the L1 "
+    "norm; ``out`` is not divided by it). Layouts as ``dense_indexer_score_recompute``'s with ``lse`` (B, S_q, H) / (T_q, H) fp32 in "
+    "place of the weights and D 512 or 576. ``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code literal is the "
+    "launcher's argument). THD as the indexer's (SM90: per segment, host ``cu_seqlens`` sync-free; rows of a segment with no key get "
+    "``denom`` 0, the sum of no probability). ``precision``: \"bf16\", or on SM100 \"mxfp8\": q / k float8_e4m3fn, D512 or D128, one "
+    "KV head and 64 or 128 q heads, e8m0 scales in the indexer's packed layout with ceil4(D / 32) columns (16 at D512, 4 at D128). Its "
+    "K block is upstream's choice from S_k (BSHD) or ``max_seqlen_k`` (THD): at D512 256-wide from 4096 keys, 128 below (two entries). "
+    "``out`` is zeroed before the launch, not -inf filled (the kernel accumulates into it), and ``denom`` too at D512 H128 and D128 "
+    "H64, as upstream does. SM90 refuses it (upstream raises NotImplementedError)."), Float("softmax_scale", positive=True))
+
+dense_indexer_score_recompute, dense_indexer_score_recompute_into, DenseIndexerScoreRecompute = DENSE_INDEXER.forms(globals())
+dense_attn_score_recompute, dense_attn_score_recompute_into, DenseAttnScoreRecompute = DENSE_ATTN.forms(globals())
 # --- cudnn.DSA.sparse_attention_score_recompute (deepseek_sparse_attention/training.py) ----------------
 
 _TOPK_TILE = 128  # upstream pads the index rows with -1 to a multiple of 128 slots
@@ -930,37 +825,11 @@ def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
     return indices.new_empty(indices.shape, dtype=torch.float32), indices.new_empty(indices.shape)
 
 
-def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
-    import torch
-
-    if cu_seqlens_q is not None:
-        if max_seqlen_k is None:
-            raise input_error(["max_seqlen_k: the torch op needs it for THD (the output's width)"])
-        rows, s_k = (q.shape[0],), max_seqlen_k
-    else:
-        rows, s_k = tuple(q.shape[:2]), k.shape[1]
-    return q.new_empty((*rows, s_k), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
-
-
-def _f_dattn(q, k, lse, softmax_scale, *args, **kwargs):
-    return _f_dense(q, k, lse, None, *args, **kwargs)
-
-
-_IN_SCALED = ("int? max_seqlen_q=None, int? max_seqlen_k=None, Tensor? q_causal_offsets=None, str precision=\"bf16\", Tensor? q_scale=None, "
-              "Tensor? k_scale=None, Tensor? cu_seqlens_q_scale_padded=None, Tensor? cu_seqlens_k_scale_padded=None")  # both dense ops' tail
-_IN_DENSE = f"Tensor q, Tensor k, Tensor weights, float sm_scale=1.0, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
-_IN_DATTN = f"Tensor q, Tensor k, Tensor lse, float softmax_scale, int ratio=1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, {_IN_SCALED}"
 _TRAINING = "(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) -> (Tensor, Tensor)"
-_DENSE_OPS = {  # name: (schema, the function, the allocating form's result keys, fake)
-    "dsa_dense_attn_score_recompute": (f"({_IN_DATTN}) -> (Tensor, Tensor)", dense_attn_score_recompute, ("out", "denom"), _f_dattn),
-    "dsa_dense_attn_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DATTN}, Tensor(c!)? workspace=None) -> ()",
-                                            dense_attn_score_recompute_into, None, writes_only),
-    "dsa_dense_indexer_score_recompute": (f"({_IN_DENSE}) -> (Tensor, Tensor)", dense_indexer_score_recompute, ("out", "denom"), _f_dense),
-    "dsa_dense_indexer_score_recompute_into": (f"(Tensor(a!) out, Tensor(b!) denom_out, {_IN_DENSE}, Tensor(c!)? workspace=None) -> ()",
-                                               dense_indexer_score_recompute_into, None, writes_only),
-    "dsa_sparse_attention_score_recompute": (_TRAINING, sparse_attention_score_recompute, ("target", "indices"), _f_training),
-}
-TORCH_OPS = SPARSE_INDEXER.torch_ops("dsa", sparse_indexer_score_recompute, sparse_indexer_score_recompute_into) | SPARSE_ATTN.torch_ops(
-    "dsa", sparse_attn_score_recompute, sparse_attn_score_recompute_into) | {
-    name: (schema, _by_name(fn, schema, keys), fake) for name, (schema, fn, keys, fake) in _DENSE_OPS.items()}
+TORCH_OPS = {"dsa_sparse_attention_score_recompute": (_TRAINING, _by_name(sparse_attention_score_recompute, _TRAINING, ("target", "indices")),
+                                                      _f_training)}
+for _op, _forms in ((SPARSE_INDEXER, (sparse_indexer_score_recompute, sparse_indexer_score_recompute_into)),
+                    (SPARSE_ATTN, (sparse_attn_score_recompute, sparse_attn_score_recompute_into)),
+                    (DENSE_INDEXER, (dense_indexer_score_recompute, dense_indexer_score_recompute_into)),
+                    (DENSE_ATTN, (dense_attn_score_recompute, dense_attn_score_recompute_into))):
+    TORCH_OPS |= _op.torch_ops("dsa", *_forms)

@@ -584,14 +584,15 @@ def test_sm100_mxfp8_dense_attention_takes_upstreams_k_block_bucket(sm100_env, t
     """At D512 the call runs the 128-wide K block entry below 4096 keys (S_k in BSHD, max_seqlen_k in THD) and the
     256-wide one from 4096, as upstream's dispatch picks: S_k 4095 vs 4096 are two entries, two launches."""
     import dsa_aot.ops.dsa_score_recompute as op
+    from dsa_aot.ops import declare
 
-    real, keys = op.launcher, []
+    real, keys = declare.launcher, []
 
-    def recording(family, name, key, dev):
+    def recording(family, name, key, dev, hint=""):  # the declaration resolves every entry of a declared op
         keys.append((name, key["precision"], key["k_block"]))
-        return real(family, name, key, dev)
+        return real(family, name, key, dev, hint)
 
-    monkeypatch.setattr(op, "launcher", recording)
+    monkeypatch.setattr(declare, "launcher", recording)
     stream = sm100_env.new_stream(0)
     for s_k, kb in ((4095, 128), (4096, 256), (40, 128), (5000, 256)):
         fn, args, kw, _ = op_calls.dense_attn_score_recompute_mx(0, stream, s_q=2, s_k=s_k, varlen=varlen)
