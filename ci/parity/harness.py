@@ -456,10 +456,6 @@ class JitKeys:
         return out
 
 
-# the plan caches (signature -> validated call) of the op modules not yet on dsa_aot.ops.declare
-PLAN_CACHES = ("_TAILS",)
-
-
 class AotKeys:
     """The entries a first call resolves: every lookup of ``dsa_aot.ops._support._find`` (the op modules'
     and the declaration's launchers go through it), after the op modules' plan caches are emptied."""
@@ -473,11 +469,7 @@ class AotKeys:
     def begin(self):
         import dsa_aot.runtime
 
-        self.declare.clear_caches()
-        for mod in self.modules:  # the ops not yet on the declaration keep their validated calls in these module dicts
-            for name in PLAN_CACHES:
-                if name in vars(mod):
-                    getattr(mod, name).clear()
+        self.declare.clear_caches()  # every op is declared: its validated calls live there
         self.used, self.loaded = [], set(dsa_aot.runtime.load_stats())
 
         def spy(ix, family, op, key, *a, **kw):

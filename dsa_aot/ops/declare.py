@@ -632,7 +632,9 @@ class Op:
                f"{guard}"
                f"    _call.run(_p, stream_handle(stream, _call.dev), {x}, _ts, stream)\n"
                f"    return {', '.join(self.into_returns)}\n\n")
-        if self.alloc_prelude is not None:  # the family makes the _into call's arguments; the checks first, nothing touched before
+        if self.alloc_sig is None:  # an _into form only (a step of a public op run alone: the fused top-k's tail)
+            pass
+        elif self.alloc_prelude is not None:  # the family makes the _into call's arguments; the checks first, nothing touched before
             params = [n.strip().split("=")[0] for n in self.alloc_sig.split(",") if n.strip() not in ("*", "")]
             src += (f"def {self.name}({self.alloc_sig}):\n"
                     f"    _c = OP.validate({{{', '.join(f'{n!r}: {n}' for n in params)}}}, allocating=True)\n"
@@ -669,12 +671,14 @@ class Op:
                "alloc_on": alloc_on, "alloc_failed": alloc_failed, "fresh": fresh, "Outputs": Outputs,
                "ALLOC_VIEW": self.alloc_view, "FIRST": self.alloc_first, "INTO_FIRST": self.into_first}
         exec(compile(src, f"<dsa_aot op: {self.family}.{self.name}>", "exec"), env)  # noqa: S102 (our own text: names only)
-        into, alloc = env[f"{self.name}_into"], env[self.name]
+        into, alloc = env[f"{self.name}_into"], env.get(self.name)
         self.into_params = tuple(inspect.signature(into).parameters)
-        for fn in (into, alloc):
+        for fn in (into, alloc) if alloc else (into,):
             fn.__module__ = namespace.get("__name__", fn.__module__)
             fn.__qualname__ = fn.__name__
         into.__doc__ = f"``{self.name}`` into caller-provided outputs (capture-safe from the first call; allocates nothing). {self.note}"
+        if self.plan_class is None:
+            return alloc, into, None
         alloc.__doc__ = f"cudnn's {self.name}: returns {{{', '.join(repr(r) for r, _ in self.results)}}}. {self.note}"
         sig = inspect.signature(into)
         plan_sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "stream"])  # cudnn's plan takes no stream

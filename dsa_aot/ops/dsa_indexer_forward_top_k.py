@@ -33,16 +33,14 @@ from __future__ import annotations
 
 from ..policy import dsa_indexer_forward_top_k as policy
 from ..policy.dsa_indexer_forward import MAX_RATIO, SM100_PRECISIONS
-from ._support import aliasing, check, footprint, input_error, integer, launcher, stream_handle, tensor_args
+from ._support import aliasing, check, input_error, integer, launcher, stream_handle, tensor_args
 from .declare import Flag, Float, In, Int, OneOf, Op, Out
-from .plan import Recorder, cached, compile_call
 
 __all__ = ["compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets", "indexer_forward_top_k",
            "indexer_forward_top_k_into"]
 
 FAMILY = policy.FAMILY
 _I32 = 2**31 - 1
-_TAILS: dict = {}
 HELPERS = ("compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets")  # sizes, not ops
 
 
@@ -179,74 +177,53 @@ def _stage2_outs(pairs, varlen, top_k) -> list:
     return [None if t is None else (pt, t.shape[0], 1, top_k, top_k, top_k) if varlen else tensor_args(t, pt) for t, pt in pairs]
 
 
-def _plan_tail(indices, logits, softmax, cand, cbo, qco, cu_q, cu_k, s_q, s_k, top_k, ratio, deterministic, topk_indices_global):
-    """Validate the fused call's tail alone, stage 2 and local-to-global, over a caller's candidate buffer
-    (BSHD: outputs (B, S_q, top_k); THD with ``cu_q`` / ``cu_k``: (total_q, top_k), ``s_q`` / ``s_k`` the
-    longest segments) and compile it."""
-    import torch
-
-    from ._support import flag
-
-    problems = []
-    vl = cu_q is not None
-    if not isinstance(indices, torch.Tensor) or indices.ndim != (2 if vl else 3):
-        raise input_error([f"indices: expected {'(total_q, top_k)' if vl else '(B, S_q, top_k)'} int32"])
-    dev = indices.device.index if indices.device.type == "cuda" else None
-    integer(problems, "top_k", top_k, 1, policy.MAX_TOP_K)
-    flag(problems, "deterministic", deterministic)
-    flag(problems, "topk_indices_global", topk_indices_global)
-    rows = tuple(indices.shape[:-1])
-    if not vl and s_q != rows[1]:
-        problems.append(f"s_q={s_q!r}: the indices' S_q is {rows[1]}")
-    b = cu_q.shape[0] - 1 if vl and isinstance(cu_q, torch.Tensor) and cu_q.ndim == 1 else rows[0]
-    for name, t, dt in (("indices", indices, torch.int32), ("logits", logits, torch.float32), ("softmax", softmax, torch.float32)):
-        if t is not None or name != "softmax":
-            check(problems, t, name, rows + (top_k,), dt, dev, 16 if name == "indices" and topk_indices_global else 4)
-    if not isinstance(cand, torch.Tensor) or cand.ndim != 1:
-        problems.append("cand_buffer: expected a 1-D fp32 tensor")
-    else:
-        check(problems, cand, "cand_buffer", cand.shape, torch.float32, dev, 16)
-        if cand.shape[0] > _I32 and not vl:
-            problems.append(f"cand_buffer: {cand.shape[0]} floats (the BSHD kernels take an int32 extent)")
-    if not vl and (cbo is None) != (qco is None):
-        problems.append("cand_batch_offsets and q_causal_offsets: both or neither in BSHD")
-    if vl:
-        for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-            check(problems, t, name, (b + 1,), torch.int32, dev, 16)
-        if cbo is None:
-            problems.append("cand_batch_offsets: THD needs them (compress_topk_cand_buffer_size_thd)")
-    if cbo is not None:
-        check(problems, cbo, "cand_batch_offsets", (b + 1,), torch.int64, dev, 16)
-    if qco is not None:
-        check(problems, qco, "q_causal_offsets", (b,), torch.int32, dev, 16)
-    if not problems:
-        problems += aliasing((("indices", indices), ("logits", logits), ("softmax", softmax)),
-                             (("cand_buffer", cand), ("cand_batch_offsets", cbo), ("q_causal_offsets", qco), ("cu_seqlens_q", cu_q),
-                              ("cu_seqlens_k", cu_k)))
-    if problems:
-        raise input_error(problems)
-    ts = (indices, logits, softmax, cand, cbo, qco, cu_q, cu_k)
-    rec = Recorder(len(ts))
-    p = rec.p
+def _tail_plan(rec, c):
+    """The fused call's tail alone, stage 2 and local-to-global, over a caller's candidate buffer (BSHD: outputs (B, S_q,
+    top_k); THD with ``cu_seqlens_q`` / ``cu_seqlens_k``: (total_q, top_k), ``s_q`` / ``s_k`` the longest segments)."""
+    p, vl, rows = c.p, c.cu_seqlens_q is not None, tuple(c.indices.shape[:-1])
     if rows[0] and (vl or rows[1]):
-        key = _stage2_key(top_k, ratio, rows[0] if vl else rows[0] * rows[1], s_k, qco is not None, softmax is not None, deterministic, vl)
-        cu = [tensor_args(cu_q, p[6]), tensor_args(cu_k, p[7])] if vl else []
-        outs = _stage2_outs(zip(ts[:3], p), vl, top_k)
-        _record_stage2(rec, launcher(FAMILY, "stage2", key, dev), (p[3], cand.shape[0]), outs, s_q, s_k,
-                       tensor_args(cbo, p[4]) if cbo is not None else None, tensor_args(qco, p[5]) if qco is not None else None, cu)
-        if topk_indices_global:
-            _record_l2g(rec, dev, tensor_args(indices, p[0]), s_k, cu)
-    return compile_call("dsa_indexer_forward_top_k.tail", rec, dev, ts, footprint(ts, writes=(0, 1, 2)))
+        key = _stage2_key(c.top_k, c.ratio, rows[0] if vl else rows[0] * rows[1], c.s_k, c.q_causal_offsets is not None, c.softmax is not None,
+                          c.deterministic, vl)
+        cu = [tensor_args(c.cu_seqlens_q, p.cu_seqlens_q), tensor_args(c.cu_seqlens_k, p.cu_seqlens_k)] if vl else []
+        outs = _stage2_outs(((c.indices, p.indices), (c.logits, p.logits), (c.softmax, p.softmax)), vl, c.top_k)
+        opt = [tensor_args(t, pt) if t is not None else None for t, pt in ((c.cand_batch_offsets, p.cand_batch_offsets),
+                                                                            (c.q_causal_offsets, p.q_causal_offsets))]
+        _record_stage2(rec, launcher(FAMILY, "stage2", key, c.dev), (p.cand, c.cand.shape[0]), outs, c.s_q, c.s_k, *opt, cu)
+        if c.topk_indices_global:
+            _record_l2g(rec, c.dev, tensor_args(c.indices, p.indices), c.s_k, cu)
 
 
-def _tail_into(indices, logits, softmax, cand, s_q, s_k, top_k, ratio, cand_batch_offsets=None, q_causal_offsets=None, cu_seqlens_q=None,
-               cu_seqlens_k=None, deterministic=False, topk_indices_global=False, stream=None):
-    """The fused call's tail alone (stage 2, then local-to-global in place), into caller buffers: what the
-    H200 can run of this family (the GEMM before it is SM100 only)."""
-    ts = (indices, logits, softmax, cand, cand_batch_offsets, q_causal_offsets, cu_seqlens_q, cu_seqlens_k)
-    extra = (s_q, s_k, top_k, ratio, deterministic, topk_indices_global)
-    call, p = cached(_TAILS, ts, extra, lambda: _plan_tail(*ts, s_q, s_k, top_k, ratio, deterministic, topk_indices_global))
-    call.run(p, stream_handle(stream, call.dev), call.x, ts, stream)
+def _tail_rules(c, problems):
+    vl = c.cu_seqlens_q is not None
+    if not vl and (c.cand_batch_offsets is None) != (c.q_causal_offsets is None):
+        problems.append("cand_batch_offsets and q_causal_offsets: both or neither in BSHD")
+    if vl and c.cand_batch_offsets is None:
+        problems.append("cand_batch_offsets: THD needs them (compress_topk_cand_buffer_size_thd)")
+    if vl != (c.cu_seqlens_k is not None):
+        problems.append("cu_seqlens_q and cu_seqlens_k: both or neither")
+    if "B" in c.sym and "B1" in c.sym and c.sym["B1"] != c.sym["B"] + 1:
+        problems.append(f"cu_seqlens / cand_batch_offsets: {c.sym['B1']} offsets for a batch of {c.sym['B']} (expected batch + 1)")
+    if c.cand.shape[0] > _I32 and not vl:
+        problems.append(f"cand_buffer: {c.cand.shape[0]} floats (the BSHD kernels take an int32 extent)")
+
+
+def _rows_of(c):  # the outputs' rows: (B, S_q) with the call's s_q, or THD's packed (total_q,)
+    return ("T", "top_k") if c.cu_seqlens_q is not None else ("B", "s_q", "top_k")
+
+
+TAIL = Op(
+    FAMILY, "_tail", plan_class=None, alloc=None, plan=_tail_plan, rules=_tail_rules,
+    into="indices, logits, softmax, cand, s_q, s_k, top_k, ratio, cand_batch_offsets=None, q_causal_offsets=None, cu_seqlens_q=None, "
+         "cu_seqlens_k=None, deterministic=False, topk_indices_global=False, stream=None",
+    tensors=(Out("indices", "int32", _rows_of, align=lambda c: 16 if c.topk_indices_global else 4), Out("logits", "float32", _rows_of, align=4),
+             Out("softmax", "float32", _rows_of, align=4, optional=True), In("cand", "float32", ("n_cand",)),
+             In("cand_batch_offsets", "int64", ("B1",), optional=True), In("q_causal_offsets", "int32", ("B",), optional=True),
+             In("cu_seqlens_q", "int32", ("B1",), optional=True), In("cu_seqlens_k", "int32", ("B1",), optional=True)),
+    options=(Int("s_q", 0, _I32), Int("s_k", 0, _I32), Int("top_k", 1, policy.MAX_TOP_K), Int("ratio", 1, MAX_RATIO),
+             Flag("deterministic", False), Flag("topk_indices_global", False)),
+    note="The fused call's tail alone (stage 2, then local-to-global in place): what an SM90 GPU can run of this family.",
+)  # fmt: skip
+_tail_into = TAIL.forms(globals())[1]
 
 
 # --- the fused call, BSHD: GEMM -> stage 2 (one pair per window) -> local-to-global in place ---

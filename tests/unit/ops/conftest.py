@@ -10,20 +10,8 @@ from dsa_aot.ops import declare
 from dsa_aot.runtime.index import Index
 
 
-_HAND_WRITTEN_CACHES = ("_TAILS",)  # the one hand-written cache left (the fused top-k's tail alone)
-
-
 def _fresh_caches(monkeypatch) -> None:
-    """Every op's per-process caches emptied: the hand-written ones' dicts, the declared ones' (declare.clear_caches)."""
-    import importlib
-
-    from dsa_aot.policy.families import FAMILIES
-
-    for family in FAMILIES:
-        mod = importlib.import_module(f"dsa_aot.ops.{family}")
-        for name in _HAND_WRITTEN_CACHES:
-            if isinstance(getattr(mod, name, None), dict):
-                monkeypatch.setattr(mod, name, {})
+    """Every op's per-process caches emptied (every op is declared: declare.clear_caches)."""
     declare.clear_caches()
 
 
