@@ -185,6 +185,34 @@ rows["cudnn, allocating"] = lambda: compactify_wrapper(ids)
 """),
 }
 
+
+def _dense_score(attention):
+    """The dense score recompute on SM90, BSHD (one KV head, 64 q heads, ratio 4): the transposed copy, a fill, the launch."""
+    name, d, aux = ("attn", 512, "lse") if attention else ("indexer", 128, "weights")
+    scale = "0.0625" if attention else "1.0"
+    mk = "torch.randn(B, S_q, H, device=dev)" + ("" if attention else ".bfloat16()")
+    return (rf"""
+B, S_q, S_k, H, D = 1, 1024, 1024, 64, {d}
+q, k = torch.randn(B, S_q, H, D, device=dev).bfloat16(), torch.randn(B, S_k, 1, D, device=dev).bfloat16()
+aux = {mk}
+out, den = torch.empty(B, S_q, S_k, device=dev), torch.empty(B, S_q, device=dev)
+""", rf"""
+import dsa_aot.dsa
+ws = torch.empty(dsa_aot.dsa.dense_{name}_score_recompute_workspace_bytes(aux.shape), dtype=torch.uint8, device=dev)
+P = dsa_aot.dsa.Dense{name.capitalize()}ScoreRecompute(out, den, q, k, aux, workspace=ws, {'softmax_scale' if attention else 'sm_scale'}={scale}, ratio=4)
+rows["plan.execute"] = lambda: P.execute(out, den, q, k, aux, workspace=ws)
+rows["functional _into"] = lambda: dsa_aot.dsa.dense_{name}_score_recompute_into(out, den, q, k, aux, {scale}, 4, workspace=ws)
+rows["allocating"] = lambda: dsa_aot.dsa.dense_{name}_score_recompute(q, k, aux, {'' if attention else 'sm_scale='}{scale}, ratio=4)
+""", rf"""
+from cudnn.deepseek_sparse_attention.score_recompute import dense_{name}_score_recompute_wrapper as f
+rows["cudnn, outputs given"] = lambda: f(q, k, aux, {'' if attention else 'sm_scale='}{scale}, out=out, denom_out=den, ratio=4)
+rows["cudnn, allocating"] = lambda: f(q, k, aux, {'' if attention else 'sm_scale='}{scale}, ratio=4)
+""")
+
+
+CASES["DSA dense indexer score recompute"] = _dense_score(False)
+CASES["DSA dense attention score recompute"] = _dense_score(True)
+
 FLOOR = r"""
 import dsa_aot.runtime.driver as _drv
 E0 = P._call.run.__globals__["E0"]  # the plan's first entry, its launch state built by the calls above
