@@ -587,3 +587,65 @@ def test_torch_order():
     assert op.torch_ops("toy", alloc, into)["toy_toy_plain"][0] == "(Tensor x, int? n=None, int width=4, int? total=None) -> Tensor"
 
 
+
+
+# --- what the dense score recompute and the fused top-k's tail need: into_first with a Hidden option, fake=, an
+# _into-only op, no stream switch when every output is given ----------------------------------------------------
+
+
+def _hidden(seen):
+    def first(n, host=None, *, x):  # the _into form's first step: works out a value neither signature takes
+        seen.append(("first", n))
+        return (n or 0) + 1, ("bounds", x.shape[0])
+
+    def rules(c, problems):
+        seen.append(("rules", c.n, c.host))
+
+    op = D.Op("toy", "hidden", plan_class="Hidden", into="out, x, n=None, stream=None", alloc="x, n=None, out=None, stream=None",
+              tensors=(D.Out("out", "float32", "like x", given=True, alloc_like=True), D.In("x", "float32", ("k",))),
+              options=(D.Int("n", 0, 99, None), D.Hidden("host")), plan=lambda rec, c: rec.memset(c.p.out, 4), rules=rules, into_first=first,
+              fake=lambda x, n=None: x.new_empty((7,)))
+    D.OPS.remove(op)
+    return op
+
+
+def test_into_first_sets_a_hidden_option_the_cache_keys_on_and_a_plan_takes_its_default(env):
+    seen = []
+    op = _hidden(seen)
+    _, into, plan = op.forms({"__name__": __name__})
+    s, out = env.new_stream(0), _f()
+    into(out, _f(), stream=s)
+    into(out, _f(), stream=s)  # the same key (n 1, host ("bounds", 8)): validated once, first called every time
+    into(out, _f(), n=3, stream=s)
+    assert seen == [("first", None), ("rules", 1, ("bounds", 8)), ("first", None), ("first", 3), ("rules", 4, ("bounds", 8))]
+    assert len(env.memsets) == 3
+    seen.clear()
+    plan(out, _f(), n=2)  # a plan does not run the _into form's first step: the Hidden option's default
+    assert seen == [("rules", 2, None)]
+    schemas = op.torch_ops("dsa", *op.forms({"__name__": __name__})[:2])
+    assert "host" not in schemas["dsa_hidden_into"][0] and schemas["dsa_hidden"][2](torch.zeros(3)).shape == (7,)  # fake= in place
+
+
+def test_an_op_without_an_allocating_signature_makes_its_into_form_only(env):
+    op = D.Op("toy", "_step", plan_class=None, alloc=None, into="out, x, stream=None", plan=lambda rec, c: rec.memset(c.p.out, 4),
+              tensors=(D.Out("out", "float32", ("k",)), D.In("x", "float32", ("k",))))
+    D.OPS.remove(op)
+    alloc, into, cls = op.forms({"__name__": __name__})
+    assert alloc is None and cls is None and into.__name__ == "_step_into"
+    into(_f(), _f(), stream=env.new_stream(0))
+    assert len(env.memsets) == 1
+    with pytest.raises(InputError, match="out: overlaps x"):
+        x = _f()
+        into(x, x)
+
+
+def test_the_allocating_form_switches_torch_s_stream_only_when_it_allocates(env, monkeypatch):
+    op, alloc, into, _, made = _toy(monkeypatch)
+    switched = []
+    monkeypatch.setitem(alloc.__globals__, "alloc_on", lambda *a: switched.append(a) or contextlib.nullcontext())
+    s, x, y = env.new_stream(0), _f(), _f()
+    alloc(x, y, out=_f(), stream=s)
+    alloc(x, y, out=_f(), stream=s)  # the memo's call too
+    assert not switched and not made and len(env.memsets) == 2
+    alloc(x, y, stream=s)
+    assert len(switched) == 1 and made == [x]
