@@ -53,25 +53,26 @@ _ATTENTION = _Kind("sparse_attn_score_recompute", ("out", "q_attn", "k_attn", "l
                    "float32", 4, policy.ATTN_DIMS, "target")
 
 
-def _workspace_bytes(kind, aux_shape, device):
+def _workspace_bytes(kind, aux_shape, device, cu_q=None, cu_k=None) -> int:
+    """Every sizer's body: BSHD (B, S_q, H), or THD (T_q, H) with ``cu_seqlens`` (SM90: per segment, from host bounds)."""
     import torch
 
     from ..runtime.device import device_index
 
-    aux = kind.tensors[3]
+    thd, problems = cu_q is not None or cu_k is not None, []
     shape = tuple(aux_shape) if isinstance(aux_shape, (tuple, list, torch.Size)) else None
-    problems = []
-    if shape is None or len(shape) != 3:
-        problems.append(f"{aux}_shape={aux_shape!r} (expected (B, S_q, H))")
-    else:
-        for i, n in enumerate(shape):
-            integer(problems, f"{aux}_shape[{i}]", n, 0, _I32 - 1)
+    if shape is None or len(shape) != (2 if thd else 3):
+        problems.append(f"{kind.tensors[3]}_shape={aux_shape!r} (expected {'(T_q, H) with cu_seqlens: THD' if thd else '(B, S_q, H)'})")
+    for i, n in enumerate(shape if not problems else ()):
+        integer(problems, f"{kind.tensors[3]}_shape[{i}]", n, 0, _I32 - 1)
+    dev = None if problems else device_index(device)
+    arch, sm100 = arch_or_refuse(problems, dev) if not problems else (None, False)
+    cu = _host_offsets(problems, cu_q, cu_k, dev, None) if thd and not problems and not sm100 else None
     if problems:
         raise input_error(problems)
-    arch, _ = arch_or_refuse(problems, device_index(device))
-    if problems:
-        raise input_error(problems)
-    return policy.workspace_bytes(arch, *shape, elem_bytes=kind.aux_bytes)
+    if not thd:
+        return policy.workspace_bytes(arch, *shape, elem_bytes=kind.aux_bytes)
+    return 0 if sm100 else policy.thd_workspace(policy.thd_segments(*cu), shape[1], kind.aux_bytes)[1]
 
 
 def sparse_indexer_score_recompute_workspace_bytes(weights_shape, device=None) -> int:
@@ -275,38 +276,14 @@ def dense_indexer_score_recompute_workspace_bytes(weights_shape, device=None, cu
     CPU tensors or lists; device ones are read back): per segment the transposed copy and the scores and
     denominators the kernel writes before they are copied into the packed outputs, as upstream allocates
     them."""
-    return _dense_workspace_bytes(_INDEXER, weights_shape, device, cu_seqlens_q, cu_seqlens_k)
+    return _workspace_bytes(_INDEXER, weights_shape, device, cu_seqlens_q, cu_seqlens_k)
 
 
 def dense_attn_score_recompute_workspace_bytes(lse_shape, device=None, cu_seqlens_q=None, cu_seqlens_k=None) -> int:
     """uint8 bytes the ``workspace`` of a dense attention call with ``lse`` of this shape needs on GPU
     ``device`` (None: the current one): as :func:`dense_indexer_score_recompute_workspace_bytes`, with the
     fp32 LSE in place of the weights."""
-    return _dense_workspace_bytes(_ATTENTION, lse_shape, device, cu_seqlens_q, cu_seqlens_k)
-
-
-def _dense_workspace_bytes(kind, aux_shape, device, cu_q, cu_k) -> int:
-    if cu_q is None and cu_k is None:
-        return _workspace_bytes(kind, aux_shape, device)
-    from ..runtime.device import device_index
-
-    problems = []
-    shape = tuple(aux_shape) if isinstance(aux_shape, (tuple, list)) or type(aux_shape).__name__ == "Size" else None
-    if shape is None or len(shape) != 2:
-        problems.append(f"{kind.tensors[3]}_shape={aux_shape!r} (expected (T_q, H) with cu_seqlens: THD)")
-    else:
-        for i, n in enumerate(shape):
-            integer(problems, f"{kind.tensors[3]}_shape[{i}]", n, 0, _I32 - 1)
-    dev = device_index(device)
-    arch, sm100 = arch_or_refuse(problems, dev)
-    if problems:
-        raise input_error(problems)
-    if sm100:
-        return 0
-    cu = _host_offsets(problems, cu_q, cu_k, dev, None)
-    if problems:
-        raise input_error(problems)
-    return policy.thd_workspace(policy.thd_segments(*cu), shape[1], kind.aux_bytes)[1]
+    return _workspace_bytes(_ATTENTION, lse_shape, device, cu_seqlens_q, cu_seqlens_k)
 
 
 def _dense_first(cu_seqlens_q, cu_seqlens_k, precision, host=None, *, q, stream):
