@@ -9,20 +9,11 @@ docs/research/dense-indexer-backward.md: 28 configurations built both ways, byte
 """
 
 from dsa_aot.policy import dsa_dense_indexer_backward as policy
+from dsa_aot.toolchain.fakes import dlpack as _T
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
 DIM, BLOCK_I = policy.DIM, policy.BLOCK_I
-
-
-def _T(dtype, rank, align=16):
-    """A tensor as to_cute_tensor presents it."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    shape = tuple(cute.sym_int() for _ in range(rank))
-    stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-    return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=align)
 
 
 def build(op, key, target):
@@ -34,8 +25,6 @@ def build(op, key, target):
     from cudnn.deepseek_sparse_attention.indexer_backward import dense_indexer_backward_sm100 as k100
     from cudnn.deepseek_sparse_attention.indexer_backward.indexer_backward_sm90 import IndexerBackwardSm90
 
-    if op not in OPS:
-        raise KeyError(op)
     T, bf16, f32, i32 = _T, cutlass.BFloat16, cutlass.Float32, cutlass.Int32
     vl, ratio = key["varlen"], key["ratio"]
     cu = (T(i32, 1), T(i32, 1)) if vl else (None, None)
@@ -98,19 +87,13 @@ PRELOAD = (
 def fidelity(op, key, target, up):
     """Run ``dense_indexer_backward_wrapper`` for the key on ``up``: B 2, S_q 256, S_k 64 (ratio 4 geometry),
     sm_scale 0.5, loss_coeff 0.25, fp32 d_index_k (no workspace); THD with max_seqlen given (no sync)."""
-    import contextlib
-
     import torch
 
     from cudnn.deepseek_sparse_attention.indexer_backward import api
     from cudnn.deepseek_sparse_attention.indexer_backward import dense_indexer_backward_sm90 as k90
     from cudnn.deepseek_sparse_attention.indexer_backward import dense_indexer_backward_sm100 as k100
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    if op not in FIDELITY_ROUTES:
-        raise KeyError(f"no fidelity route for op {op!r}")
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
-    up.patch(api, "_torch_stream_context", lambda *a, **k: contextlib.nullcontext())
+    up.cudnn_route(api)
     up.no_op(api, "memset_zero_async")
     api._cache_of_DenseIndexerBackwardObjects.clear()
     caches = {"score_grad": up.cache(k100, "_score_grad_compile_cache"), "gemm": up.cache(k100, "_gemm_compile_cache"),

@@ -9,6 +9,7 @@ against upstream's on every build.
 """
 
 from dsa_aot.policy import dsa_indexer_backward as policy
+from dsa_aot.toolchain.fakes import dlpack
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -19,24 +20,13 @@ def build(op, key, target):
     """Return (jit_callable, args, options, extra_key) for one entry. Imports the toolchain."""
     import cuda.bindings.driver as cuda_driver
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
 
     from cudnn.deepseek_sparse_attention.indexer_backward import deterministic_dk_sm100 as det
     from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm100 as k100
     from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90
     from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_v2_sm100 as kv2
 
-    def T(dtype, rank, div=None):
-        """What to_cute_tensor makes of a contiguous CUDA tensor of this rank."""
-        if div is None:
-            shape = tuple(cute.sym_int() for _ in range(rank))
-            stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-        else:
-            shape = tuple(cute.sym_int() for _ in range(rank - 1)) + (cute.sym_int(divisibility=div),)
-            stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
-        return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=16)
-
+    T = dlpack  # to_cute_tensor's view of a contiguous CUDA tensor (v2: divisibility 128 innermost)
     bf16, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
     stream = cuda_driver.CUstream(0)
 
@@ -92,7 +82,7 @@ def build(op, key, target):
         )
         dw = bf16 if key["dw"] == "bf16" else f32
         args = (
-            T(bf16, 3, DIM), T(bf16, 2, DIM), T(bf16, 2), T(i32, 2), T(f32, 2), T(bf16, 3, DIM), T(dw, 2), T(f32, 2, DIM),
+            T(bf16, 3, div=DIM), T(bf16, 2, div=DIM), T(bf16, 2), T(i32, 2), T(f32, 2), T(bf16, 3, div=DIM), T(dw, 2), T(f32, 2, div=DIM),
             cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1), stream, T(i32, 1),
         )  # fmt: skip
         return obj, args, None, {"num_ctas": num_ctas, "ticket_slots": slots, "ring_depth": ring}
@@ -159,9 +149,8 @@ def fidelity(op, key, target, up):
     from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm90 as k90
     from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_sm100 as k100
     from cudnn.deepseek_sparse_attention.indexer_backward import indexer_backward_v2_sm100 as kv2
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
+    up.cudnn_route()
     for mod in (k100, kv2, k90):
         up.no_op(mod, "memset_zero_async")
     caches = {name: up.cache(mod, attr) for name, mod, attr in (

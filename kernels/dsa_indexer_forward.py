@@ -8,27 +8,16 @@ the stream. docs/research/indexer-forward.md: 26 configurations built both ways,
 """
 
 from dsa_aot.policy import dsa_indexer_forward as policy
+from dsa_aot.toolchain.fakes import dlpack as _T
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
 _D = 128
 
 
-def _T(dtype, rank):
-    """A tensor as to_cute_tensor presents it: gmem, 16-byte aligned, dynamic extents, dynamic strides but the unit innermost one."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    shape = tuple(cute.sym_int() for _ in range(rank))
-    stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-    return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=16)
-
-
 def build(op, key, target):
     if op == "fwd_sm100":
         return _build_sm100(key)
-    if op != "fwd_sm90":
-        raise KeyError(op)
     import cuda.bindings.driver as cuda_driver
     import cutlass
 
@@ -110,18 +99,11 @@ def fidelity(op, key, target, up):
     """Run indexer_forward_wrapper for the key on ``up``. SM90: B 2, S_q and S_k picked to give the
     key's unchecked / masked variant; SM100: B 2, S_q 252 (or what the ratio-causal geometry admits)
     against S_k 63 (a padded scores row), block scales in upstream's packed shapes."""
-    import contextlib
-
     import torch
 
     from cudnn.deepseek_sparse_attention.indexer_forward import _interface, _interface_sm90, api  # noqa: F401
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    if op not in FIDELITY_ROUTES:
-        raise KeyError(f"no fidelity route for op {op!r}")
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
-    for mod in (_interface, _interface_sm90):
-        up.patch(mod, "_torch_stream_context", lambda *a, **k: contextlib.nullcontext())
+    up.cudnn_route(_interface, _interface_sm90)
     T = up.tensor
     real_empty, like = torch.empty, type(T(torch.int32, 1))
     up.patch(torch, "empty", lambda *shape, dtype=None, device=None, **k: like(real_empty(*shape, dtype=dtype)))

@@ -10,19 +10,11 @@ docs/research/indexer-forward-top-k.md: byte-identical to upstream's route where
 """
 
 from dsa_aot.policy import dsa_indexer_forward_top_k as policy
+from dsa_aot.toolchain.fakes import dlpack as _T
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
 _D = 128
-
-
-def _T(dtype, rank, align=16):
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    shape = tuple(cute.sym_int() for _ in range(rank))
-    stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-    return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=align)
 
 
 def build(op, key, target):
@@ -46,8 +38,6 @@ def build(op, key, target):
             args = (_T(F32, 1), _T(I32, 3, 4), _T(F32, 3, 4), I32(1), I32(1), stream, None, None, _T(I64, 1) if offs else None,
                     _T(I32, 1) if offs else None, sm)
         return obj, args, "--opt-level 3", {}
-    if op != "gemm":
-        raise KeyError(op)
     from cudnn.deepseek_sparse_attention.indexer_forward import _compressed_top_k_sm100 as ctk
 
     prec, vl, lse, h = key["precision"], key["varlen"], key["lse"], key["heads"]
@@ -109,22 +99,14 @@ PRELOAD = ("cudnn.deepseek_sparse_attention.indexer_forward.api", "cudnn.deepsee
 
 
 def fidelity(op, key, target, up):
-    import contextlib
-
     import torch
 
     from cudnn.deepseek_sparse_attention.indexer_forward import _compressed_top_k_sm100 as ctk
     from cudnn.deepseek_sparse_attention.indexer_forward import _interface, _interface_sm90, api  # noqa: F401
     from cudnn.deepseek_sparse_attention.indexer_top_k import compress_top_k_sm100 as s2
     from cudnn.deepseek_sparse_attention.indexer_top_k import local_to_global_dsl as l2g
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    if op not in FIDELITY_ROUTES:
-        raise KeyError(f"no fidelity route for op {op!r}")
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
-    for mod in (_interface, _interface_sm90, ctk):
-        if hasattr(mod, "_torch_stream_context"):
-            up.patch(mod, "_torch_stream_context", lambda *a, **k: contextlib.nullcontext())
+    up.cudnn_route(_interface, _interface_sm90, ctk)
     import types
 
     up.patch(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))  # resolve_stream(None): the null stream

@@ -29,8 +29,6 @@ def _dtype(name):
 
 def build(op, key, target):
     """Return (kernel object, args, options, extra_key) for one entry. Imports the toolchain."""
-    if op != "top_k":
-        raise KeyError(op)
     import cutlass
     import cutlass.cute as cute
 
@@ -160,11 +158,8 @@ def fidelity(op, key, target, up):
 
     from cudnn.deepseek_sparse_attention.indexer_top_k import api
     from cudnn.deepseek_sparse_attention.indexer_top_k import indexer_top_k_decode_varlen as m
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    if op != "top_k":
-        raise KeyError(f"no fidelity route for op {op!r}")
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
+    up.cudnn_route()
     T = up.tensor
     for name in ("_torch_stream_context", "device_context"):
         up.patch(api, name, lambda *a, **k: contextlib.nullcontext())

@@ -19,6 +19,7 @@ passes per call (fidelity compiles upstream at another scale and must still get 
 import math
 
 from dsa_aot.policy import dsa_score_recompute as policy
+from dsa_aot.toolchain.fakes import dlpack as _T
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -29,16 +30,6 @@ LITERALS = {op: {"softmax_scale_log2": SM90_SCALE * LOG2_E} for op in ("sparse_a
 DENSE_TOPK_MAX = 128  # the SM90 dense constructor's topk_max: upstream passes S_k, which no dense code path reads (research §3)
 
 
-def _T(dtype, rank, align=16):
-    """A tensor as to_cute_tensor presents it (``align``: its assumed_align)."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    shape = tuple(cute.sym_int() for _ in range(rank))
-    stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-    return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=align)
-
-
 _ENV_3WG = "DENSE3WG_USE_WARP_SPLIT_PROD"  # read by DenseScoreRecomputeSm90's constructor, in no compile key (research §7 trap 4)
 
 
@@ -47,8 +38,6 @@ def build(op, key, target):
     import cuda.bindings.driver as cuda_driver
     import cutlass
 
-    if op not in OPS:
-        raise KeyError(op)
     T, bf16, f32, i32 = _T, cutlass.BFloat16, cutlass.Float32, cutlass.Int32
     h, topk = key["heads"], key.get("topk")
     length = T(i32, 2) if key.get("length") else None
@@ -292,20 +281,13 @@ PRELOAD = (
 def fidelity(op, key, target, up):
     """Run ``sparse_indexer_score_recompute_wrapper`` / ``sparse_attn_score_recompute_wrapper`` for the key
     on ``up``: B 2, S_q 64, S_k 256."""
-    import contextlib
-
     import torch
 
     from cudnn.deepseek_sparse_attention.score_recompute import _interface_sm90 as h
     from cudnn.deepseek_sparse_attention.score_recompute import _interface_sm100 as i
     from cudnn.deepseek_sparse_attention.score_recompute import api
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    if op not in FIDELITY_ROUTES:
-        raise KeyError(f"no fidelity route for op {op!r}")
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
-    for mod in (api, h, i):
-        up.patch(mod, "_torch_stream_context", lambda *a, **k: contextlib.nullcontext())
+    up.cudnn_route(api, h, i)
     T = up.tensor
     real_empty, like = torch.empty, type(T(torch.int32, 1))
     up.patch(torch, "empty", lambda *shape, dtype=None, device=None, **k: like(real_empty(*shape, dtype=dtype)))

@@ -33,6 +33,7 @@ from dsa_aot.policy.dsa_sparse_attention_backward import (
     sm100_workspace_bytes,
     sm100_workspace_shapes,
 )
+from dsa_aot.toolchain.fakes import dlpack
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -59,12 +60,6 @@ def build(op, key, target):
             shape[-1] = cute.sym_int(divisibility=divisibility)
         stride = [cute.sym_int64(divisibility=divisibility) for _ in range(rank - 1)] + [1]
         return make_fake_tensor(dtype, tuple(shape), tuple(stride), assumed_align=align)
-
-    def dlpack(dtype, rank, align=16):
-        """What cudnn's to_cute_tensor makes of a contiguous CUDA tensor (SM90 path)."""
-        shape = tuple(cute.sym_int() for _ in range(rank))
-        stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-        return make_fake_tensor(dtype, shape, stride, memspace=cute.AddressSpace.gmem, assumed_align=align)
 
     if op in ("bwd", "bwd_d576"):
         if target.arch not in CAPABILITY or CAPABILITY[target.arch][0] != 10:
@@ -257,9 +252,8 @@ def fidelity(op, key, target, up):
     from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100 as i100
     from cudnn.deepseek_sparse_attention.sparse_attention_backward import _interface_sm100_d576 as d576
     from cudnn.deepseek_sparse_attention.sparse_attention_backward import api
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
+    up.cudnn_route()
     f32, i32, Dv = torch.float32, torch.int32, HEAD_DIM_V
     if op in ("pre_sm90", "main_sm90", "post_sm90"):
         # flash_attn_bwd_sm90 compiles three kernels per call; the caches of the two not under check answer "cached"

@@ -11,26 +11,14 @@ byte-identical).
 """
 
 from dsa_aot.policy import dsa_sparse_attention_forward as policy
+from dsa_aot.toolchain.fakes import dlpack as _T
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
 OPTIONS = "--opt-level 2"
 
 
-def _T(dtype, rank, div=1, align=16):
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    shape = [cute.sym_int() for _ in range(rank)]
-    if div != 1:
-        shape[-1] = cute.sym_int(divisibility=div)
-    stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
-    return make_fake_tensor(dtype, tuple(shape), stride, memspace=cute.AddressSpace.gmem, assumed_align=align)
-
-
 def build(op, key, target):
-    if op != "fwd":
-        raise KeyError(op)
     import cuda.bindings.driver as cuda_driver
     import cutlass
 
@@ -49,7 +37,7 @@ def build(op, key, target):
         obj = SparseAttentionForwardSm100Head128SmallTopKPrefill(d_qk=d, indexer_topk=it)
     dt = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[key["dtype"]]
     f32, i32 = cutlass.Float32, cutlass.Int32
-    args = (_T(dt, 3, d), _T(dt, 2, d), _T(i32, 2, align=4), _T(dt, 3, policy.DV), _T(f32, 2, align=4), _T(f32, 2, align=4),
+    args = (_T(dt, 3, div=d), _T(dt, 2, div=d), _T(i32, 2, align=4), _T(dt, 3, div=policy.DV), _T(f32, 2, align=4), _T(f32, 2, align=4),
             _T(f32, 2, align=4) if it else None, _T(f32, 1, align=4) if key["sink"] else None, _T(i32, 1, align=4) if key["topk_length"] else None,
             cutlass.Float32(1.0), cuda_driver.CUstream(0))
     return obj, args, OPTIONS, {"threads": 384 if h == 64 else 512, "cluster": 1 if h == 64 else 2}
@@ -81,8 +69,6 @@ def fidelity(op, key, target, up):
     from cudnn.deepseek_sparse_attention.sparse_attention_forward import _interface_sm100 as iface
     from cudnn.deepseek_sparse_attention.sparse_attention_forward import api
 
-    if op != "fwd":
-        raise KeyError(f"no fidelity route for op {op!r}")
     up.clear_lru(iface._validated_device_capability)
     up.patch(torch.cuda, "current_stream", lambda *a, **k: types.SimpleNamespace(cuda_stream=0))
     up.no_op(iface, "_record_stream")

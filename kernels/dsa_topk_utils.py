@@ -86,9 +86,8 @@ def fidelity(op, key, target, up):
 
     from cudnn.deepseek_sparse_attention.indexer_top_k import compactify as cmp
     from cudnn.deepseek_sparse_attention.indexer_top_k import local_to_global_dsl as l2g
-    from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
-    up.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
+    up.cudnn_route()
     T, i32 = up.tensor, torch.int32
     for mod in (l2g, cmp):
         up.patch(mod, "torch_stream_context", lambda *a, **k: contextlib.nullcontext())

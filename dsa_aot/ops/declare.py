@@ -491,7 +491,7 @@ class Op:
         foot = self._footprint(c, specs, ins)  # given outputs and written inputs rechecked for overlap per call
         staged = tuple(t.role == "in" for t in specs)  # given outputs are used as they are
         direct = all(t is None or not st or (t.is_contiguous() and not t.data_ptr() & m) for t, m, st in zip(ins, foot[1], staged))
-        x = ins if direct else tuple(allocate(lambda n=n, t=t: self._stage(n, t, stream, c)) if st else t for n, t, st in zip(self.ins, ins, staged))
+        x = ins if direct else tuple(allocate(lambda n=n, t=t: self.stage(n, t, stream, c)) if st else t for n, t, st in zip(self.ins, ins, staged))
         sc = (self.scalar_fn(c) if self.scalar_fn is not None else lambda **kw: self._scalar_check(c, kw)) if self.scalars else None
         if direct and memo is not False:
             remember(self.cache, ALLOC, opts, probe_for(ins, c.dev, foot), (c.dev, box, make, sc))
@@ -584,7 +584,8 @@ class Op:
                     t.copy_(a[n])
         return Outputs(**{r: back.get(self.names[i], a[self.names[i]]) for r, i in self.results if a[self.names[i]] is not None})
 
-    def _stage(self, name, t, stream, c):
+    def stage(self, name, t, stream, c):
+        """Input ``name`` as the kernels take it (contiguous, aligned): ``t`` itself, or a copy made on the launch stream."""
         mask = self._by_name[name].mask(t, c) if t is not None else 0
         if t is None or (t.is_contiguous() and not t.data_ptr() & mask):
             return t

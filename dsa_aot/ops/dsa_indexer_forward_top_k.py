@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from ..policy import dsa_indexer_forward_top_k as policy
 from ..policy.dsa_indexer_forward import MAX_RATIO, SM100_PRECISIONS
-from ._support import aliasing, check, input_error, integer, launcher, stream_handle, tensor_args
+from ._support import aliasing, check, input_error, integer, launcher, max_lengths, stream_handle, tensor_args
 from .declare import Flag, Float, In, Int, OneOf, Op, Out
 
 __all__ = ["compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets", "indexer_forward_top_k",
@@ -434,17 +434,9 @@ def _alloc(c, stream) -> dict:
                                f"requires them too)" for n in need_sync])
     a = {"stream": s}
     with alloc_on(stream, f.dev):
-        def staged(t):  # what upstream launches on: contiguous (16-byte aligned: torch's allocations are)
-            if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
-                return t
-            x = t.contiguous()
-            return x if x.data_ptr() % 16 == 0 else x.clone()
-
-        a |= {n: allocate(lambda t=getattr(c, n): staged(t)) for n in ("q", "k", "w", "q_scale", "k_scale")}
+        a |= {n: allocate(lambda n=n: FUSED.stage(n, getattr(c, n), stream, c)) for n in ("q", "k", "w", "q_scale", "k_scale")}  # as upstream's
         if vl and (max_q is None or max_k is None):
-            lens = [(cu[1:] - cu[:-1]).max() for cu in (c.cu_seqlens_q, c.cu_seqlens_k)]
-            max_q = int(lens[0].item()) if max_q is None else max_q
-            max_k = int(lens[1].item()) if max_k is None else max_k
+            max_q, max_k = max_lengths(c.cu_seqlens_q, c.cu_seqlens_k, max_q, max_k, stream)
         if (vl or c.q_causal_offsets is not None) and cbo is None:  # on the device, no sync
             cbo = allocate(lambda: _slabs(_lens(c.cu_seqlens_q) if vl else f.s_q, ratio, c.q_causal_offsets))
         if cand is None:

@@ -84,7 +84,7 @@ def lift_and_verify(entry_dir, samples=50, cache_dir=None) -> dict:
 def literals_of(family, op) -> dict:
     """The spec's ``LITERALS[op]``: launcher argument name -> the fp32 value its ``build`` compiles into
     the host code (a per-call value upstream bakes in per compile; the cubin does not depend on it)."""
-    return dict(getattr(SPECS[family], "LITERALS", {}).get(op, {}))
+    return dict(SPECS[family].literals.get(op, {}))
 
 
 # what a lift+verify result depends on besides the entry's own artifacts: the lifter, the verifier (and

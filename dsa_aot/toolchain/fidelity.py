@@ -120,7 +120,7 @@ def check(entry_dirs, jobs=None, cache_dir=None, progress=False, adopt=True) -> 
         meta = _meta(d)
         ssha = hashlib.sha256((d / "kernel.cubin").read_bytes()).hexdigest()
         base = {"shipped_sha256": ssha, "upstream_sha256": None, "seconds": 0.0}
-        routes = getattr(SPECS[meta["family"]], "FIDELITY_ROUTES", {})
+        routes = SPECS[meta["family"]].routes
         if meta["arch"] not in CAPABILITY:
             results[meta["id"]] = base | {"verdict": "not applicable", "note": f"cudnn's JIT never targets {meta['arch']} (it compiles for "
                                           f"{', '.join(sorted(CAPABILITY))}, picked from the device's compute capability)"}
@@ -618,6 +618,9 @@ class Upstream:
       no_op(obj, name)             a callable that does nothing (memsets, ...)
       patch(obj, name, value)      anything else
       clear_lru(*functions)        clear these ``functools.lru_cache`` now and on exit
+      cudnn_route(*modules)        what every cudnn route needs: its device-query caches cleared (they answer
+                                   for the target) and the ``_torch_stream_context`` of ``modules`` that
+                                   have one a no-op (nothing runs on a stream)
     """
 
     def __init__(self, arch: str, sm_count: int):
@@ -694,6 +697,14 @@ class Upstream:
         for f in functions:
             f.cache_clear()
             self._lru.append(f)
+
+    def cudnn_route(self, *modules):
+        from cudnn.deepseek_sparse_attention.utils import compiler, runtime
+
+        self.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
+        for mod in modules:
+            if hasattr(mod, "_torch_stream_context"):
+                self.patch(mod, "_torch_stream_context", lambda *a, **k: contextlib.nullcontext())
 
     def tensor(self, dtype, *shape):
         import torch

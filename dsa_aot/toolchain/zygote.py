@@ -288,7 +288,7 @@ def _serve(family: str):
 
     from .specs import SPECS
 
-    for mod in getattr(SPECS.pin(family), "PRELOAD", ()):  # this family only: the state must not depend on the others
+    for mod in SPECS.pin(family).preload:  # this family only: the state must not depend on the others
         __import__(mod)
     report = os.dup(1)  # the compile processes report here; their stdout goes to stderr (the DSL may print)
     os.dup2(2, 1)

@@ -4,7 +4,7 @@
   dsa_aot.runtime    run time: standard library, cuda-python and the policy; never the toolchain or the ops
   dsa_aot.ops        run time: torch, the runtime and the policy
   dsa_aot.toolchain  build time: the policy (and itself); never the run-time ops or runtime
-  kernels/*.py   build time: the policy only
+  kernels/*.py   build time: the policy and the shared fake tensors (dsa_aot.toolchain.fakes)
 
 ``dsa_aot.errors`` (the root exception, stdlib only) may be imported by every layer.
 """
@@ -21,7 +21,7 @@ ALLOWED = {
     "dsa_aot.runtime": {"dsa_aot.runtime", "dsa_aot.policy"},
     "dsa_aot.ops": {"dsa_aot.ops", "dsa_aot.runtime", "dsa_aot.policy"},
     "dsa_aot.toolchain": {"dsa_aot.toolchain", "dsa_aot.policy"},
-    "kernels": {"dsa_aot.policy"},
+    "kernels": {"dsa_aot.policy", "dsa_aot.toolchain.fakes"},
 }
 THIRD_PARTY = {  # what a layer may import outside aot (the standard library aside)
     "dsa_aot.policy": set(),
@@ -98,12 +98,13 @@ def test_the_check_catches_wrong_imports(tmp_path):
     _copy_tree(tmp_path)
     assert _violations(tmp_path) == []
     (tmp_path / "dsa_aot" / "policy" / "probe.py").write_text("from ..runtime import index\n")
-    (tmp_path / "kernels" / "probe.py").write_text("import dsa_aot.ops.csa_compressor\n")
+    (tmp_path / "kernels" / "probe.py").write_text("import dsa_aot.ops.csa_compressor\nimport dsa_aot.toolchain.build\n")
     (tmp_path / "dsa_aot" / "runtime" / "probe.py").write_text("import torch\n")
     assert sorted(_violations(tmp_path)) == [
         "dsa_aot/policy/probe.py:1 imports dsa_aot.runtime (dsa_aot.policy may import ['dsa_aot.policy'])",
         "dsa_aot/runtime/probe.py:1 imports torch (dsa_aot.runtime may import the standard library and ['cuda'])",
-        "kernels/probe.py:1 imports dsa_aot.ops.csa_compressor (kernels may import ['dsa_aot.policy'])",
+        "kernels/probe.py:1 imports dsa_aot.ops.csa_compressor (kernels may import ['dsa_aot.policy', 'dsa_aot.toolchain.fakes'])",
+        "kernels/probe.py:2 imports dsa_aot.toolchain.build (kernels may import ['dsa_aot.policy', 'dsa_aot.toolchain.fakes'])",
     ]
 
 
