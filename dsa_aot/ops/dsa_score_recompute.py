@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
-from ._support import (aliasing, alloc_on, arch_or_refuse, block_scales, check, flag, flat_args, input_error, integer, max_lengths, require,
+from ._support import (aliasing, alloc_on, arch_or_refuse, block_scales, check, flat_args, input_error, integer, max_lengths, require,
                        scalar_f32, tensor_args, thd_batch, workspace_problems)
 from .declare import REQUIRED, Flag, Float, Hidden, In, Int, OneOf, Op, Out, Workspace
 from .outputs import Outputs
@@ -121,73 +121,41 @@ def _launch_args(op, key, ts, p, s, x=()) -> tuple:
     return (*tensor_args(q, p[1]), *kv4, *tensor_args(idx, p[4]), s, *tensor_args(out, p[0]), *flat_args(p[6], (b, h, s_q)), *lens, *x)
 
 
-def _sparse_check(kind):
-    """The sparse ``kind``'s validation (:class:`dsa_aot.ops.declare.Op`'s ``check``): every problem with a call,
-    raised together before anything is touched (allocating: ``out`` and ``workspace`` given as None will be
-    allocated)."""
+def _sparse_rules(kind):
+    """The sparse ``kind``'s rules beyond its tensors' declaration (run once they pass): the arch, head dim, slots and
+    int32 extents; the scale as the kernel reads it (``c.x32``), the entry (``c.kernel``) and the workspace it needs."""
 
-    def validate(c, problems):
-        import torch
-
-        ts = tuple(getattr(c, n) for n in kind.tensors)
-        out, q, k, aux, idx, length, workspace = ts
-        names, allocating = kind.tensors, c.allocating
-        glob = flag(problems, "topk_indices_global", c.topk_indices_global)
-        scale = None if kind is _INDEXER else scalar_f32(problems, "softmax_scale", c.softmax_scale, positive=True)
-        dims = " or ".join(map(str, kind.dims))
-        if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != 4 or q.device.type != "cuda":
-            problems.append(f"{names[1]}: expected a (B, S_q, H, {dims}) CUDA tensor, got {getattr(q, 'shape', type(q).__name__)}")
-            raise input_error(problems)
-        if not isinstance(k, torch.Tensor) or k.ndim != 3 or not isinstance(idx, torch.Tensor) or idx.ndim != 3:
-            problems.append(f"{names[2]}: expected (B, S_k, D) and topk_indices (B, S_q, topk) tensors")
-            raise input_error(problems)
-        dev = c.dev = q.device.index
-        arch, sm100 = arch_or_refuse(problems, dev)
-        b, s_q, h, d = q.shape
-        s_k, topk = k.shape[1], idx.shape[2]
-        c.sym.update(B=b, S_q=s_q, topk=topk)
-        bf16 = torch.bfloat16
-        check(problems, q, names[1], (b, s_q, h, d), bf16, dev, 16)
-        check(problems, k, names[2], (b, s_k, d), bf16, dev, 16)
-        check(problems, aux, names[3], (b, s_q, h), getattr(torch, kind.aux_dtype), dev, 16)
-        check(problems, idx, "topk_indices", (b, s_q, topk), torch.int32, dev, 16)
-        if length is not None:
-            check(problems, length, "topk_length", (b, s_q), torch.int32, dev, 16)
-        if not (allocating and out is None):
-            check(problems, out, "out", (b, s_q, topk), torch.float32, dev, 16)
-        if c.qhead_per_kv_head is not None and c.qhead_per_kv_head != h:
-            problems.append(f"qhead_per_kv_head={c.qhead_per_kv_head!r}: must equal q's heads ({h}; k has one KV head)")
+    def rules(c, problems):
+        b, s_q, h, d, s_k, topk = (c.sym[n] for n in ("B", "S_q", "H", "D", "S_k", "topk"))
+        arch, sm100 = arch_or_refuse(problems, c.dev)
         if d not in kind.dims:
-            problems.append(f"D={d} (expected {dims})")
+            problems.append(f"D={d} (expected {' or '.join(map(str, kind.dims))})")
         if topk % 128 or not 128 <= topk <= 2048:
             problems.append(f"topk={topk} (the kernels take 128..2048 slots in multiples of 128: pad the rows with -1)")
         if not s_k and b * s_q:
-            problems.append(f"{names[2]}: S_k = 0 (expected at least one key row)")
-        c.x32 = ()
-        if scale is not None and not problems:
-            # SM100 reads the scale; SM90 the f32 of scale * log2 e its host code would have computed
-            c.x32 = (scale,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", scale * _LOG2_E),)
-        if not problems:
-            for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
-                if n >= _I32:
-                    problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
-        c.kernel, c.ws_need = None, 0
-        if not problems:
-            if kind is _INDEXER:
-                ks = policy.kernels(arch, h, topk, length is not None, glob)
-            else:
-                ks = policy.attention_kernels(arch, h, d, topk, length is not None, glob)
-            require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
-            c.kernel = ks["main"] if b * s_q else None
-            c.ws_need = need = policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
-            if need and not (allocating and workspace is None):
-                problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:6])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
-            elif not (workspace is None or isinstance(workspace, torch.Tensor)):  # none needed: anything but a tensor or None is refused
-                problems.append(f"workspace: got {type(workspace).__name__} (expected None or a 1-D uint8 CUDA tensor)")
-        if not problems:
-            problems += aliasing([("out", out)], list(zip(names[1:6], ts[1:6])))
+            problems.append(f"{kind.tensors[2]}: S_k = 0 (expected at least one key row)")
+        for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
+            if n >= _I32:
+                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+        c.x32, c.kernel, c.ws = (), None, 0
+        if problems:
+            return
+        if kind is _ATTENTION:  # SM100 reads the scale; SM90 the f32 of scale * log2 e its host code would have computed
+            x = float(c.softmax_scale)
+            c.x32 = (x,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x * _LOG2_E),)
+            ks = policy.attention_kernels(arch, h, d, topk, c.topk_length is not None, c.topk_indices_global)
+        else:
+            ks = policy.kernels(arch, h, topk, c.topk_length is not None, c.topk_indices_global)
+        require(FAMILY, ks, c.dev)  # the entry ships, before anything is allocated or written (an empty call too)
+        c.kernel = ks["main"] if b * s_q else None
+        c.ws = policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
 
-    return validate
+    return rules
+
+
+def _qhead(c, problems):  # reported with the options' and tensors' problems (they fix nothing here)
+    if c.qhead_per_kv_head is not None and c.qhead_per_kv_head != c.sym.get("H", c.qhead_per_kv_head):
+        problems.append(f"qhead_per_kv_head={c.qhead_per_kv_head!r}: must equal q's heads ({c.sym['H']}; k has one KV head)")
 
 
 def _sparse_plan(kind):
@@ -217,10 +185,10 @@ def _sparse(kind, plan_class, note, *scale):
                  In(kind.tensors[1], "bfloat16", ("B", "S_q", "H", "D")), In(kind.tensors[2], "bfloat16", ("B", "S_k", "D")),
                  In(kind.tensors[3], kind.aux_dtype, ("B", "S_q", "H")), In("topk_indices", "int32", ("B", "S_q", "topk")),
                  In("topk_length", "int32", ("B", "S_q"), optional=True),
-                 Workspace("workspace", lambda c: c.ws_need, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws_need else 1,
+                 Workspace("workspace", lambda c: c.ws, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws_need else 1,
                            given=True)),
         options=(*scale, Flag("topk_indices_global", False), Int("qhead_per_kv_head", 1, _I32 - 1, None, torch=False)),
-        check=_sparse_check(kind), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_sparse_plan(kind),
+        early_rules=_qhead, rules=_sparse_rules(kind), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_sparse_plan(kind),
     )  # fmt: skip
 
 
