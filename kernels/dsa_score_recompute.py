@@ -291,10 +291,8 @@ def fidelity(op, key, target, up):
     T = up.tensor
     real_empty, like = torch.empty, type(T(torch.int32, 1))
     up.patch(torch, "empty", lambda *shape, dtype=None, device=None, **k: like(real_empty(*shape, dtype=dtype)))
-    api._cache_of_SparseIndexerScoreRecomputeObjects.clear()
-    api._cache_of_SparseAttnScoreRecomputeObjects.clear()
-    api._cache_of_DenseIndexerScoreRecomputeObjects.clear()
-    api._cache_of_DenseAttnScoreRecomputeObjects.clear()
+    for kind in ("SparseIndexer", "SparseAttn", "DenseIndexer", "DenseAttn"):
+        getattr(api, f"_cache_of_{kind}ScoreRecomputeObjects").clear()
     if op.startswith("dense"):
         return _fidelity_dense(op, key, up, api, h, i, T)
     fn = {"sparse_indexer": i._sparse_indexer_score_recompute, "sparse_attention": i._sparse_attn_score_recompute}.get(op, h._sparse_score_recompute)

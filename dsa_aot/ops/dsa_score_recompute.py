@@ -37,14 +37,15 @@ _LOG2_E = math.log2(math.e)  # the SM90 attention kernel takes f32(scale * log2 
 
 @dataclass(frozen=True)
 class _Kind:
-    """What differs between the two sparse wrappers."""
+    """What differs between the indexer's and the attention's wrapper, sparse or dense."""
 
     name: str  # the op's name, dsa_aot.dsa.<name>
-    tensors: tuple  # argument names, in _into order
+    tensors: tuple  # argument names, in _into order (a dense block-scaled call's scales last)
     aux_dtype: str  # the per-head input's torch dtype: weights bf16, lse fp32
     aux_bytes: int
-    dims: tuple  # head dims the kernels take
-    result: str  # the TupleDict key upstream returns
+    dims: tuple  # head dims the kernels take (dense: bf16's; the block-scaled ones policy.DIM / policy.MX_ATTN_DIMS)
+    result: str = "out"  # the sparse wrapper's TupleDict key
+    precisions: tuple = ("bf16",)  # what the build ships for a dense one
 
 
 _INDEXER = _Kind("sparse_indexer_score_recompute", ("out", "q_indexer", "k_indexer", "weights", "topk_indices", "topk_length", "workspace"),
@@ -217,23 +218,11 @@ sparse_attn_score_recompute, sparse_attn_score_recompute_into, SparseAttnScoreRe
 _NEG_INF = 0xFF800000  # fp32 -inf: what a key the ratio-causal rule hides holds in ``out``
 
 
-@dataclass(frozen=True)
-class _DenseKind:
-    """What differs between the two dense wrappers."""
-
-    name: str
-    tensors: tuple  # argument names in _into order (the block-scaled ones' scales last)
-    aux_dtype: str  # weights bf16 / lse fp32
-    aux_bytes: int
-    dims: tuple  # bf16's head dims (the block-scaled ones: policy.DIM / policy.MX_ATTN_DIMS)
-    precisions: tuple  # what the build ships for it
-
-
 _DENSE_TENSORS = ("out", "denom_out", "q", "k", "weights", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "workspace")
 _SCALES = ("q_scale", "k_scale", "cu_seqlens_q_scale_padded", "cu_seqlens_k_scale_padded")  # a block-scaled call's, after _DENSE_TENSORS
-_DENSE_INDEXER = _DenseKind("dense_indexer_score_recompute", _DENSE_TENSORS + _SCALES, "bfloat16", 2, (policy.DIM,), policy.DENSE_PRECISIONS)
-_DENSE_ATTENTION = _DenseKind("dense_attn_score_recompute", _DENSE_TENSORS[:4] + ("lse",) + _DENSE_TENSORS[5:] + _SCALES, "float32", 4,
-                              policy.ATTN_DIMS, policy.ATTN_PRECISIONS)
+_DENSE_INDEXER = _Kind("dense_indexer_score_recompute", _DENSE_TENSORS + _SCALES, "bfloat16", 2, (policy.DIM,), precisions=policy.DENSE_PRECISIONS)
+_DENSE_ATTENTION = _Kind("dense_attn_score_recompute", _DENSE_TENSORS[:4] + ("lse",) + _DENSE_TENSORS[5:] + _SCALES, "float32", 4, policy.ATTN_DIMS,
+                         precisions=policy.ATTN_PRECISIONS)
 _QK_DTYPES = {"bf16": "bfloat16", "mxfp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn_x2"}  # Q / K as each precision stores them
 
 
@@ -453,28 +442,24 @@ def _dense_check(kind):
     """The dense ``kind``'s validation (:class:`dsa_aot.ops.declare.Op`'s ``check``): every problem with a call, raised
     together before anything is touched (``c.host``: an SM90 THD call's segment bounds, its ``cu_seqlens`` then None;
     allocating: ``out``, ``denom_out`` and ``workspace`` given as None will be allocated). Sets what the plan reads."""
-
-    def validate(c, problems):
-        c.__dict__.update(_validate_dense(problems, kind, tuple(getattr(c, n) for n in kind.tensors), c.sm_scale if kind is _DENSE_INDEXER else
-                                          c.softmax_scale, c.ratio, c.max_seqlen_q, c.max_seqlen_k, c.qhead_per_kv_head, c.allocating, c.host,
-                                          c.precision))
-
-    return validate
+    return lambda c, problems: c.__dict__.update(_validate_dense(problems, kind, c))
 
 
-def _validate_dense(problems, kind, ts, scale, ratio, max_q, max_k, qhead_per_kv_head, allocating, host, precision) -> dict:
+def _validate_dense(problems, kind, c) -> dict:
     import torch
 
+    ts = tuple(getattr(c, n) for n in kind.tensors)
     out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts[:9]
-    scales = ts[9:]
+    scales, allocating, host, max_q, max_k = ts[9:], c.allocating, c.host, c.max_seqlen_q, c.max_seqlen_k
     names = kind.tensors
     attention = kind is _DENSE_ATTENTION
-    prec = _dense_precision(problems, kind, precision, scales)
+    prec = _dense_precision(problems, kind, c.precision, scales)
     mx = prec in policy.MX_PRECISIONS
     what = f"the block-scaled dense {'attention' if attention else 'indexer'}"
     dims_ok = policy.MX_ATTN_DIMS if attention and mx else kind.dims
-    x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", scale, positive=attention)
-    integer(problems, "ratio", ratio, 1, _I32 - 1)
+    x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", c.softmax_scale if attention else c.sm_scale,
+                     positive=attention)
+    integer(problems, "ratio", c.ratio, 1, _I32 - 1)
     varlen = cu_q is not None or cu_k is not None or host is not None
     rank = 3 if varlen else 4
     dims = " or ".join(map(str, dims_ok))
@@ -528,8 +513,8 @@ def _validate_dense(problems, kind, ts, scale, ratio, max_q, max_k, qhead_per_kv
     qhpkv = h // h_kv if h_kv and h % h_kv == 0 else None
     if qhpkv is None or h <= h_kv:
         problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
-    elif qhead_per_kv_head is not None and qhead_per_kv_head != qhpkv:
-        problems.append(f"qhead_per_kv_head={qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
+    elif c.qhead_per_kv_head is not None and c.qhead_per_kv_head != qhpkv:
+        problems.append(f"qhead_per_kv_head={c.qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
     elif mx and (h_kv != 1 or qhpkv not in policy.mx_heads(attention)):
         problems.append(f"H={h} over H_kv={h_kv}: {what} takes one KV head and {' or '.join(map(str, policy.mx_heads(attention)))} q heads "
                         "(upstream's ValueError; the attention's H32 does not compile)")
@@ -548,9 +533,9 @@ def _validate_dense(problems, kind, ts, scale, ratio, max_q, max_k, qhead_per_kv
     if not problems:
         if attention:
             # the K block is upstream's pick from the S_k hint: max_seqlen_k (THD), S_k (BSHD; max_seqlen_k is refused there)
-            ks = policy.dense_attention_kernels(arch, qhpkv, d, ratio, varlen, offs is not None, prec, s_k)
+            ks = policy.dense_attention_kernels(arch, qhpkv, d, c.ratio, varlen, offs is not None, prec, s_k)
         else:
-            ks = policy.dense_indexer_kernels(arch, qhpkv, ratio, varlen, offs is not None, x32, prec)
+            ks = policy.dense_indexer_kernels(arch, qhpkv, c.ratio, varlen, offs is not None, x32, prec)
         require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
         rows = q.numel() // (h * d)
         kernel = ks["main"] if (segs if host is not None else rows and s_k and s_q and b) else None

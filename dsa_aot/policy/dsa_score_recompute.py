@@ -1,50 +1,25 @@
-"""Policy of the DSA score recompute (cudnn.deepseek_sparse_attention.score_recompute, 1.32.0).
+"""Policy of the DSA score recompute (cudnn.deepseek_sparse_attention.score_recompute, 1.32.0): the four
+wrappers, ``sparse_indexer_score_recompute_wrapper`` (the indexer's softmax over each query's top-k slots),
+``sparse_attn_score_recompute_wrapper`` (the attention's L1-normalised distribution over them) and their
+dense twins over every key, ``dense_indexer_score_recompute_wrapper`` (logits and their LSE) and
+``dense_attn_score_recompute_wrapper`` (head-summed probabilities and their row sums); all four in
+docs/research/score-recompute.md, whose §3 measured which fields change a cubin: the ``OPS`` keys below.
 
-So far the two sparse wrappers: ``sparse_indexer_score_recompute_wrapper``, the indexer's predicted
-distribution ``softmax_i(sum_h relu(q_h . k_topk[i]) w_h)`` over each query's top-k slots, and
-``sparse_attn_score_recompute_wrapper``, the attention's target distribution
-``L1norm_i(sum_h exp(scale q_h . k_topk[i] - lse_h))``, and the dense indexer's,
-``dense_indexer_score_recompute_wrapper``: the indexer's logits over every key and their LSE, and its
-attention twin ``dense_attn_score_recompute_wrapper``: the head-summed probabilities of every visible key and
-their row sums (docs/research/score-recompute.md has all four).
+Derived per key, as upstream derives them (``check_policy`` holds each rule against upstream's code):
+the SM100 sparse kernels' kv_stage and whether the slot ids fit in shared memory (its 227 KiB budget,
+:func:`sm100_stages`), the sparse attention's tiles (its tuned table, :func:`sm100_attention_tiles`;
+where the compact tiles equal the non-compact ones upstream drops topk_length, so such a key is
+length = false), the SM90 tile_m and head tiles (:func:`sm90_tiles`), the dense tiles and stages
+(:func:`sm100_dense_attention_tiles`, :func:`dense_kv_stage`; the block-scaled ones upstream's
+constants). The mxfp8 dense attention's D512 k_block is upstream's host rule on the S_k hint, so it is
+a key field and the call picks the entry (:func:`dense_attention_kernels`). The SM90 dense indexer bakes
+its scale in as a float32 immediate (an F32 field: the manifest lists the scales).
 
-Ops and what changes their cubins (measured by compiling two values; docs/research/score-recompute.md §3):
-
-  sparse_indexer          SparseScoreRecomputeSm100 "indexer": heads, topk, length (topk_length given),
-                          topk_global; derived m = heads, n = 128, kv_stage and whether the slot ids
-                          fit in shared memory (upstream's 227 KiB budget)
-  sparse_indexer_sm90     SparseScoreRecomputeSm90 (index scores): the same fields; derived tile_m =
-                          min(heads, 64) and the head tiles
-  sparse_attention        SparseScoreRecomputeSm100 "attention": heads, dim, topk, length, topk_global;
-                          derived tiles (upstream's tuned table), kv_stage, slot ids in shared memory.
-                          Where the compact tiles equal the non-compact ones upstream drops topk_length
-                          and runs the non-compact kernel: such a key is length = false
-  sparse_attention_sm90   SparseScoreRecomputeSm90 (attention): heads, dim, topk, length, topk_global;
-                          tile_m 48 x 2 head tiles at H96
-  dense_indexer           IndexerScoreUnifiedSm100 (compute_lse): precision, heads per KV head, ratio,
-                          varlen, offsets; tiles 128 x 128 x 64, kv_stage from the budget (bf16). The
-                          block-scaled precisions (mxfp8: e4m3 Q/K, mxfp4: e2m1 pairs; e8m0 scales per 32
-                          values) are its ...Mxfp8 / ...Mxfp4 twins, heads 32 or 64, kv_stage 24 (upstream's
-                          constants), SM100 only
-  dense_indexer_sm90      DenseScoreRecomputeSm90 (index scores): heads, ratio, offsets and the scale, a
-                          float32 immediate in the cubin (an F32 field: the manifest lists the scales)
-  dense_attention         DenseScoreRecomputeSm100 "attention": precision, heads, dim, k_block, ratio,
-                          varlen, offsets. bf16: derived m (two query tokens per tile where they fit),
-                          k_block fixed by (dim, heads), kv_stage. mxfp8 (e4m3 Q/K, e8m0 scales per 32
-                          values; SM100 only): BwdDenseAttnScoreSm100Mxfp8, tiles 128 x 128, D512 at 64 /
-                          128 heads or D128 at 64 / 128; k_block at D512 is upstream's host rule on a run-time
-                          shape (256 when the S_k hint is >= 4096, else 128), so it is a key field and the
-                          call picks the entry (dense_attention_kernels); kv_stage upstream's constants
-  dense_attention_sm90    DenseScoreRecomputeSm90 (attention): heads, dim, ratio, offsets; the scale the
-                          host code's literal, the launcher's argument as for the sparse attention
-
-Not in the keys: batch and sequence lengths (both arches; only the mxfp8 attention's k_block follows S_k,
-a bucket upstream's host picks); the indexer's scale (no wrapper passes one:
-1.0); the attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
+Not in the keys: batch and sequence lengths; the indexer's scale on SM100 (a kernel argument); the
+attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
 ``f32(scale * log2 e)`` and bakes it in per compile: the launcher takes it per call, the spec's
-``LITERALS``). One launch per call; on SM90 the weights / LSE are first copied transposed, (B, S_q,
-H) -> (B, H, S_q), as upstream does on every call (the kernel reads S_q as the unit stride): into the
-caller's workspace here.
+``LITERALS``). On SM90 the weights / LSE are first copied transposed, (B, S_q, H) -> (B, H, S_q), as
+upstream does on every call (the kernel reads S_q as the unit stride): into the caller's workspace here.
 """
 
 from ._math import round_up
