@@ -111,14 +111,7 @@ def fidelity(op, key, target, up):
 
     up.patch(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))  # resolve_stream(None): the null stream
     T = up.tensor
-    like = type(T(torch.int32, 1))
-
-    def on_host(name):  # torch's factories as upstream calls them, CUDA-presenting CPU tensors
-        real = getattr(torch, name)
-        return lambda *a, device=None, **k: like(real(*a, **k))
-
-    for name in ("empty", "full", "arange", "zeros"):
-        up.patch(torch, name, on_host(name))
+    up.on_host("empty", "full", "arange", "zeros")
     B, ratio = 2, key["ratio"]
     if op == "stage2":
         cache = up.cache(s2, "_compile_cache")

@@ -73,10 +73,7 @@ def fidelity(op, key, target, up):
     up.patch(torch.cuda, "current_stream", lambda *a, **k: types.SimpleNamespace(cuda_stream=0))
     up.no_op(iface, "_record_stream")
     T = up.tensor
-    like = type(T(torch.int32, 1))
-    real_empty, real_full = torch.empty, torch.full
-    up.patch(torch, "empty", lambda *shape, dtype=None, device=None, **k: like(real_empty(*shape, dtype=dtype)))
-    up.patch(torch, "full", lambda size, fill, dtype=None, device=None, **k: like(real_full(size, fill, dtype=dtype)))
+    up.on_host("empty", "full")
     cache = up.cache(iface, "_compile_cache")
     h, d = key["heads"], key["dim"]
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}[key["dtype"]]

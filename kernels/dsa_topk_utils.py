@@ -91,9 +91,7 @@ def fidelity(op, key, target, up):
     T, i32 = up.tensor, torch.int32
     for mod in (l2g, cmp):
         up.patch(mod, "torch_stream_context", lambda *a, **k: contextlib.nullcontext())
-    real_empty, like = torch.empty, type(T(i32, 1))  # up.tensor allocates with torch.empty: keep the real one
-    up.patch(torch, "empty_like", lambda t, dtype=None, **k: like(real_empty(*t.shape, dtype=dtype or t.dtype)))
-    up.patch(torch, "empty", lambda *shape, dtype=None, device=None, **k: like(real_empty(*shape, dtype=dtype)))
+    up.on_host("empty_like", "empty")
     if op == "local_to_global":
         cache = up.cache(l2g, "_compile_cache")
         dt = torch.int32 if key["dtype"] == "int32" else torch.int64

@@ -737,16 +737,9 @@ def _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length):
 # --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------
 
 
-def _by_name(fn, schema, keys=None):
-    """A torch op's implementation: ``fn`` called with the schema's arguments by name; its result's ``keys``
-    returned as a tuple (None: nothing returned, an ``_into`` op)."""
-    names = [a.split("=")[0].split()[-1] for a in schema[1:schema.index(") ->")].split(", ")]
-
-    def impl(*args):
-        r = fn(**dict(zip(names, args)))
-        return None if keys is None else tuple(r[k] for k in keys)
-
-    return impl
+def _t_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
+    r = sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale, topk_length)
+    return r["target"], r["indices"]
 
 
 def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
@@ -756,10 +749,6 @@ def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
 
 
 _TRAINING = "(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) -> (Tensor, Tensor)"
-TORCH_OPS = {"dsa_sparse_attention_score_recompute": (_TRAINING, _by_name(sparse_attention_score_recompute, _TRAINING, ("target", "indices")),
-                                                      _f_training)}
-for _op, _forms in ((SPARSE_INDEXER, (sparse_indexer_score_recompute, sparse_indexer_score_recompute_into)),
-                    (SPARSE_ATTN, (sparse_attn_score_recompute, sparse_attn_score_recompute_into)),
-                    (DENSE_INDEXER, (dense_indexer_score_recompute, dense_indexer_score_recompute_into)),
-                    (DENSE_ATTN, (dense_attn_score_recompute, dense_attn_score_recompute_into))):
-    TORCH_OPS |= _op.torch_ops("dsa", *_forms)
+TORCH_OPS = {"dsa_sparse_attention_score_recompute": (_TRAINING, _t_training, _f_training)}
+for _op in (SPARSE_INDEXER, SPARSE_ATTN, DENSE_INDEXER, DENSE_ATTN):
+    TORCH_OPS |= _op.torch_ops("dsa", globals()[_op.name], globals()[f"{_op.name}_into"])

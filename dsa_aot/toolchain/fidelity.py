@@ -618,6 +618,8 @@ class Upstream:
       no_op(obj, name)             a callable that does nothing (memsets, ...)
       patch(obj, name, value)      anything else
       clear_lru(*functions)        clear these ``functools.lru_cache`` now and on exit
+      on_host(*names)              torch's factories ``names`` (empty, full, zeros, arange, empty_like) give
+                                   CUDA-presenting CPU tensors, as upstream's allocations on the device
       cudnn_route(*modules)        what every cudnn route needs: its device-query caches cleared (they answer
                                    for the target) and the ``_torch_stream_context`` of ``modules`` that
                                    have one a no-op (nothing runs on a stream)
@@ -697,6 +699,17 @@ class Upstream:
         for f in functions:
             f.cache_clear()
             self._lru.append(f)
+
+    def on_host(self, *names):
+        import torch
+
+        like, real_empty = _cuda_like(), torch.empty
+        for name in names:
+            if name == "empty_like":
+                fn = lambda t, dtype=None, **k: like(real_empty(*t.shape, dtype=dtype or t.dtype))  # noqa: E731
+            else:
+                fn = (lambda real: lambda *a, dtype=None, device=None, **k: like(real(*a, dtype=dtype)))(getattr(torch, name))
+            self.patch(torch, name, fn)
 
     def cudnn_route(self, *modules):
         from cudnn.deepseek_sparse_attention.utils import compiler, runtime
