@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import stand_in
-from dsa_aot.errors import InputError
+from dsa_aot.errors import InputError, KernelNotFoundError
 
 
 def test_a_bshd_call_launches_gemm_stage2_and_local_to_global(sm100_env):
@@ -163,3 +163,98 @@ def test_the_gemm_call_feeds_the_lifted_host_function_in_upstreams_order(name, s
             assert chk.check_fused_gemm(ns, key, 2, 256, 64) != []
         finally:
             op._record_gemm = real
+
+
+@pytest.fixture
+def device_allocs(monkeypatch):
+    """The allocating form on the stand-in: torch's device allocations made over CPU storage (presenting as
+    cuda:0), the launch stream's context a no-op, no capture."""
+    import contextlib
+
+    import dsa_aot.ops._support as support
+    import dsa_aot.ops.declare as declare
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
+
+    for name in ("empty", "zeros", "full", "empty_like", "zeros_like"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, device=None, _real=real, **k: stand_in.cuda_tensor(_real(*a, **k)))
+    for mod in (support, declare, op):
+        monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext(), raising=False)
+    monkeypatch.setitem(op.indexer_forward_top_k.__globals__, "AO", lambda stream, dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+def _params_hold(launch, *ts):
+    return all(struct.pack("<Q", t.data_ptr()) in launch.params for t in ts)
+
+
+def test_the_allocating_form_makes_what_is_not_given_and_returns_upstreams_keys(sm100_env, device_allocs):
+    """BSHD: the outputs and the candidate buffer made (b * G(S_q) floats), the keys upstream returns
+    ({indices, logits, softmax}; return_softmax=False and return_lse pick their entries), a given output
+    used as it is when the kernels can bind it, else filled through one of the op's own and copied back,
+    and a strided input staged (contiguous) before the launch."""
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
+
+    env = sm100_env
+    st = env.new_stream(0)
+    b, s_q, s_k, h, top_k = 2, 256, 65, 64, 512
+
+    def t(shape, dtype=torch.float32):
+        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
+
+    q, k, w = t((b, s_q, h, 128), torch.bfloat16), t((b, s_k, 1, 128), torch.bfloat16), t((b, s_q, h), torch.bfloat16)
+    env.launches.clear()
+    r = op.indexer_forward_top_k(q, k, w, top_k, stream=st)
+    assert set(r.keys()) == {"indices", "logits", "softmax"}
+    assert r["indices"].shape == (b, s_q, top_k) and r["indices"].dtype == torch.int32 and r["softmax"].dtype == torch.float32
+    gemm, stage2, l2g = env.launches
+    assert _params_hold(stage2, r["indices"], r["logits"], r["softmax"]) and _params_hold(l2g, r["indices"])
+    assert struct.pack("<i", b * op.policy.cand_floats(s_q, 4)) in stage2.params  # the buffer made: B * G(S_q) floats
+    env.launches.clear()
+    with pytest.raises(KernelNotFoundError, match="softmax = false"):  # this build ships the softmax's stage 2 only
+        op.indexer_forward_top_k(q, k, w, top_k, stream=st, return_softmax=False)
+    with pytest.raises(KernelNotFoundError, match="lse = true"):
+        op.indexer_forward_top_k(q, k, w, top_k, stream=st, return_lse=True)
+    assert not env.launches
+    mine = t((b, s_q, top_k), torch.int32)
+    strided = t((b, s_q, 2 * top_k), torch.int32)[..., ::2]
+    env.launches.clear()
+    r = op.indexer_forward_top_k(q, k, w, top_k, stream=st, out_indices=mine)
+    assert r["indices"] is mine and _params_hold(env.launches[1], mine)
+    env.launches.clear()
+    r = op.indexer_forward_top_k(q, k, w, top_k, stream=st, out_indices=strided)
+    assert r["indices"] is strided and not _params_hold(env.launches[1], strided)  # bound through the op's own buffer
+    env.launches.clear()
+    qs = t((b, s_q, h, 256), torch.bfloat16)[..., :128]  # strided: staged before the launch
+    op.indexer_forward_top_k(qs, k, w, top_k, stream=st)
+    assert not _params_hold(env.launches[0], qs)
+
+
+def test_the_allocating_form_works_out_thd_maxima_batch_offsets_and_the_buffer_as_upstream(sm100_env, device_allocs, monkeypatch):
+    """THD with nothing but cu_seqlens: the longest segments read back, the batch offsets made on the device and
+    the buffer sized from their last value (upstream's .item()); under capture each of those is refused, naming
+    what to pass."""
+    import dsa_aot.ops.dsa_indexer_forward_top_k as op
+
+    env = sm100_env
+    st = env.new_stream(0)
+    b, tq, tk, h, top_k = 2, 600, 180, 64, 512
+
+    def t(shape, dtype=torch.float32):
+        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
+
+    q, k, w = t((tq, h, 128), torch.bfloat16), t((tk, 1, 128), torch.bfloat16), t((tq, h), torch.bfloat16)
+    cu_q = stand_in.cuda_tensor(torch.tensor([0, 300, 600], dtype=torch.int32))
+    cu_k = stand_in.cuda_tensor(torch.tensor([0, 90, 180], dtype=torch.int32))
+    env.launches.clear()
+    r = op.indexer_forward_top_k(q, k, w, top_k, stream=st, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert set(r.keys()) == {"indices", "logits", "softmax"} and r["indices"].shape == (tq, top_k)
+    gemm, stage2, l2g = env.launches
+    assert struct.pack("<ii", 300, 90) in stage2.params  # the longest segments
+    cbo, total = op.compress_topk_cand_buffer_size_thd(cu_q, cu_k, 4)
+    assert struct.pack("<q", total) in gemm.params or struct.pack("<Q", total) in gemm.params  # the buffer's 64-bit extent
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    env.launches.clear()
+    with pytest.raises(InputError, match="under CUDA-graph capture pass max_seqlen_q and max_seqlen_k") as e:
+        op.indexer_forward_top_k(q, k, w, top_k, stream=st, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert "cand_buffer" in str(e.value) and not env.launches
