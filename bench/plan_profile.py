@@ -68,7 +68,7 @@ def in_sequence(c, p, s, ts, calls):
 def profile(case, calls):
     import torch
 
-    from dsa_aot.ops._support import stream_handle
+    from dsa_aot.ops.gpu import stream_handle
     import dsa_aot.runtime.driver as drv
 
     setup, aot_rows, _ = host_floor.CASES[case]

@@ -234,7 +234,7 @@ def check_fused_gemm(ns: dict, key: dict, b: int, s_q: int, s_k: int) -> list:
     """Record the fused top-k's GEMM launch of ``key`` (BSHD B x S_q x S_k, or THD segments of at most
     that) and run it through ``ns``; return problems."""
     import dsa_aot.ops.dsa_indexer_forward_top_k as op_mod
-    from dsa_aot.ops._support import tensor_args
+    from dsa_aot.ops.args import tensor_args
     from dsa_aot.policy import dsa_indexer_forward_top_k as policy
 
     prec, h, ratio, offs, lse, vl = key["precision"], key["heads"], key["ratio"], key["offsets"], key["lse"], key["varlen"]

@@ -457,11 +457,11 @@ class JitKeys:
 
 
 class AotKeys:
-    """The entries a first call resolves: every lookup of ``dsa_aot.ops._support._find`` (the op modules'
+    """The entries a first call resolves: every lookup of ``dsa_aot.ops.gpu._find`` (the op modules'
     and the declaration's launchers go through it), after the op modules' plan caches are emptied."""
 
     def __init__(self, families):
-        from dsa_aot.ops import _support, declare
+        from dsa_aot.ops import declare, gpu as _support
 
         self.support, self.declare, self.orig = _support, declare, _support._find
         self.modules = [importlib.import_module(f"dsa_aot.ops.{f}") for f in families]

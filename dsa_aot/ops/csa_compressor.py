@@ -7,7 +7,8 @@ schedule functions on every build.
 from __future__ import annotations
 
 from ..policy import csa_compressor as policy
-from ._support import check, input_error, integer, launcher, one_of, sm_count_of
+from .checks import check, input_error, integer, one_of
+from .gpu import launcher, sm_count_of
 from .declare import Flag, In, Int, OneOf, Op, Out, Workspace
 from .library import call
 
@@ -250,7 +251,7 @@ def _compressor_grad(ctx, grad_out):
     return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), *(None,) * 7)
 
 
-TORCH_OPS = FORWARD.torch_ops("csa", compressor_forward, compressor_forward_into) | BACKWARD.torch_ops("csa", compressor_backward, compressor_backward_into) | {
+TORCH_OPS = {  # the composite (the declared ops register themselves: dsa_aot.ops.library)
     "csa_compressor": ("(Tensor kv, Tensor score, Tensor ape, Tensor cu_seqlens, Tensor cu_seqlens_comp, int ratio=4, SymInt? head_dim=None, int coff=2, "
                        "SymInt? total_comp=None, bool deterministic=False) -> Tensor", _t_compressor, _f_compressor, (_compressor_setup, _compressor_grad)),
 }  # fmt: skip

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 
-from ._support import (_FLT_MAX, alloc_failed, aliasing, alloc_on, allocate, check, footprint, input_error, launcher, require, scalar_f32,
-                       stream_handle, writes_only)
+from .args import footprint, writes_only
+from .checks import _FLT_MAX, aliasing, check, input_error, scalar_f32
+from .gpu import alloc_failed, alloc_on, allocate, launcher, require, stream_handle
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
 
@@ -300,6 +301,7 @@ class Op:
         self.ins = tuple(t.name for t in self.tensors if t.role == "in" or t.given)  # the allocating form's tensors
         self.results = tuple((t.returns, i) for i, t in enumerate(self.tensors) if t.role == "out" and t.returns is not False)
         self.cache: dict = {}
+        self.made = None  # (allocating, _into) functions, once forms() made them
         self._by_name = {t.name: t for t in self.tensors} | {o.name: o for o in self.options}
         OPS.append(self)
 
@@ -678,6 +680,7 @@ class Op:
             fn.__module__ = namespace.get("__name__", fn.__module__)
             fn.__qualname__ = fn.__name__
         into.__doc__ = f"``{self.name}`` into caller-provided outputs (capture-safe from the first call; allocates nothing). {self.note}"
+        self.made = (alloc, into)  # what dsa_aot.ops.library registers as torch ops (an op with an allocating form)
         if self.plan_class is None:
             return alloc, into, None
         alloc.__doc__ = f"cudnn's {self.name}: returns {{{', '.join(repr(r) for r, _ in self.results)}}}. {self.note}"

@@ -20,8 +20,9 @@ reading of the code and the measurements.
 from __future__ import annotations
 
 from ..policy import dsa_dense_indexer_backward as policy
-from ._support import (_FLT_MAX, aliasing, alloc_on, arch_or_refuse, cast_into, check, flat_args, input_error, integer, max_lengths, require, scalar_f32,
-                       tensor_args, thd_batch, workspace_problems)
+from .args import flat_args, tensor_args
+from .checks import _FLT_MAX, aliasing, check, input_error, integer, scalar_f32, thd_batch, workspace_problems
+from .gpu import alloc_on, arch_or_refuse, cast_into, max_lengths, require
 from .declare import Float, In, Int, OneOf, Op, Out, Workspace
 
 __all__ = ["dense_indexer_backward", "dense_indexer_backward_into", "dense_indexer_backward_workspace_bytes", "DenseIndexerBackward"]
@@ -223,4 +224,3 @@ _TENSORS = BACKWARD.names  # the op's tensors, in the order of the plan's pointe
 
 dense_indexer_backward, dense_indexer_backward_into, DenseIndexerBackward = BACKWARD.forms(globals())
 # torch.ops.dsa_aot.<name>, on torch's current stream; index_score is overwritten with the score-grad signal: annotated as mutated
-TORCH_OPS = BACKWARD.torch_ops("dsa", dense_indexer_backward, dense_indexer_backward_into)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
-from ._support import _FLT_MAX, alloc_on, arch_of, flag, flat_args, input_error, integer, one_of, scalar_f32, target_sm_count, tensor_args
-from ._support import cast_into as _cast_into  # (a module global: the CPU tests stub it)
+from .args import flat_args, tensor_args
+from .checks import _FLT_MAX, flag, input_error, integer, one_of, scalar_f32
+from .gpu import alloc_on, arch_of, target_sm_count
+from .gpu import cast_into as _cast_into  # (a module global: the CPU tests stub it
 from .declare import Flag, Float, In, Int, OneOf, Op, Out, Workspace
 
 __all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "IndexerBackward"]
@@ -228,4 +230,3 @@ BACKWARD = Op(
 )  # fmt: skip
 
 indexer_backward, indexer_backward_into, IndexerBackward = BACKWARD.forms(globals())
-TORCH_OPS = BACKWARD.torch_ops("dsa", indexer_backward, indexer_backward_into)

@@ -24,7 +24,9 @@ returns the (..., S_k) scores contiguous, as upstream does; ``_into`` takes that
 from __future__ import annotations
 
 from ..policy import dsa_indexer_forward as policy
-from ._support import aliasing, arch_or_refuse, block_scales, check, flag, integer, row_major, scalar_f32, tensor_args, thd_batch
+from .args import row_major, tensor_args
+from .checks import aliasing, block_scales, check, flag, integer, scalar_f32, thd_batch
+from .gpu import arch_or_refuse
 from .declare import Flag, Float, In, Int, OneOf, Op, Out
 
 __all__ = ["indexer_forward", "indexer_forward_into", "IndexerForward"]
@@ -284,4 +286,3 @@ FORWARD = Op(
 )  # fmt: skip
 
 indexer_forward, indexer_forward_into, IndexerForward = FORWARD.forms(globals())
-TORCH_OPS = FORWARD.torch_ops("dsa", indexer_forward, indexer_forward_into)

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 from ..policy import dsa_indexer_forward_top_k as policy
 from ..policy.dsa_indexer_forward import MAX_RATIO, SM100_PRECISIONS
-from ._support import aliasing, check, input_error, integer, launcher, max_lengths, stream_handle, tensor_args
+from .args import tensor_args
+from .checks import aliasing, check, input_error, integer
+from .gpu import launcher, max_lengths, stream_handle
 from .declare import Flag, Float, In, Int, OneOf, Op, Out
 
 __all__ = ["compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets", "indexer_forward_top_k",
@@ -51,7 +53,7 @@ def compress_topk_cand_buffer_size(bs, seqlen_q, seqlen_k, ratio, microbatch_row
     launch's ``microbatch_rows``, ``return_lse`` and ``precision``: they decide that). With
     ``q_causal_offsets`` the exact per-batch sum, read back from the device (a synchronisation, as
     upstream's). What the launch would refuse is refused here."""
-    from ._support import one_of
+    from .checks import one_of
 
     problems = []
     for name, v, lo in (("bs", bs, 0), ("seqlen_q", seqlen_q, 0), ("seqlen_k", seqlen_k, 0), ("ratio", ratio, 1)):
@@ -303,7 +305,7 @@ def _check(c, problems):
     import torch
 
     from . import dsa_indexer_forward as fwd
-    from ._support import flag, scalar_f32
+    from .checks import flag, scalar_f32
 
     def options():
         scalar_f32(problems, "sm_scale", c.sm_scale)
@@ -413,7 +415,7 @@ def _alloc(c, stream) -> dict:
     given made on the launch stream (see the module docstring); ``c.back``: the given outputs copied into afterwards."""
     import torch
 
-    from ._support import alloc_on, allocate
+    from .gpu import alloc_on, allocate
 
     f, vl, ratio = c.f, c.f.varlen, c.ratio
     s = stream_handle(stream, f.dev)
@@ -497,5 +499,4 @@ FUSED = Op(
 )  # fmt: skip
 
 indexer_forward_top_k, indexer_forward_top_k_into, IndexerForwardTopK = FUSED.forms(globals())
-TORCH_OPS = FUSED.torch_ops("dsa", indexer_forward_top_k, indexer_forward_top_k_into)
 _TENSORS = FUSED.names  # the plan's tensors in p[i] order (ci/check_sm100_calls.py records the GEMM with them)

@@ -18,7 +18,7 @@ upstream does; a strided or misaligned input of the allocating form is copied fi
 from __future__ import annotations
 
 from ..policy import dsa_indexer_top_k as policy
-from ._support import alloc_on
+from .gpu import alloc_on
 from .declare import Flag, In, Int, OneOf, Op, Out, Workspace
 
 __all__ = ["indexer_top_k", "indexer_top_k_into", "indexer_top_k_workspace_bytes", "IndexerTopK"]
@@ -109,4 +109,3 @@ TOP_K = Op(
 )  # fmt: skip
 
 indexer_top_k, indexer_top_k_into, IndexerTopK = TOP_K.forms(globals())
-TORCH_OPS = TOP_K.torch_ops("dsa", indexer_top_k, indexer_top_k_into)

@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
-from ._support import (aliasing, alloc_on, arch_or_refuse, block_scales, check, flat_args, input_error, integer, max_lengths, require,
-                       scalar_f32, tensor_args, thd_batch, workspace_problems)
+from .args import flat_args, tensor_args
+from .checks import aliasing, block_scales, check, input_error, integer, scalar_f32, thd_batch, workspace_problems
+from .gpu import alloc_on, arch_or_refuse, max_lengths, require
 from .declare import REQUIRED, Flag, Float, Hidden, In, Int, OneOf, Op, Out, Workspace
 from .outputs import Outputs
 
@@ -749,6 +750,4 @@ def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
 
 
 _TRAINING = "(Tensor q, Tensor kv, Tensor lse, Tensor indices, float? softmax_scale=None, Tensor? topk_length=None) -> (Tensor, Tensor)"
-TORCH_OPS = {"dsa_sparse_attention_score_recompute": (_TRAINING, _t_training, _f_training)}
-for _op in (SPARSE_INDEXER, SPARSE_ATTN, DENSE_INDEXER, DENSE_ATTN):
-    TORCH_OPS |= _op.torch_ops("dsa", globals()[_op.name], globals()[f"{_op.name}_into"])
+TORCH_OPS = {"dsa_sparse_attention_score_recompute": (_TRAINING, _t_training, _f_training)}  # (the declared ops: dsa_aot.ops.library)

@@ -14,7 +14,9 @@ from ..errors import InputError
 from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
-from ._support import alloc_on, arch_of, check, cute_args, flag, flat_args, input_error, integer, launcher, one_of, require, sm_count_of, tensor_args
+from .args import cute_args, flat_args, tensor_args
+from .checks import check, flag, input_error, integer, one_of
+from .gpu import alloc_on, arch_of, launcher, require, sm_count_of
 from .declare import Flag, Float, In, Int, OneOf, Op, Out, Workspace
 
 __all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes", "SparseAttentionBackward"]
@@ -177,4 +179,3 @@ OP = Op(
 )  # fmt: skip
 
 sparse_attention_backward, sparse_attention_backward_into, SparseAttentionBackward = OP.forms(globals())
-TORCH_OPS = OP.torch_ops("dsa", sparse_attention_backward, sparse_attention_backward_into)

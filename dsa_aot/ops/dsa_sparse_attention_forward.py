@@ -27,7 +27,9 @@ from __future__ import annotations
 import math
 
 from ..policy import dsa_sparse_attention_forward as policy
-from ._support import alloc_on, arch_or_refuse, check, flag, input_error, require, tensor_args
+from .args import tensor_args
+from .checks import check, flag, input_error
+from .gpu import alloc_on, arch_or_refuse, require
 from .declare import Float, In, OneOf, Op, Out
 from .library import call
 from .outputs import Outputs
@@ -292,7 +294,7 @@ def _sparse_attention_grad(ctx, dout, *_):
 
 # --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>: schema, CUDA impl, fake) ---
 
-TORCH_OPS = FORWARD.torch_ops("dsa", sparse_attention_forward, sparse_attention_forward_into) | {
+TORCH_OPS = {  # the training composite (the declared ops register themselves: dsa_aot.ops.library)
     "dsa_sparse_attention": ("(Tensor q, Tensor kv, Tensor indices, Tensor? attn_sink=None, float? softmax_scale=None, Tensor? topk_length=None, "
                              "bool trusted_compact_metadata=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", _t_sparse_attention,
                              _f_sparse_attention, (_sparse_attention_setup, _sparse_attention_grad)),

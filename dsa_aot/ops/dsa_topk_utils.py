@@ -9,7 +9,8 @@ per row. Which entry serves a call is :mod:`dsa_aot.policy.dsa_topk_utils` (upst
 from __future__ import annotations
 
 from ..policy import dsa_topk_utils as policy
-from ._support import alloc_on, tensor_args
+from .args import tensor_args
+from .gpu import alloc_on
 from .declare import In, Int, Op, Out
 
 __all__ = ["local_to_global", "local_to_global_into", "compactify", "compactify_into", "LocalToGlobal", "Compactify"]
@@ -112,4 +113,3 @@ COMPACTIFY = Op(
 
 local_to_global, local_to_global_into, LocalToGlobal = LOCAL_TO_GLOBAL.forms(globals())
 compactify, compactify_into, Compactify = COMPACTIFY.forms(globals())
-TORCH_OPS = LOCAL_TO_GLOBAL.torch_ops("dsa", local_to_global, local_to_global_into) | COMPACTIFY.torch_ops("dsa", compactify, compactify_into)

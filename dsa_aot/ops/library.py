@@ -25,12 +25,19 @@ _TYPE_ERROR = re.compile(r"Expected a value of type '([^']+)' for argument '(\w+
 
 
 def declarations() -> dict:
-    """{name: (schema, impl, fake[, (setup_context, backward)])} of every registered family's op module."""
+    """{name: (schema, impl, fake[, (setup_context, backward)])} of every registered family: its declared ops with an
+    allocating form (both forms, ``<namespace>_<op>`` and ``..._into``) and its op module's own ``TORCH_OPS`` (composites)."""
     from ..policy.families import FAMILIES
+    from . import declare
 
     out = {}
-    for family in FAMILIES:
-        for name, decl in getattr(importlib.import_module(f"dsa_aot.ops.{family}"), "TORCH_OPS", {}).items():
+    for family, fam in FAMILIES.items():
+        mod = importlib.import_module(f"dsa_aot.ops.{family}")
+        decls = dict(getattr(mod, "TORCH_OPS", {}))
+        for op in declare.OPS:
+            if op.family == family and op.alloc_sig is not None and op.made is not None:
+                decls |= op.torch_ops(fam.namespace, *op.made)
+        for name, decl in decls.items():
             if name in out:
                 raise ImportError(f"torch op {NAMESPACE}::{name} is declared by dsa_aot.ops.{family} and by another family")
             out[name] = decl
@@ -88,6 +95,6 @@ def call(name: str, *args):
         if m is None:
             raise
         expected, arg, got = m.groups()
-    from ._support import input_error
+    from .checks import input_error
 
     raise input_error([f"{arg}: a {got} (expected {expected})"])

@@ -11,7 +11,7 @@ repeated call reads its pointers and its stream, writes them and launches.
 
 Two users, one object (:class:`Call`): the functional ops keep a cache of calls keyed by the call's
 signature (a repeated call with the same shapes and options re-checks only what its pointers can
-change: alignment and overlap, :func:`dsa_aot.ops._support.recheck`), and the plan classes
+change: alignment and overlap, :func:`dsa_aot.ops.args.recheck`), and the plan classes
 (``dsa_aot.csa.CompressorForward``, ``dsa_aot.dsa.IndexerBackward``, ...) hold one, in cudnn's class shape:
 built once from sample tensors and options, ``check_support()``, ``execute(...)``.
 """
@@ -19,7 +19,9 @@ built once from sample tensors and options, ``check_support()``, ``execute(...)`
 from __future__ import annotations
 
 from ..errors import LaunchError
-from ._support import input_error, lookup, memset0, recheck, recheck_ptrs, signature, stream_handle
+from .args import lookup, recheck, recheck_ptrs, signature
+from .checks import input_error
+from .gpu import memset0, stream_handle
 
 __all__ = ["Sym", "Recorder", "Call", "compile_call", "probe_for", "matches", "remembered", "remember", "ALLOC", "cached", "fresh", "Plan"]
 
@@ -88,7 +90,7 @@ class Recorder:
         self.before.append(fn)
 
     def then(self, fn) -> None:
-        """``fn(ts, stream)`` after the launches: torch work on the call's stream (see _support.alloc_on)."""
+        """``fn(ts, stream)`` after the launches: torch work on the call's stream (see gpu.alloc_on)."""
         self.after.append(fn)
 
 
@@ -152,7 +154,7 @@ def compile_call(op: str, rec: Recorder, dev: int, ts, foot, x=(), scalars=None,
     return Call(op, dev, foot, env["run"], tuple(x), source, _meta(ts), probe_for(ts, dev, foot), scalars, guard, tuple(keep))
 
 
-_LAST = ("last call",)  # cache keys no signature can equal (see _support.signature)
+_LAST = ("last call",)  # cache keys no signature can equal (see args.signature)
 ALLOC = ("last allocating call",)
 
 
@@ -164,7 +166,7 @@ def probe_for(ts, dev: int, foot):
     """A function ``probe(ts)`` compiled for tensors like ``ts`` on GPU ``dev``: the data pointers of
     tensors with the samples' dtypes, shapes and device, contiguous (as every op requires: shape and
     contiguity fix the strides), None where the samples were None, whose pointers pass the per-call
-    checks of ``foot`` (:func:`dsa_aot.ops._support.recheck_ptrs`); None for anything else (the caller's
+    checks of ``foot`` (:func:`dsa_aot.ops.args.recheck_ptrs`); None for anything else (the caller's
     full check then says what is wrong).
 
     Straight-line code with the samples' metadata bound as constants: a repeated call pays the torch
@@ -222,7 +224,7 @@ def cached(cache: dict, ts, extra, build):
     """The functional ops' path: (call, pointers) for tensors ``ts`` and options ``extra``.
 
     The op's last call is tried first (:func:`remembered`: what a loop calling one shape pays), then the
-    call cached under the full signature (:func:`dsa_aot.ops._support.signature`); a call whose probe
+    call cached under the full signature (:func:`dsa_aot.ops.args.signature`); a call whose probe
     accepts the tensors is used as is. Otherwise ``build()`` validates in full (raising what is wrong)
     and its call is kept."""
     hit = remembered(cache, _LAST, ts, extra)

@@ -203,7 +203,7 @@ def test_empty_query_rows(dsa):
 
 def test_stream_helper_names_the_launch_stream():
     """The wrapper's torch ops (bf16 cast, zeroing) must run on the stream the kernels ran on."""
-    from dsa_aot.ops._support import alloc_on as _alloc_on
+    from dsa_aot.ops.gpu import alloc_on as _alloc_on
 
     side = torch.cuda.Stream()
     with _alloc_on(0, 0):

@@ -33,10 +33,10 @@ def sm100_env(sm100_build, monkeypatch) -> stand_in.Driver:
 def torch_steps(monkeypatch):
     """The ops' torch steps (the score recomputes' transposed weights / LSE copy) on the stand-in's CPU
     tensors: no CUDA stream to enter on a CPU-only torch."""
-    import dsa_aot.ops._support as support
+    import dsa_aot.ops.gpu as support
     import dsa_aot.ops.dsa_score_recompute as op
 
-    for mod in (op, support):  # (_support.max_lengths reads THD maxima)
+    for mod in (op, support):  # (gpu.max_lengths reads THD maxima)
         monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
     for fn in (op.sparse_indexer_score_recompute, op.sparse_attn_score_recompute):  # declared: the generated forms hold their own
         monkeypatch.setitem(fn.__globals__, "alloc_on", lambda stream, dev: contextlib.nullcontext())

@@ -147,7 +147,7 @@ def on_stand_in(monkeypatch):
     that present as CUDA ones, and so do ``empty_like``, ``zeros_like`` and ``full_like`` of such a
     tensor; torch's current device is 0 and its current stream :data:`STREAM`. Returns the list of the
     tensors the factories made (what :func:`_record` masks)."""
-    import dsa_aot.ops._support as support
+    import dsa_aot.ops.gpu as support
 
     made = []
 

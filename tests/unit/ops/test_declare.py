@@ -10,7 +10,7 @@ import stand_in
 from dsa_aot.errors import InputError
 from dsa_aot.ops import declare
 from dsa_aot.ops import declare as D
-from dsa_aot.ops._support import input_error
+from dsa_aot.ops.checks import input_error
 
 
 def _op(**kw):
@@ -305,9 +305,9 @@ def test_torch_into_takes_the_workspace_positionally_and_requires_it(monkeypatch
     assert ops["toy_toy_ws_into"][0] == '(Tensor(a!) out, Tensor(b!) ws, Tensor x, float scale=1.0, str mode="a") -> ()'
     ops["toy_toy_ws_into"][1](_ws_t(), _ws_ws(), _ws_t(), 2.0, "a")
     assert len(runs) == 1
-    from dsa_aot.ops.dsa_indexer_top_k import TORCH_OPS
+    from dsa_aot.ops.library import declarations
 
-    assert "Tensor(c!)? workspace=None" in TORCH_OPS["dsa_indexer_top_k_into"][0]  # a workspace with a default stays optional
+    assert "Tensor(c!)? workspace=None" in declarations()["dsa_indexer_top_k_into"][0]  # a workspace with a default stays optional
 
 
 # --- the indexer forward's: alloc_only options in the generated allocating form, given names, padded and omitted outputs ---
@@ -463,7 +463,7 @@ def test_alloc_first_replaces_arguments_before_the_memo(env, monkeypatch):
 import torch  # noqa: E402
 
 import stand_in  # noqa: E402
-from dsa_aot.ops import _support  # noqa: E402
+from dsa_aot.ops import gpu as _support  # noqa: E402
 from dsa_aot.ops.declare import In, Int, OneOf, Op, Out  # noqa: E402
 
 

@@ -18,11 +18,11 @@ def torch_steps(monkeypatch):
     tensors: no CUDA stream or capture state to enter on a CPU-only torch."""
     import contextlib
 
-    import dsa_aot.ops._support as support
+    import dsa_aot.ops.gpu as support
     import dsa_aot.ops.dsa_dense_indexer_backward as op
     import dsa_aot.ops.dsa_indexer_backward as ib
 
-    for mod in (op, ib, support):  # (_support.max_lengths reads the THD maxima)
+    for mod in (op, ib, support):  # (gpu.max_lengths reads the THD maxima)
         monkeypatch.setattr(mod, "alloc_on", lambda stream, dev: contextlib.nullcontext())
     monkeypatch.setitem(op.dense_indexer_backward.__globals__, "alloc_on", lambda stream, dev: contextlib.nullcontext())  # the declared form's own
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

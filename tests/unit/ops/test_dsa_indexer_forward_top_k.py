@@ -171,7 +171,7 @@ def device_allocs(monkeypatch):
     cuda:0), the launch stream's context a no-op, no capture."""
     import contextlib
 
-    import dsa_aot.ops._support as support
+    import dsa_aot.ops.gpu as support
     import dsa_aot.ops.declare as declare
     import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
@@ -238,7 +238,7 @@ def test_the_allocating_form_works_out_thd_maxima_batch_offsets_and_the_buffer_a
 
     env = sm100_env
     st = env.new_stream(0)
-    b, tq, tk, h, top_k = 2, 600, 180, 64, 512
+    tq, tk, h, top_k = 600, 180, 64, 512
 
     def t(shape, dtype=torch.float32):
         return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))

@@ -222,7 +222,7 @@ def test_training_form_normalises_pads_and_slices_as_upstream(env, torch_steps, 
     and no topk_length, the target sliced back to K columns; refusals before any launch."""
     import dsa_aot.dsa
 
-    import dsa_aot.ops._support as support
+    import dsa_aot.ops.gpu as support
 
     stream = env.new_stream(0)
     monkeypatch.setattr(support, "_raw_stream", lambda dev: stream)  # torch's current stream, as the stand-in has it

@@ -54,8 +54,8 @@ def test_the_runtime_picks_the_target_of_the_gpus_sm_count(two_targets):
 
 @pytest.mark.parametrize("sms, ok", [(148, True), (160, True), (132, False)])
 def test_the_ops_choose_through_the_devices_sm_count(two_targets, monkeypatch, sms, ok):
-    """What every op calls (dsa_aot.ops._support.require / target_sm_count) on a stand-in capability-10.0 GPU."""
-    from dsa_aot.ops import _support
+    """What every op calls (dsa_aot.ops.gpu.require / target_sm_count) on a stand-in capability-10.0 GPU."""
+    from dsa_aot.ops import gpu as _support
 
     stand_in.install(monkeypatch, two_targets, capability=(10, 0), sm_count=sms)
     kernels = {"gemm": ("gemm", GEMM_KEY), "reduce": ("reduce_dk", REDUCE_KEY)}

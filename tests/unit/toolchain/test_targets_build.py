@@ -31,7 +31,7 @@ split = false
 def test_two_sm_counts_of_one_arch_build_and_serve_their_gpus(tmp_path, monkeypatch):
     pytest.importorskip("cutlass")
     pytest.importorskip("cudnn")
-    from dsa_aot.ops import _support
+    from dsa_aot.ops import gpu as _support
     from dsa_aot.runtime.index import Index
     from dsa_aot.toolchain import build
 
