@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import LiftError
 
-__all__ = ["Module", "Func", "Block", "Op", "parse_module", "parse_type", "sizeof", "alignof", "field_offsets",
+__all__ = ["Module", "Func", "Block", "Op", "parse_module", "parse_type", "sizeof", "alignof", "field_offsets", "gep_offset",
            "Int", "Ptr", "Struct", "Array", "Void", "attr_int", "attr_ints", "attr_str", "attr_sym", "attr_bytes"]
 
 
@@ -206,6 +206,24 @@ def field_offsets(t: Struct) -> tuple:
         out.append(off)
         off += sizeof(f)
     return tuple(out)
+
+
+def gep_offset(elem_type, indices) -> int:
+    """The byte offset an ``llvm.getelementptr`` over ``elem_type`` adds for these resolved (signed) indices: the
+    first steps over whole elements, the rest into struct fields and array elements; ValueError into a scalar."""
+    off, cur = 0, elem_type
+    for depth, idx in enumerate(indices):
+        if depth == 0:
+            off += idx * sizeof(elem_type)
+        elif isinstance(cur, Struct):
+            off += field_offsets(cur)[idx]
+            cur = cur.fields[idx]
+        elif isinstance(cur, Array):
+            off += idx * sizeof(cur.elem)
+            cur = cur.elem
+        else:
+            raise ValueError(f"getelementptr index into scalar {cur}")
+    return off
 
 
 # --- ops -----------------------------------------------------------------------------------------

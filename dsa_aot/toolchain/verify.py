@@ -178,25 +178,13 @@ class _Machine:
         elif n == "llvm.alloca":
             env[r] = self.alloc(ir.sizeof(ir.parse_type(op.props["elem_type"])) * a[0])
         elif n == "llvm.getelementptr":
-            t = ir.parse_type(op.props["elem_type"])
-            dyn = list(zip(a[1:], op.operand_types[1:]))
-            addr = a[0]
-            for depth, raw in enumerate(ir.attr_ints(op.props["rawConstantIndices"])):
+            dyn, idx = iter(zip(a[1:], op.operand_types[1:])), []
+            for raw in ir.attr_ints(op.props["rawConstantIndices"]):
                 if raw == -2147483648:  # a dynamic index: the next operand, signed at its own width
-                    v, vt = dyn.pop(0)
-                    idx = _s(v, vt.bits)
-                else:
-                    idx = raw
-                if depth == 0:
-                    addr += idx * ir.sizeof(t)
-                    cur = t
-                elif isinstance(cur, ir.Struct):
-                    addr += ir.field_offsets(cur)[idx]
-                    cur = cur.fields[idx]
-                else:
-                    addr += idx * ir.sizeof(cur.elem)
-                    cur = cur.elem
-            env[r] = addr
+                    v, vt = next(dyn)
+                    raw = _s(v, vt.bits)
+                idx.append(raw)
+            env[r] = a[0] + ir.gep_offset(ir.parse_type(op.props["elem_type"]), idx)
         elif n == "llvm.store":
             self.store(op.operand_types[0], a[0], a[1])
         elif n == "llvm.load":

@@ -336,28 +336,18 @@ class Interpreter(ControlFlow):
             return self.device_gep(op, base, dyn)
         if not isinstance(base, P):
             raise LiftError(f"{op.where()}: getelementptr on {base!r}")
-        t = ir.parse_type(op.prop("elem_type"))
-        off = 0
-        for depth, raw in enumerate(ir.attr_ints(op.prop("rawConstantIndices"))):
+        idx = []
+        for raw in ir.attr_ints(op.prop("rawConstantIndices")):
             if raw == _INDEX_DYNAMIC:
                 v = dyn.pop(0)
                 if not isinstance(v, K):
                     raise LiftError(f"{op.where()}: getelementptr with a run-time index into host memory")
-                idx = signed(v.v, v.bits)
-            else:
-                idx = raw
-            if depth == 0:
-                off += idx * ir.sizeof(t)
-                cur = t
-            elif isinstance(cur, ir.Struct):
-                off += ir.field_offsets(cur)[idx]
-                cur = cur.fields[idx]
-            elif isinstance(cur, ir.Array):
-                off += idx * ir.sizeof(cur.elem)
-                cur = cur.elem
-            else:
-                raise LiftError(f"{op.where()}: getelementptr index into scalar {cur}")
-        return P(base.region, base.off + off)
+                raw = signed(v.v, v.bits)
+            idx.append(raw)
+        try:
+            return P(base.region, base.off + ir.gep_offset(ir.parse_type(op.prop("elem_type")), idx))
+        except ValueError as e:
+            raise LiftError(f"{op.where()}: {e}") from None
 
     def device_gep(self, op, base, dyn):
         """Address arithmetic on a device (addrspace 1) pointer argument, e.g. workspace + offset."""
