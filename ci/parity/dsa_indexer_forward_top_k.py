@@ -14,7 +14,7 @@ ties with ``deterministic``, local and global ids, top-k 512 / 1024 / 2048, rati
 Rules: upstream leaves the slot order unspecified, so every call's rows are compared sorted by id (``canon``). The ids and
 logits bitwise; the softmax within the JIT's own run-to-run jitter (its fp32 denominator is summed in the slot order the
 kernel's atomicAdd slot assignment decides, compress_top_k_sm100.py l.396-517, the sum l.588-591: its last bits vary from
-run to run on one cubin). Both sides within the fp64 reference (``check_dense``, or
+run to run on one cubin). Both sides within the fp64 reference (``ref.check``: ``check_dense``, or
 ``check_rows`` for tied scores). Stage 2 is this family's entry, local-to-global dsa_topk_utils'.
 """
 
@@ -106,34 +106,15 @@ def _by_id(spec, o):
 
 
 def reference(spec, x, outs):
-    import math
-
-    import torch
-
     ref = load_ref(REF)
     dense, offs = problem(spec)
     rows, _, _, s_k = _geometry(spec)
-    segs, ratio, top_k = spec["segs"], spec["ratio"], spec["top_k"]
-    starts = [0] * len(segs)
-    if spec["glob"]:
-        starts = [sum(k for _, k in segs[:b]) for b in range(len(segs))] if spec["thd"] else [b * s_k for b in range(len(segs))]
-    idx, val = outs["indices"].reshape(rows, -1), outs["logits"].reshape(rows, -1)
+    segs, glob = spec["segs"], spec["glob"]
+    starts = ([sum(k for _, k in segs[:b]) for b in range(len(segs))] if spec["thd"] else [b * s_k for b in range(len(segs))]) if glob else None
     sm = outs["softmax"].reshape(rows, -1) if spec["softmax"] else None
-    try:
-        if spec["det"] or spec["ties"]:
-            ref.check_rows(idx, val, sm, dense, ratio, offs, top_k, deterministic=spec["det"], base=starts)
-            return []
-        scores = torch.full((rows, s_k), -math.inf, dtype=torch.float64)
-        r0 = 0
-        for d, off in zip(dense, offs):
-            for i in range(d.shape[0]):
-                n = ref.visible(off, i, ratio, d.shape[1])
-                scores[r0 + i, :n] = d[i, :n]
-            r0 += d.shape[0]
-        try:  # random fp32 scores rarely tie at the boundary; check_rows decides those (ref.Tie)
-            ref.check_dense(idx, val, sm, scores, top_k, torch.cat([torch.full((d.shape[0],), st) for d, st in zip(dense, starts)]))
-        except ref.Tie:
-            ref.check_rows(idx, val, sm, dense, ratio, offs, top_k, base=starts)
+    try:  # check_dense where it decides, check_rows for ties and deterministic calls
+        ref.check(outs["indices"].reshape(rows, -1), outs["logits"].reshape(rows, -1), sm, dense, spec["ratio"], offs, spec["top_k"],
+                  deterministic=spec["det"], base=starts)
     except AssertionError as e:
         return [f"off the reference ({e})"]
     return []

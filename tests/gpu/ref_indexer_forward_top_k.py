@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["G", "visible", "compact", "select", "check_rows", "check_dense", "Tie"]
+__all__ = ["G", "visible", "compact", "select", "check_rows", "check_dense", "Tie", "scores", "check"]
 
 
 def G(m: int, ratio: int) -> int:
@@ -140,3 +140,31 @@ def check_dense(idx, val, sm, scores, top_k, base=None, lse=None):
     if lse is not None:
         assert torch.allclose(lse.double(), torch.logsumexp(scores, 1), rtol=1e-5, atol=1e-5, equal_nan=False), "lse"
     return rows
+
+
+def scores(dense, offs, ratio, width):
+    """(rows, width) float64 of the batches' dense scores (each (S_q_b, S_k_b)), -inf where a key is not visible:
+    what :func:`check_dense` takes."""
+    out = []
+    for d, off in zip(dense, offs):
+        s = torch.full((d.shape[0], width), float("-inf"), dtype=torch.float64)
+        for i in range(d.shape[0]):
+            n = visible(off, i, ratio, d.shape[1])
+            s[i, :n] = d[i, :n]
+        out.append(s)
+    return torch.cat(out) if out else torch.zeros(0, width, dtype=torch.float64)
+
+
+def check(idx, val, sm, dense, ratio, offs, top_k, deterministic=False, base=None):
+    """The outputs (rows, top_k) of every batch's rows against the reference: :func:`check_dense` where it decides
+    (fast), :func:`check_rows` for a deterministic call and for rows tied at the boundary (it knows the tie
+    rules). ``base``: per batch, what global ids add. Returns the rows checked."""
+    base = list(base) if base is not None else [0] * len(dense)
+    if not deterministic:  # random fp32 scores can still tie at the boundary (seen at S_k 8191)
+        rows = sum(d.shape[0] for d in dense)
+        per_row = torch.cat([torch.full((d.shape[0],), st) for d, st in zip(dense, base)]) if rows else torch.zeros(0)
+        try:
+            return check_dense(idx, val, sm, scores(dense, offs, ratio, max((d.shape[1] for d in dense), default=0)), top_k, per_row)
+        except Tie:
+            pass
+    return check_rows(idx, val, sm, dense, ratio, offs, top_k, deterministic=deterministic, base=base)

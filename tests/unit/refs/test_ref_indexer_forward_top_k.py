@@ -115,3 +115,44 @@ def test_check_dense_agrees_with_check_rows():
     tied[23, :] = 1.0
     with pytest.raises(ref.Tie):
         ref.check_dense(idx, val, sm, tied, top_k, base)
+
+
+def test_check_takes_check_dense_where_it_decides_and_check_rows_for_ties(monkeypatch):
+    """ref.check (the GPU tests' and the parity's one call): the scores it builds are the visible ones, a correct
+    output passes, a wrong one fails; tied rows fall through to check_rows (which accepts any tied choice),
+    and a deterministic call goes to check_rows alone."""
+    gen = generator(13)
+    ratio, top_k = 4, 3
+    dense = [torch.randn(24, 6, generator=gen, dtype=torch.float64), torch.randn(24, 6, generator=gen, dtype=torch.float64)]
+    s = ref.scores(dense, [0, 5], ratio, 6)
+    assert s.shape == (48, 6) and torch.isinf(s[0]).all() and torch.equal(s[24 + 3, :2], dense[1][3, :2]) and torch.isinf(s[27, 2:]).all()
+    outs = []
+    for d, off, base in zip(dense, [0, 5], [0, 6]):
+        for i in range(d.shape[0]):
+            n = ref.visible(off, i, ratio, 6)
+            t = torch.topk(d[i, :n], min(n, top_k)).indices
+            row = [torch.full((top_k,), -1, dtype=torch.int32), torch.full((top_k,), float("-inf")), torch.zeros(top_k)]
+            row[0][: len(t)], row[1][: len(t)], row[2][: len(t)] = t.int() + base, d[i, t].float(), torch.softmax(d[i, t], 0).float()
+            outs.append(row)
+    idx, val, sm = (torch.stack([r[j] for r in outs]) for j in range(3))
+    used = []
+    for name in ("check_dense", "check_rows"):
+        real = getattr(ref, name)
+        monkeypatch.setattr(ref, name, lambda *a, _r=real, _n=name, **k: used.append(_n) or _r(*a, **k))
+    assert ref.check(idx, val, sm, dense, ratio, [0, 5], top_k, base=[0, 6]) == 48 and used == ["check_dense"]
+    used.clear()
+    assert ref.check(idx, val, sm, dense, ratio, [0, 5], top_k, deterministic=False, base=[0, 6]) == 48
+    bad = idx.clone()
+    bad[47, 0] = -1
+    with pytest.raises(AssertionError):
+        ref.check(bad, val, sm, dense, ratio, [0, 5], top_k, base=[0, 6])
+    tied = [dense[0].clone(), dense[1]]
+    tied[0][23, :] = 1.0  # row 23 sees 6 keys, all tied: any 3 of them are right
+    i2, v2, s2 = idx.clone(), val.clone(), sm.clone()
+    i2[23], v2[23], s2[23] = torch.tensor([5, 0, 2], dtype=torch.int32), torch.ones(3), torch.full((3,), 1 / 3)
+    used.clear()
+    assert ref.check(i2, v2, s2, tied, ratio, [0, 5], top_k, base=[0, 6]) == 48 and used == ["check_dense", "check_rows"]
+    used.clear()
+    with pytest.raises(AssertionError):  # deterministic: the smallest tied ids, 0, 1, 2
+        ref.check(i2, v2, s2, tied, ratio, [0, 5], top_k, deterministic=True, base=[0, 6])
+    assert used == ["check_rows"]
