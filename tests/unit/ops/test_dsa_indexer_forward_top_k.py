@@ -12,6 +12,11 @@ import stand_in
 from dsa_aot.errors import InputError, KernelNotFoundError
 
 
+def _t(shape, dtype=torch.float32):
+    """A zeroed stand-in CUDA tensor."""
+    return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
+
+
 def test_a_bshd_call_launches_gemm_stage2_and_local_to_global(sm100_env):
     import dsa_aot.ops.dsa_indexer_forward_top_k as op
 
@@ -19,17 +24,14 @@ def test_a_bshd_call_launches_gemm_stage2_and_local_to_global(sm100_env):
     st = env.new_stream(0)
     b, s_q, s_k, h, top_k = 2, 256, 65, 64, 512
 
-    def t(shape, dtype=torch.float32):
-        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
-
-    q, k, w = t((b, s_q, h, 128), torch.bfloat16), t((b, s_k, 1, 128), torch.bfloat16), t((b, s_q, h), torch.bfloat16)
-    idx, val, sm = t((b, s_q, top_k), torch.int32), t((b, s_q, top_k)), t((b, s_q, top_k))
+    q, k, w = _t((b, s_q, h, 128), torch.bfloat16), _t((b, s_k, 1, 128), torch.bfloat16), _t((b, s_q, h), torch.bfloat16)
+    idx, val, sm = _t((b, s_q, top_k), torch.int32), _t((b, s_q, top_k)), _t((b, s_q, top_k))
     need = op.compress_topk_cand_buffer_size(b, s_q, s_k, 4)
     env.launches.clear()
     with pytest.raises(InputError, match=f"the call needs {need}"):
-        op.indexer_forward_top_k_into(idx, val, sm, None, t((need - 1,)), q, k, w, top_k, stream=st)
+        op.indexer_forward_top_k_into(idx, val, sm, None, _t((need - 1,)), q, k, w, top_k, stream=st)
     assert not env.launches
-    cand = t((need,))
+    cand = _t((need,))
     op.indexer_forward_top_k_into(idx, val, sm, None, cand, q, k, w, top_k, sm_scale=0.5, stream=st)
     gemm, stage2, l2g = env.launches
     assert gemm.dims[:3] == (-(-s_q * h // 128), 1, b) and struct.pack("<f", 0.5) in gemm.params and struct.pack("<Q", cand.data_ptr()) in gemm.params
@@ -56,16 +58,13 @@ def test_a_windowed_call_runs_each_window_on_views_with_the_plans_offset_tables(
 
     monkeypatch.setattr(op, "_table", table)
 
-    def t(shape, dtype=torch.float32):
-        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
-
-    q, k, w = t((b, s_q, h, 128), torch.bfloat16), t((b, s_k, 1, 128), torch.bfloat16), t((b, s_q, h), torch.bfloat16)
-    idx, val, sm = t((b, s_q, top_k), torch.int32), t((b, s_q, top_k)), t((b, s_q, top_k))
+    q, k, w = _t((b, s_q, h, 128), torch.bfloat16), _t((b, s_k, 1, 128), torch.bfloat16), _t((b, s_q, h), torch.bfloat16)
+    idx, val, sm = _t((b, s_q, top_k), torch.int32), _t((b, s_q, top_k)), _t((b, s_q, top_k))
     need = op.compress_topk_cand_buffer_size(b, s_q, s_k, 4, microbatch_rows=mb)
     wins = op.windows(s_q, s_k, 4, mb)
     pbf = need // b
     assert wins == [(0, 64, 16), (64, 64, 32), (128, 64, 48), (192, 64, 64)] and pbf == policy_g(256, 4) - policy_g(192, 4)
-    cand = t((need,))
+    cand = _t((need,))
     env.launches.clear()
     env.memsets.clear()
     op.indexer_forward_top_k_into(idx, val, sm, None, cand, q, k, w, top_k, stream=st, microbatch_rows=mb)
@@ -106,13 +105,10 @@ def test_a_thd_call_binds_segments_batch_offsets_and_the_outputs_as_upstream_vie
     st = env.new_stream(0)
     b, tq, tk, h, top_k = 2, 600, 180, 64, 512
 
-    def t(shape, dtype=torch.float32):
-        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
-
-    q, k, w = t((tq, h, 128), torch.bfloat16), t((tk, 1, 128), torch.bfloat16), t((tq, h), torch.bfloat16)
-    cu_q, cu_k, cbo = t((b + 1,), torch.int32), t((b + 1,), torch.int32), t((b + 1,), torch.int64)
-    idx, val, sm = t((tq, top_k), torch.int32), t((tq, top_k)), t((tq, top_k))
-    cand = t((1000,))
+    q, k, w = _t((tq, h, 128), torch.bfloat16), _t((tk, 1, 128), torch.bfloat16), _t((tq, h), torch.bfloat16)
+    cu_q, cu_k, cbo = _t((b + 1,), torch.int32), _t((b + 1,), torch.int32), _t((b + 1,), torch.int64)
+    idx, val, sm = _t((tq, top_k), torch.int32), _t((tq, top_k)), _t((tq, top_k))
+    cand = _t((1000,))
     env.launches.clear()
     with pytest.raises(InputError, match="cand_batch_offsets"):
         op.indexer_forward_top_k_into(idx, val, sm, None, cand, q, k, w, top_k, stream=st, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300,
@@ -199,10 +195,7 @@ def test_the_allocating_form_makes_what_is_not_given_and_returns_upstreams_keys(
     st = env.new_stream(0)
     b, s_q, s_k, h, top_k = 2, 256, 65, 64, 512
 
-    def t(shape, dtype=torch.float32):
-        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
-
-    q, k, w = t((b, s_q, h, 128), torch.bfloat16), t((b, s_k, 1, 128), torch.bfloat16), t((b, s_q, h), torch.bfloat16)
+    q, k, w = _t((b, s_q, h, 128), torch.bfloat16), _t((b, s_k, 1, 128), torch.bfloat16), _t((b, s_q, h), torch.bfloat16)
     env.launches.clear()
     r = op.indexer_forward_top_k(q, k, w, top_k, stream=st)
     assert set(r.keys()) == {"indices", "logits", "softmax"}
@@ -216,8 +209,8 @@ def test_the_allocating_form_makes_what_is_not_given_and_returns_upstreams_keys(
     with pytest.raises(KernelNotFoundError, match="lse = true"):
         op.indexer_forward_top_k(q, k, w, top_k, stream=st, return_lse=True)
     assert not env.launches
-    mine = t((b, s_q, top_k), torch.int32)
-    strided = t((b, s_q, 2 * top_k), torch.int32)[..., ::2]
+    mine = _t((b, s_q, top_k), torch.int32)
+    strided = _t((b, s_q, 2 * top_k), torch.int32)[..., ::2]
     env.launches.clear()
     r = op.indexer_forward_top_k(q, k, w, top_k, stream=st, out_indices=mine)
     assert r["indices"] is mine and _params_hold(env.launches[1], mine)
@@ -225,7 +218,7 @@ def test_the_allocating_form_makes_what_is_not_given_and_returns_upstreams_keys(
     r = op.indexer_forward_top_k(q, k, w, top_k, stream=st, out_indices=strided)
     assert r["indices"] is strided and not _params_hold(env.launches[1], strided)  # bound through the op's own buffer
     env.launches.clear()
-    qs = t((b, s_q, h, 256), torch.bfloat16)[..., :128]  # strided: staged before the launch
+    qs = _t((b, s_q, h, 256), torch.bfloat16)[..., :128]  # strided: staged before the launch
     op.indexer_forward_top_k(qs, k, w, top_k, stream=st)
     assert not _params_hold(env.launches[0], qs)
 
@@ -240,10 +233,7 @@ def test_the_allocating_form_works_out_thd_maxima_batch_offsets_and_the_buffer_a
     st = env.new_stream(0)
     tq, tk, h, top_k = 600, 180, 64, 512
 
-    def t(shape, dtype=torch.float32):
-        return stand_in.cuda_tensor(torch.zeros(shape, dtype=dtype))
-
-    q, k, w = t((tq, h, 128), torch.bfloat16), t((tk, 1, 128), torch.bfloat16), t((tq, h), torch.bfloat16)
+    q, k, w = _t((tq, h, 128), torch.bfloat16), _t((tk, 1, 128), torch.bfloat16), _t((tq, h), torch.bfloat16)
     cu_q = stand_in.cuda_tensor(torch.tensor([0, 300, 600], dtype=torch.int32))
     cu_k = stand_in.cuda_tensor(torch.tensor([0, 90, 180], dtype=torch.int32))
     env.launches.clear()
