@@ -8,7 +8,7 @@ the stream. docs/research/indexer-forward.md: 26 configurations built both ways,
 """
 
 from dsa_aot.policy import dsa_indexer_forward as policy
-from dsa_aot.toolchain.fakes import dlpack as _T
+from dsa_aot.toolchain.fakes import dlpack as _T, indexer_inputs
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -140,28 +140,11 @@ def fidelity(op, key, target, up):
 def _fidelity_sm100(key, up, api, cache):
     import torch
 
-    T = up.tensor
     prec, H, B, vl = key["precision"], key["heads"], 2, key["varlen"]
-    qdt = {"bf16": torch.bfloat16, "mxfp8": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}[prec]
-    wdt = getattr(torch, key["w_dtype"])
-    d = _D // 2 if prec == "mxfp4" else _D  # e2m1 pairs: two values a stored element
     s_k = 63
     s_q = min(252, s_k * key["ratio"] + key["ratio"] - 1)
-    kw = {}
-    if vl:
-        q, k, w = T(qdt, B * s_q, H, d), T(qdt, B * s_k, 1, d), T(wdt, B * s_q, H)
-        kw.update(cu_seqlens_q=T(torch.int32, B + 1), cu_seqlens_k=T(torch.int32, B + 1), max_seqlen_q=s_q, max_seqlen_k=s_k)
-    else:
-        q, k, w = T(qdt, B, s_q, H, d), T(qdt, B, s_k, 1, d), T(wdt, B, s_q, H)
-    if prec != "bf16":
-        e8 = torch.float8_e8m0fnu
-        if vl:
-            kw.update(q_scale=T(e8, 1, 128 * B * -(-s_q * H // 128), 4), k_scale=T(e8, 1, 128 * B * -(-s_k // 128), 4),
-                      cu_seqlens_q_scale_padded=T(torch.int32, B + 1), cu_seqlens_k_scale_padded=T(torch.int32, B + 1))
-        else:
-            kw.update(q_scale=T(e8, B, -(-s_q * H // 128) * 128, 4), k_scale=T(e8, B, -(-s_k // 128) * 128, 4))
-    if key["offsets"]:
-        kw["q_causal_offsets"] = T(torch.int32, B)
+    q, k, w, kw = indexer_inputs(up.tensor, prec, H, key["w_dtype"], vl, B, s_q, s_k, key["offsets"])
+    qdt, wdt = q.dtype, w.dtype
     api.indexer_forward_wrapper(q, k, w, ratio=key["ratio"], sm_scale=0.5, stream=up.stream, precision=prec, **kw)
     m = policy.sm100_m_block(prec, H)
     if prec == "bf16":

@@ -10,7 +10,7 @@ docs/research/indexer-forward-top-k.md: byte-identical to upstream's route where
 """
 
 from dsa_aot.policy import dsa_indexer_forward_top_k as policy
-from dsa_aot.toolchain.fakes import dlpack as _T
+from dsa_aot.toolchain.fakes import dlpack as _T, indexer_inputs
 
 FAMILY = policy.FAMILY
 OPS = policy.OPS
@@ -136,29 +136,14 @@ def fidelity(op, key, target, up):
     up.cache(s2, "_compile_cache", keep=lambda k: False)
     up.cache(l2g, "_compile_cache", keep=lambda k: False)
     prec, H, vl = key["precision"], key["heads"], key["varlen"]
-    qdt = {"bf16": torch.bfloat16, "mxfp8": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}[prec]
-    wdt = getattr(torch, key["w_dtype"])
-    d = _D // 2 if prec == "mxfp4" else _D
     s_q = 256
     s_k = s_q // ratio + 1  # S_q <= S_k * ratio + ratio - 1, upstream's geometry
-    kw = {}
-    e8 = torch.float8_e8m0fnu
-    if vl:  # THD with every value given, as upstream's capture contract asks (no .item() on the fake tensors)
-        q, k, w = T(qdt, B * s_q, H, d), T(qdt, B * s_k, 1, d), T(wdt, B * s_q, H)
-        kw.update(cu_seqlens_q=T(torch.int32, B + 1), cu_seqlens_k=T(torch.int32, B + 1), max_seqlen_q=s_q, max_seqlen_k=s_k,
-                  cand_buffer=T(torch.float32, B * policy.cand_floats(s_q + 64, ratio)), cand_batch_offsets=T(torch.int64, B + 1))
-        if prec != "bf16":
-            kw.update(q_scale=T(e8, 1, 128 * B * -(-s_q * H // 128), 4), k_scale=T(e8, 1, 128 * B * -(-s_k // 128), 4),
-                      cu_seqlens_q_scale_padded=T(torch.int32, B + 1), cu_seqlens_k_scale_padded=T(torch.int32, B + 1))
-    else:
-        q, k, w = T(qdt, B, s_q, H, d), T(qdt, B, s_k, 1, d), T(wdt, B, s_q, H)
-        if prec != "bf16":
-            kw.update(q_scale=T(e8, B, -(-s_q * H // 128) * 128, 4), k_scale=T(e8, B, -(-s_k // 128) * 128, 4))
-    if key["offsets"]:
-        kw["q_causal_offsets"] = T(torch.int32, B)
-        kw["cand_buffer"] = T(torch.float32, B * policy.cand_floats(s_q + 64, ratio))  # a caller's buffer: no sizing sync
-        if vl:
-            kw["cand_batch_offsets"] = T(torch.int64, B + 1)
+    q, k, w, kw = indexer_inputs(T, prec, H, key["w_dtype"], vl, B, s_q, s_k, key["offsets"])
+    qdt, wdt, e8 = q.dtype, w.dtype, torch.float8_e8m0fnu
+    if vl or key["offsets"]:  # a caller's buffer and THD batch offsets: no sizing sync (upstream's capture contract)
+        kw["cand_buffer"] = T(torch.float32, B * policy.cand_floats(s_q + 64, ratio))
+    if vl:
+        kw["cand_batch_offsets"] = T(torch.int64, B + 1)
     if key["lse"]:
         kw["return_lse"] = True
     cache = up.cache(ctk, "_compile_cache")
