@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 
 from .args import footprint, writes_only
-from .checks import _FLT_MAX, aliasing, check, input_error, scalar_f32
+from .checks import _FLT_MAX, aliasing, check, flag, input_error, integer, scalar_f32
 from .gpu import alloc_failed, alloc_on, allocate, launcher, require, stream_handle
 from .outputs import Outputs
 from .plan import ALLOC, Plan, Recorder, cached, compile_call, fresh, probe_for, remember, remembered
@@ -150,10 +150,8 @@ class Int(_Option):
             self.torch_type = "int?"
 
     def check(self, problems, v):
-        if v is None and self.default is None:
-            return
-        if isinstance(v, bool) or not isinstance(v, int) or not self.lo <= v <= self.hi:
-            problems.append(f"{self.name}={v!r} (expected an integer in [{self.lo}, {self.hi}])")
+        if not (v is None and self.default is None):
+            integer(problems, self.name, v, self.lo, self.hi)
 
     def bad_values(self):
         return [v for v in super().bad_values() if v is not None or self.default is not None] + [self.lo - 1, self.hi + 1, float(self.lo), True]
@@ -207,8 +205,7 @@ class Flag(_Option):
     torch_type = "bool"
 
     def check(self, problems, v):
-        if not (v is True or v is False or (type(v) is int and v in (0, 1))):
-            problems.append(f"{self.name}={v!r} (expected True or False)")
+        flag(problems, self.name, v)
 
     def bad_values(self):
         return super().bad_values() + [2, 0.5, "yes"]
