@@ -187,7 +187,7 @@ def _sparse(kind, plan_class, note, *scale):
                  In(kind.tensors[1], "bfloat16", ("B", "S_q", "H", "D")), In(kind.tensors[2], "bfloat16", ("B", "S_k", "D")),
                  In(kind.tensors[3], kind.aux_dtype, ("B", "S_q", "H")), In("topk_indices", "int32", ("B", "S_q", "topk")),
                  In("topk_length", "int32", ("B", "S_q"), optional=True),
-                 Workspace("workspace", lambda c: c.ws, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws_need else 1,
+                 Workspace("workspace", lambda c: c.ws, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws else 1,
                            given=True)),
         options=(*scale, Flag("topk_indices_global", False), Int("qhead_per_kv_head", 1, _I32 - 1, None, torch=False)),
         early_rules=_qhead, rules=_sparse_rules(kind), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_sparse_plan(kind),

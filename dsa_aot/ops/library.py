@@ -21,6 +21,7 @@ NAMESPACE = "dsa_aot"
 _LOCK = threading.Lock()
 _LIB = None
 _OPS: dict = {}  # name -> torch.ops.dsa_aot.<name>, once registered
+_NAMES: list = []  # every registered op's name, sorted
 _TYPE_ERROR = re.compile(r"Expected a value of type '([^']+)' for argument '(\w+)' but instead found type '(\w+)'")
 
 
@@ -52,7 +53,8 @@ def register() -> list:
             import torch
 
             lib = torch.library.Library(NAMESPACE, "DEF")
-            for name, (schema, impl, fake, *autograd) in declarations().items():
+            decls = declarations()  # (each declared op's schemas are derived here: once)
+            for name, (schema, impl, fake, *autograd) in decls.items():
                 lib.define(name + schema)
                 # CPU too: a CPU tensor reaches the op's own validation (InputError), not a missing kernel
                 lib.impl(name, impl, "CUDA")
@@ -62,7 +64,8 @@ def register() -> list:
                     setup_context, backward = autograd[0]
                     torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=lib)
             _LIB = lib
-        return sorted(declarations())
+            _NAMES.extend(sorted(decls))
+        return list(_NAMES)
 
 
 def call(name: str, *args):
