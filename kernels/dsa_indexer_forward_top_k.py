@@ -106,7 +106,7 @@ def fidelity(op, key, target, up):
     from cudnn.deepseek_sparse_attention.indexer_top_k import compress_top_k_sm100 as s2
     from cudnn.deepseek_sparse_attention.indexer_top_k import local_to_global_dsl as l2g
 
-    up.cudnn_route(_interface, _interface_sm90, ctk)
+    up.cudnn_route(_interface, _interface_sm90)
     import types
 
     up.patch(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))  # resolve_stream(None): the null stream

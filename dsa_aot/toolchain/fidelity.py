@@ -621,8 +621,8 @@ class Upstream:
       on_host(*names)              torch's factories ``names`` (empty, full, zeros, arange, empty_like) give
                                    CUDA-presenting CPU tensors, as upstream's allocations on the device
       cudnn_route(*modules)        what every cudnn route needs: its device-query caches cleared (they answer
-                                   for the target) and the ``_torch_stream_context`` of ``modules`` that
-                                   have one a no-op (nothing runs on a stream)
+                                   for the target) and the ``_torch_stream_context`` of each of ``modules``
+                                   a no-op (nothing runs on a stream)
     """
 
     def __init__(self, arch: str, sm_count: int):
@@ -715,9 +715,8 @@ class Upstream:
         from cudnn.deepseek_sparse_attention.utils import compiler, runtime
 
         self.clear_lru(compiler.gpu_arch_flag, runtime._device_capability)
-        for mod in modules:
-            if hasattr(mod, "_torch_stream_context"):
-                self.patch(mod, "_torch_stream_context", lambda *a, **k: contextlib.nullcontext())
+        for mod in modules:  # each must have one (AttributeError otherwise: upstream changed, re-read its route)
+            self.patch(mod, "_torch_stream_context", lambda *a, **k: contextlib.nullcontext())
 
     def tensor(self, dtype, *shape):
         import torch
