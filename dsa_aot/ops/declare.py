@@ -305,6 +305,10 @@ class Op:
     def _opt(self, name):
         return next(o for o in self.options if o.name == name)
 
+    def tensor(self, name):
+        """The declaration of tensor ``name``."""
+        return next(t for t in self.tensors if t.name == name)
+
     # --- validation -------------------------------------------------------------------------------
 
     def _context(self, values, allocating) -> _Ctx:
@@ -395,10 +399,12 @@ class Op:
             raise input_error(problems)
         return c
 
-    def check_options(self, values, problems):
-        """Every option's type and range (the generic validation's first step; a family's ``check`` may start with it)."""
+    def check_options(self, values, problems, names=None):
+        """Every option's type and range, or those ``names`` (the generic validation's first step; a family's ``check`` may
+        start with it, or check the options its own checks do not)."""
         for o in self.options:
-            o.check(problems, values[o.name])
+            if names is None or o.name in names:
+                o.check(problems, values[o.name])
 
     def check_written(self, c, values, problems):
         """The workspace (size, alignment) and overlap checks, once nothing else is wrong (the generic validation's

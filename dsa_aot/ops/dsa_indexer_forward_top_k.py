@@ -31,10 +31,12 @@ it is is filled through one of the op's own and copied back. The tuning argument
 
 from __future__ import annotations
 
+import itertools
+
 from ..policy import dsa_indexer_forward_top_k as policy
 from ..policy.dsa_indexer_forward import MAX_RATIO, SM100_PRECISIONS
 from .args import tensor_args
-from .checks import aliasing, check, input_error, integer
+from .checks import aliasing, check, input_error, integer, one_of
 from .gpu import launcher, max_lengths, stream_handle
 from .declare import Flag, Float, In, Int, OneOf, Op, Out
 
@@ -53,8 +55,6 @@ def compress_topk_cand_buffer_size(bs, seqlen_q, seqlen_k, ratio, microbatch_row
     launch's ``microbatch_rows``, ``return_lse`` and ``precision``: they decide that). With
     ``q_causal_offsets`` the exact per-batch sum, read back from the device (a synchronisation, as
     upstream's). What the launch would refuse is refused here."""
-    from .checks import one_of
-
     problems = []
     for name, v, lo in (("bs", bs, 0), ("seqlen_q", seqlen_q, 0), ("seqlen_k", seqlen_k, 0), ("ratio", ratio, 1)):
         integer(problems, name, v, lo, _I32)
@@ -96,14 +96,6 @@ def _slabs(s_q, ratio, offsets):
     return out
 
 
-def _lens(cu):
-    """Segment lengths (int64) of cu_seqlens, on its device."""
-    import torch
-
-    cu = cu.to(torch.int64)
-    return cu[1:] - cu[:-1]
-
-
 def cand_batch_offsets(bs, seqlen_q, ratio, q_causal_offsets):
     """The BSHD batch bases a call with ``q_causal_offsets`` takes (upstream's _bshd_cand_batch_offsets):
     int64 (bs + 1,), computed on the device without a synchronisation (capture-safe)."""
@@ -141,7 +133,7 @@ def compress_topk_cand_buffer_size_thd(cu_seqlens_q, cu_seqlens_k, ratio, q_caus
         _offsets_arg(problems, q_causal_offsets, cu_seqlens_q.shape[0] - 1, cu_seqlens_q.device)
     if problems:
         raise input_error(problems)
-    cbo = _slabs(_lens(cu_seqlens_q), ratio, q_causal_offsets)
+    cbo = _slabs(cu_seqlens_q.to(torch.int64).diff(), ratio, q_causal_offsets)
     return cbo, int(cbo[-1].item())  # upstream's .item(): a device sync
 
 
@@ -241,20 +233,8 @@ def _record_gemm(rec, le, q, k, w, scales, cand, lse, s_q, s_k, cu, qco, cbo):
     q, k, w, [q_scale, k_scale], the candidate buffer, [lse], the scale, S_q, S_k (THD: the longest
     segments), [cu_seqlens_q, cu_seqlens_k (mx: and their scale-padded twins)], [causal offsets], the
     stream, [batch offsets]. Each tensor argument in :func:`tensor_args` form (or None); ``cu`` a list."""
-    args = [*q, *k, *w]
-    if scales is not None:
-        args += [*scales[0], *scales[1]]
-    args += cand
-    if lse is not None:
-        args += lse
-    args += [rec.x[0], s_q, s_k]
-    for t in cu:
-        args += t
-    if qco is not None:
-        args += qco
-    args.append(rec.s)
-    if cbo is not None:
-        args += cbo
+    flat = lambda ts: [a for t in ts if t is not None for a in t]  # noqa: E731
+    args = [*q, *k, *w, *flat(scales or ()), *cand, *(lse or ()), rec.x[0], s_q, s_k, *flat(cu), *(qco or ()), rec.s, *(cbo or ())]
     rec.launch(le, *args)
 
 
@@ -263,12 +243,10 @@ def _fill_words(rec, ptr: int, words) -> None:
     byte gets its final value directly, so a call on another stream reading the same table never sees
     a half-written one."""
     i = 0
-    while i < len(words):
-        j = i
-        while j < len(words) and words[j] == words[i]:
-            j += 1
-        rec.memset(ptr + 4 * i, 4 * (j - i), words[i] & 0xFFFFFFFF)
-        i = j
+    for w, run in itertools.groupby(words):
+        n = len(list(run))
+        rec.memset(ptr + 4 * i, 4 * n, w & 0xFFFFFFFF)
+        i += n
 
 
 def _table(nbytes: int, device):
@@ -305,13 +283,6 @@ def _check(c, problems):
     import torch
 
     from . import dsa_indexer_forward as fwd
-    from .checks import flag, scalar_f32
-
-    def options():
-        scalar_f32(problems, "sm_scale", c.sm_scale)
-        integer(problems, "top_k", c.top_k, 1, policy.MAX_TOP_K)
-        flag(problems, "topk_indices_global", c.topk_indices_global)
-        flag(problems, "deterministic", c.deterministic)
 
     a = c.allocating
     if a:
@@ -325,13 +296,11 @@ def _check(c, problems):
         if c.return_softmax not in (None, True, False):
             problems.append(f"return_softmax={c.return_softmax!r} (expected None, True or False)")
     else:
-        options()
         f = fwd.check_inputs(problems, c.q, c.k, c.w, c.ratio, None, c.cu_seqlens_q, c.cu_seqlens_k, c.max_seqlen_q, c.max_seqlen_k,
                              c.q_causal_offsets, c.precision, c.q_scale, c.k_scale, c.cu_seqlens_q_scale_padded, c.cu_seqlens_k_scale_padded)
     if f is not None and not f.sm100:
         problems.append(f"cuda:{f.dev} runs {f.arch}: cudnn's fused indexer forward + top-k exists for SM100 only" + (" (upstream raises too)" if a else ""))
-    if a:
-        options()
+    FUSED.check_options(c.__dict__, problems, ("sm_scale", "top_k", "topk_indices_global", "deterministic"))  # (check_inputs: the rest)
     c.f, c.dev = f, f and f.dev
     if problems or a:
         return
@@ -440,18 +409,16 @@ def _alloc(c, stream) -> dict:
         if vl and (max_q is None or max_k is None):
             max_q, max_k = max_lengths(c.cu_seqlens_q, c.cu_seqlens_k, max_q, max_k, stream)
         if (vl or c.q_causal_offsets is not None) and cbo is None:  # on the device, no sync
-            cbo = allocate(lambda: _slabs(_lens(c.cu_seqlens_q) if vl else f.s_q, ratio, c.q_causal_offsets))
+            cbo = allocate(lambda: _slabs(c.cu_seqlens_q.to(torch.int64).diff() if vl else f.s_q, ratio, c.q_causal_offsets))
         if cand is None:
             if cbo is not None:
                 n = int(cbo[-1].item())  # upstream's .item(): a device sync
             else:
                 n = compress_topk_cand_buffer_size(f.b, f.s_q, f.s_k, ratio, c.microbatch_rows, want_lse, None, c.precision)
             cand = allocate(lambda: torch.empty(n, dtype=torch.float32, device=c.q.device))
-        rows = (c.q.shape[0],) if vl else (f.b, f.s_q)
         c.back = {}
         for name, (t, want) in given.items():
-            shape = rows + (c.top_k,) if name != "lse" else rows
-            dtype = torch.int32 if name == "indices" else torch.float32
+            shape, (dtype,) = FUSED.tensor(name).shape_of(c), FUSED.tensor(name).dtype_of(c)  # as declared: (B, S_q, top_k) or (T, top_k)
             if want and (t is None or (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype and t.device == c.q.device
                                        and not (t.is_contiguous() and t.data_ptr() % 16 == 0))):
                 if t is not None:  # one the kernels cannot bind as it is: filled through one of the op's own, copied back
