@@ -1,15 +1,8 @@
-"""DSA score recompute ops: cudnn's ``sparse_indexer_score_recompute_wrapper`` and
-``sparse_attn_score_recompute_wrapper``, launched from shipped cubins.
-
-The indexer's predicted distribution over each query's top-k slots,
-``predict[b, s, i] = softmax_i(sum_h relu(q[b, s, h] . k[b, topk[b, s, i]]) w[b, s, h])``, and the
-attention's target distribution,
-``target[b, s, i] = L1norm_i(sum_h exp(scale q[b, s, h] . k[b, topk[b, s, i]] - lse[b, s, h]))``,
-which the indexer loss compares (:mod:`dsa_aot.policy.dsa_score_recompute`), and their dense twins over
-every key (``dense_indexer_score_recompute`` / ``dense_attn_score_recompute``; on SM100 also
-block-scaled with e8m0 scales, the indexer's mxfp8 / mxfp4, the attention's mxfp8). One launch per call (SM90 THD: one per segment);
-on SM90 the weights / LSE are first copied transposed into the caller's workspace, on the call's stream,
-as upstream copies them on every call. Every input is validated before anything is written or launched.
+"""DSA score recompute ops, launched from shipped cubins: cudnn's ``sparse_indexer_score_recompute_wrapper`` (the
+indexer's ``predict = softmax_i(sum_h relu(q_h . k_slot) w_h)`` over each query's top-k slots), ``sparse_attn_score_recompute_wrapper``
+(the attention's ``target = L1norm_i(sum_h exp(scale q_h . k_slot - lse_h))``), their dense twins over every key (on SM100 also
+block-scaled) and the training-layout ``sparse_attention_score_recompute``. One launch per call (SM90 THD: one per segment); on
+SM90 the weights / LSE are first copied transposed into the caller's workspace, as upstream copies them on every call.
 """
 
 from __future__ import annotations
@@ -197,17 +190,15 @@ def _sparse(kind, plan_class, note, *scale):
 SPARSE_INDEXER = _sparse(_INDEXER, "SparseIndexerScoreRecompute", (
     "The indexer's predict (B, S_q, topk) fp32: q_indexer (B, S_q, H, 128), k_indexer (B, S_k, 128), weights (B, S_q, H) bf16; "
     "topk_indices (B, S_q, topk) int32, per-batch local ids unless ``topk_indices_global`` (``b * S_k + local``), a negative id for an "
-    "empty slot (its predict is 0); topk_length (B, S_q) int32 or None: the slots at and past it are 0. Device values the op cannot "
-    "check, as upstream: every scored id a key row of its own batch, ``0 <= topk_length <= topk`` (the arches differ otherwise; "
-    "tests/gpu/ref_score_recompute.py cites the code). ``out`` is allocated when not given, and on SM90 the ``workspace`` "
-    "(``sparse_indexer_score_recompute_workspace_bytes``). Every tensor contiguous."))
+    "empty slot (its predict is 0); topk_length (B, S_q) int32 or None: the slots at and past it are 0. Not checkable on the host, as "
+    "upstream: every scored id a key row of its own batch, ``0 <= topk_length <= topk``. On SM90 ``workspace``: "
+    "``sparse_indexer_score_recompute_workspace_bytes``."))
 SPARSE_ATTN = _sparse(_ATTENTION, "SparseAttnScoreRecompute", (
     "The attention's target (B, S_q, topk) fp32, the L1-normalised ``sum_h exp(softmax_scale q_h . k_slot - lse_h)`` over each query's "
     "slots: q_attn (B, S_q, H, D) bf16 with D 512 or 576, k_attn (B, S_k, D) bf16, lse (B, S_q, H) fp32 (the forward's, natural log); "
     "topk_indices and topk_length as the indexer's. As upstream's docstring says, ``topk_length`` does not replace the -1 padding: slots "
-    "at and past it must hold -1 (on SM100 upstream runs the non-compact kernel where the tiles match, and so does the op). "
-    "``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code literal is the launcher's argument here). ``out`` "
-    "is allocated when not given, and on SM90 the ``workspace`` (``sparse_attn_score_recompute_workspace_bytes``). Every tensor contiguous."),
+    "at and past it must hold -1. ``softmax_scale`` > 0, any value (none is compiled in). On SM90 ``workspace``: "
+    "``sparse_attn_score_recompute_workspace_bytes``."),
     Float("softmax_scale", positive=True))
 
 sparse_indexer_score_recompute, sparse_indexer_score_recompute_into, SparseIndexerScoreRecompute = SPARSE_INDEXER.forms(globals())
@@ -244,44 +235,27 @@ def dense_attn_score_recompute_workspace_bytes(lse_shape, device=None, cu_seqlen
     return _workspace_bytes(_ATTENTION, lse_shape, device, cu_seqlens_q, cu_seqlens_k)
 
 
-def _dense_first(cu_seqlens_q, cu_seqlens_k, precision, host=None, *, q, stream):
-    """The ``_into`` form's first step, before its cache: ``precision`` as upstream compares it (lower case), and an
-    SM90 THD call's segment bounds on the host (``host``; its ``cu_seqlens`` then None: :func:`_sm90_segments`)."""
+def _dense_first(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host=None, *, q, stream, sf_vec_size=None):
+    """Both forms' first step, before their caches: ``precision`` as upstream compares it (lower case); an SM90 bf16 THD
+    call's segment bounds on the host (``host``; its ``cu_seqlens`` then None), since its kernel runs once per segment:
+    ``cu_seqlens_*`` given on the host as they are, device ones read back (upstream's sync; refused under capture). The
+    allocating form's (``sf_vec_size`` given) reads missing SM100 THD maxima back from ``cu_seqlens`` as upstream does (a
+    synchronisation: refused under capture). A block-scaled SM90 call is left for the validation to refuse, unread."""
+    if sf_vec_size is not None:
+        _sf_vec(sf_vec_size)
     precision = _lower(precision)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        host, cu_seqlens_q, cu_seqlens_k, _ = _sm90_segments(q, cu_seqlens_q, cu_seqlens_k, stream, precision)
-    return cu_seqlens_q, cu_seqlens_k, precision, host
-
-
-def _dense_alloc_first(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host=None, *, q, stream, sf_vec_size):
-    """The allocating form's: as :func:`_dense_first`, and SM100 THD maxima read back from ``cu_seqlens`` where missing,
-    as upstream does (a synchronisation: refused under capture)."""
-    _sf_vec(sf_vec_size)
-    precision = _lower(precision)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        host, cu_seqlens_q, cu_seqlens_k, refused = _sm90_segments(q, cu_seqlens_q, cu_seqlens_k, stream, precision)
-        if host is None and not refused and (max_seqlen_q is None or max_seqlen_k is None):
-            max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
-    return cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host
-
-
-def _sm90_segments(q, cu_q, cu_k, stream, precision="bf16"):
-    """(host segment bounds, None, None, False) for a THD call on an SM90 GPU, whose kernel runs once per segment
-    from bounds the host knows: ``cu_seqlens_*`` given on the host as they are, device ones read back
-    (upstream's sync; refused under capture). Otherwise (None, cu_q, cu_k, refused) unchanged (SM100 reads
-    them on the device; a malformed call is for the validation to describe); ``refused``: a block-scaled call
-    on SM90, which the validation refuses, so nothing is read back for it."""
-    if getattr(q, "is_cuda", False):
-        arch, sm100 = arch_or_refuse([], q.device.index)
-        if arch is not None and not sm100:
-            if precision != "bf16":
-                return None, cu_q, cu_k, True
+    thd = cu_seqlens_q is not None or cu_seqlens_k is not None
+    arch, sm100 = arch_or_refuse([], q.device.index) if thd and getattr(q, "is_cuda", False) else (None, False)
+    if arch is not None and not sm100:
+        if precision == "bf16":
             problems = []
-            host = _host_offsets(problems, cu_q, cu_k, q.device.index, stream)
+            host = _host_offsets(problems, cu_seqlens_q, cu_seqlens_k, q.device.index, stream)
             if problems:
                 raise input_error(problems)
-            return host, None, None, False
-    return None, cu_q, cu_k, False
+            return None, None, max_seqlen_q, max_seqlen_k, precision, host
+    elif thd and sf_vec_size is not None and (max_seqlen_q is None or max_seqlen_k is None):
+        max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
+    return cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host
 
 
 def _host_offsets(problems, cu_q, cu_k, dev, stream):
@@ -439,14 +413,10 @@ def _sm90_dense_args(q, k, out, aux_t, denom, offs, b, s_q, s_k, h, h_kv, d, s, 
             *flat_args(denom, (b, s_q)), *o, *x)
 
 
-def _dense_check(kind):
-    """The dense ``kind``'s validation (:class:`dsa_aot.ops.declare.Op`'s ``check``): every problem with a call, raised
-    together before anything is touched (``c.host``: an SM90 THD call's segment bounds, its ``cu_seqlens`` then None;
-    allocating: ``out``, ``denom_out`` and ``workspace`` given as None will be allocated). Sets what the plan reads."""
-    return lambda c, problems: c.__dict__.update(_validate_dense(problems, kind, c))
-
-
 def _validate_dense(problems, kind, c) -> dict:
+    """The dense ``kind``'s validation (its Op's ``check``): every problem with a call, raised together before anything is
+    touched (``c.host``: an SM90 THD call's segment bounds, its ``cu_seqlens`` then None; allocating: ``out``, ``denom_out``
+    and ``workspace`` given as None will be allocated). Returns what the plan reads."""
     import torch
 
     ts = tuple(getattr(c, n) for n in kind.tensors)
@@ -579,21 +549,15 @@ def _host_thd(problems, host, t_q, t_k, max_q, max_k):
     return b, got[0], got[1], policy.thd_segments(cu_q, cu_k), no_keys
 
 
-def _f_dense(q, k, weights, sm_scale=1.0, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None,
-             precision="bf16", q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None):
+def _f_dense(q, k, aux, *args, **kwargs):  # the outputs' shapes: the indexer's and the attention's (softmax_scale first) alike
     import torch
 
-    if cu_seqlens_q is not None:
-        if max_seqlen_k is None:
-            raise input_error(["max_seqlen_k: the torch op needs it for THD (the output's width)"])
-        rows, s_k = (q.shape[0],), max_seqlen_k
-    else:
-        rows, s_k = tuple(q.shape[:2]), k.shape[1]
-    return q.new_empty((*rows, s_k), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
-
-
-def _f_dattn(q, k, lse, softmax_scale, *args, **kwargs):
-    return _f_dense(q, k, lse, None, *args, **kwargs)
+    thd = kwargs.get("cu_seqlens_q", args[2] if len(args) > 2 else None) is not None
+    max_k = kwargs.get("max_seqlen_k", args[5] if len(args) > 5 else None)
+    if thd and max_k is None:
+        raise input_error(["max_seqlen_k: the torch op needs it for THD (the output's width)"])
+    rows = (q.shape[0],) if thd else tuple(q.shape[:2])
+    return q.new_empty((*rows, max_k if thd else k.shape[1]), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
 
 
 def _dense(kind, plan_class, note, scale):
@@ -623,8 +587,8 @@ def _dense(kind, plan_class, note, scale):
                  OneOf("sf_vec_size", (policy.SF_VEC,), policy.SF_VEC, alloc_only=True, torch=False)),
         torch_order=(None, f"out, denom_out, q, k, {aux}, {sc}, ratio, {thd.replace('=None', '')}, precision, "
                            f"{scales.replace('=None', '')}, workspace"),
-        check=_dense_check(kind), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_dense_plan(kind),
-        into_first=_dense_first, alloc_first=_dense_alloc_first, fake=_f_dense if kind is _DENSE_INDEXER else _f_dattn,
+        check=lambda c, problems: c.__dict__.update(_validate_dense(problems, kind, c)), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_dense_plan(kind),
+        into_first=_dense_first, alloc_first=_dense_first, fake=_f_dense,
     )  # fmt: skip
 
 
@@ -632,33 +596,16 @@ DENSE_INDEXER = _dense(_DENSE_INDEXER, "DenseIndexerScoreRecompute", (
     "The indexer's logits ``out[b, i, j] = sm_scale * sum_h w[b, i, h] relu(q[b, i, h] . k[b, j, h // qhpkv])`` over every key, -inf "
     "where the ratio-causal rule hides key j from row i (``j >= (offset_b + i + 1) // ratio``), and ``denom`` their log-sum-exp per row "
     "(-inf for a row that sees no key). BSHD: q (B, S_q, H, 128), k (B, S_k, H_kv, 128), weights (B, S_q, H) bf16; ``out`` (B, S_q, "
-    "S_k), ``denom`` (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): q (T_q, H, 128), k (T_k, H_kv, 128), weights (T_q, H); "
-    "``out`` (T_q, max_seqlen_k), ``denom`` (T_q,). SM100 runs THD natively, from ``cu_seqlens`` on the device (int32): the allocating "
-    "form reads missing ``max_seqlen_*`` back from it as upstream does (refused under capture: pass them), ``_into`` needs them. SM90 "
-    "runs upstream's per-segment form (one BSHD launch per segment with queries and keys, through workspace temporaries): it needs the "
-    "segment bounds on the host, so ``cu_seqlens`` given as CPU tensors or lists make it sync-free and capture-safe; device ones are "
-    "read back as upstream does (a synchronisation, refused under capture). Rows of a segment with no key get ``denom`` -inf (upstream "
-    "leaves them unwritten). Upstream's plan classes do not run SM90 THD, nor do ours. ``q_causal_offsets`` (B,) int32 or None. On "
-    "SM90 the kernel bakes ``sm_scale`` in as a float32 immediate: the build ships the scales its manifest lists (a call at another is "
-    "a KernelNotFoundError naming the bucket; doubles with one float32 share a cubin). ``out`` / ``denom_out`` are allocated when not "
-    "given, and on SM90 the ``workspace`` (``dense_indexer_score_recompute_workspace_bytes``; THD: of the call's ``cu_seqlens``). Every "
-    "tensor contiguous. ``precision``: \"bf16\", or on SM100 the block-scaled \"mxfp8\" (q / k float8_e4m3fn) and \"mxfp4\" (q / k "
-    "float4_e2m1fn_x2, last dim 64: two values a byte), one KV head and 32 or 64 q heads, with e8m0 (float8_e8m0fnu) scales, one per 32 "
-    "values, in upstream's packed layout: BSHD ``q_scale`` (B, ceil128(S_q * H), 4) and ``k_scale`` (B, ceil128(S_k), 4); THD both (1, "
-    "a multiple of 128 rows, 4), each segment's rows padded to 128 at ``cu_seqlens_q_scale_padded`` / ``cu_seqlens_k_scale_padded`` "
-    "(int32, B + 1). ``sf_vec_size`` 32 only. SM90 refuses them (upstream raises NotImplementedError); cudnn's plan class is bf16 "
-    "only, ours also plans the block-scaled calls."), Float("sm_scale", 1.0))
+    "S_k), ``denom`` (B, S_q) fp32. THD (``cu_seqlens_q`` / ``cu_seqlens_k``): (T_q, ...) rows, ``out`` (T_q, max_seqlen_k); on SM90 "
+    "one launch per segment, sync-free and capture-safe with ``cu_seqlens`` on the host. On SM90 ``sm_scale`` is compiled in (the "
+    "manifest lists the scales). ``precision`` \"mxfp8\" / \"mxfp4\" (SM100) take e8m0 scales in upstream's packed layout. "
+    "docs/ops.md has the whole contract."), Float("sm_scale", 1.0))
 DENSE_ATTN = _dense(_DENSE_ATTENTION, "DenseAttnScoreRecompute", (
     "The attention's probabilities summed over heads, ``out[b, i, j] = sum_h exp(softmax_scale q[b, i, h] . k[b, j, h // qhpkv] - "
-    "lse[b, i, h])`` for every key the ratio-causal rule shows row i, -inf where it hides one, and ``denom`` their sum per row (the L1 "
-    "norm; ``out`` is not divided by it). Layouts as ``dense_indexer_score_recompute``'s with ``lse`` (B, S_q, H) / (T_q, H) fp32 in "
-    "place of the weights and D 512 or 576. ``softmax_scale`` > 0, any value (no scale is compiled in: SM90's host-code literal is the "
-    "launcher's argument). THD as the indexer's (SM90: per segment, host ``cu_seqlens`` sync-free; rows of a segment with no key get "
-    "``denom`` 0, the sum of no probability). ``precision``: \"bf16\", or on SM100 \"mxfp8\": q / k float8_e4m3fn, D512 or D128, one "
-    "KV head and 64 or 128 q heads, e8m0 scales in the indexer's packed layout with ceil4(D / 32) columns (16 at D512, 4 at D128). Its "
-    "K block is upstream's choice from S_k (BSHD) or ``max_seqlen_k`` (THD): at D512 256-wide from 4096 keys, 128 below (two entries). "
-    "``out`` is zeroed before the launch, not -inf filled (the kernel accumulates into it), and ``denom`` too at D512 H128 and D128 "
-    "H64, as upstream does. SM90 refuses it (upstream raises NotImplementedError)."), Float("softmax_scale", positive=True))
+    "lse[b, i, h])`` for every key the ratio-causal rule shows row i, -inf where it hides one, and ``denom`` their sum per row (``out`` "
+    "is not divided by it). Layouts as ``dense_indexer_score_recompute``'s with ``lse`` (B, S_q, H) / (T_q, H) fp32 in place of the "
+    "weights and D 512 or 576; any ``softmax_scale`` > 0; ``precision`` \"mxfp8\" on SM100 (D512 / D128). docs/ops.md has the whole "
+    "contract."), Float("softmax_scale", positive=True))
 
 dense_indexer_score_recompute, dense_indexer_score_recompute_into, DenseIndexerScoreRecompute = DENSE_INDEXER.forms(globals())
 dense_attn_score_recompute, dense_attn_score_recompute_into, DenseAttnScoreRecompute = DENSE_ATTN.forms(globals())
@@ -674,24 +621,19 @@ def sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale=None, to
     upstream); ``indices`` the slots as scored, ids outside [0, S_kv) and slots at or past
     ``clamp(topk_length, 0, K)`` set to -1 (positions unchanged, no compaction).
 
-    q (S_q, H, D) bf16, kv (S_kv, D) bf16, lse (S_q, H) fp32 (the forward's KV-only natural-log
-    statistic, e.g. :func:`dsa_aot.dsa.sparse_attention`'s ``lse``), indices (S_q, K) int32 ids into kv,
-    topk_length (S_q,) int32 or None; every tensor contiguous on one device, no empty extent;
-    ``softmax_scale`` finite and > 0 (default 1/sqrt(D)). The rows are padded with -1 to a multiple of
-    128 slots and run as one batch of :func:`sparse_attn_score_recompute` with local ids and no
-    ``topk_length`` (upstream's call). Upstream accepts compute capability 10.0 only (and its training
-    heads, not H128 D576); this runs wherever the build has the score-recompute entry (SM90 as well),
-    and refuses anything else before any work, naming the bucket to add. Runs on torch's current stream.
+    q (S_q, H, D) bf16, kv (S_kv, D) bf16, lse (S_q, H) fp32 (the forward's natural-log ``lse``), indices
+    (S_q, K) int32 ids into kv, topk_length (S_q,) int32 or None; contiguous, one device, no empty extent;
+    ``softmax_scale`` > 0 (default 1/sqrt(D)). Run as upstream runs it: rows padded with -1 to 128 slots, one
+    batch of :func:`sparse_attn_score_recompute`, on torch's current stream; wherever the build has the entry
+    (upstream: capability 10.0 only), a missing one refused before any work, naming the bucket to add.
     """
     import torch
     import torch.nn.functional as F
 
     problems = []
     dev, h, d, k, scale = _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length)
-    if problems:
-        raise input_error(problems)
     padded = -(-k // _TOPK_TILE) * _TOPK_TILE
-    arch, _ = arch_or_refuse(problems, dev)
+    arch = None if problems else arch_or_refuse(problems, dev)[0]
     if problems:
         raise input_error(problems)
     require(FAMILY, policy.attention_kernels(arch, h, d, padded, False, False), dev)
@@ -713,26 +655,23 @@ def _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length):
     (device, H, D, K, scale); the kernels' own limits are the score recompute's, checked when it runs."""
     import torch
 
-    named = (("q", q, 3), ("kv", kv, 2), ("lse", lse, 2), ("indices", indices, 2), ("topk_length", topk_length, 1))
-    for name, t, rank in named:
-        if t is None and name == "topk_length":
-            continue
-        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type != "cuda" or t.ndim != rank:
+    ts = {"q": (q, 3, torch.bfloat16), "kv": (kv, 2, torch.bfloat16), "lse": (lse, 2, torch.float32), "indices": (indices, 2, torch.int32),
+          "topk_length": (topk_length, 1, torch.int32)}
+    for name, (t, rank, _) in ts.items():
+        if (t is not None or name != "topk_length") and (not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type != "cuda"
+                                                         or t.ndim != rank):
             problems.append(f"{name}: expected a {rank}-D CUDA tensor, got {getattr(t, 'shape', type(t).__name__)}")
     if problems:
         return None, 0, 0, 0, 0.0
-    dev = q.device.index
-    s_q, h, d = q.shape
-    k = indices.shape[1]
-    want = (("q", q, (s_q, h, d), torch.bfloat16), ("kv", kv, (kv.shape[0], d), torch.bfloat16), ("lse", lse, (s_q, h), torch.float32),
-            ("indices", indices, (s_q, k), torch.int32), ("topk_length", topk_length, (s_q,), torch.int32))
-    for name, t, shape, dtype in want:
+    (s_q, h, d), k = q.shape, indices.shape[1]
+    shapes = {"q": (s_q, h, d), "kv": (kv.shape[0], d), "lse": (s_q, h), "indices": (s_q, k), "topk_length": (s_q,)}
+    for name, (t, _, dtype) in ts.items():
         if t is not None:
-            check(problems, t, name, shape, dtype, dev, 16 if name in ("q", "kv") else 4)
+            check(problems, t, name, shapes[name], dtype, q.device.index, 16 if name in ("q", "kv") else 4)
     if not (s_q and kv.shape[0] and k):
         problems.append(f"S_q = {s_q}, S_kv = {kv.shape[0]}, K = {k} (expected each >= 1, as upstream)")
     scale = scalar_f32(problems, "softmax_scale", d**-0.5 if softmax_scale is None else softmax_scale, positive=True)
-    return dev, h, d, k, scale
+    return q.device.index, h, d, k, scale
 
 
 # --- torch.library (dsa_aot.library registers these as torch.ops.dsa_aot.<name>) -------------------------

@@ -1,25 +1,13 @@
-"""Policy of the DSA score recompute (cudnn.deepseek_sparse_attention.score_recompute, 1.32.0): the four
-wrappers, ``sparse_indexer_score_recompute_wrapper`` (the indexer's softmax over each query's top-k slots),
-``sparse_attn_score_recompute_wrapper`` (the attention's L1-normalised distribution over them) and their
-dense twins over every key, ``dense_indexer_score_recompute_wrapper`` (logits and their LSE) and
-``dense_attn_score_recompute_wrapper`` (head-summed probabilities and their row sums); all four in
-docs/research/score-recompute.md, whose §3 measured which fields change a cubin: the ``OPS`` keys below.
-
-Derived per key, as upstream derives them (``check_policy`` holds each rule against upstream's code):
-the SM100 sparse kernels' kv_stage and whether the slot ids fit in shared memory (its 227 KiB budget,
-:func:`sm100_stages`), the sparse attention's tiles (its tuned table, :func:`sm100_attention_tiles`;
-where the compact tiles equal the non-compact ones upstream drops topk_length, so such a key is
-length = false), the SM90 tile_m and head tiles (:func:`sm90_tiles`), the dense tiles and stages
-(:func:`sm100_dense_attention_tiles`, :func:`dense_kv_stage`; the block-scaled ones upstream's
-constants). The mxfp8 dense attention's D512 k_block is upstream's host rule on the S_k hint, so it is
-a key field and the call picks the entry (:func:`dense_attention_kernels`). The SM90 dense indexer bakes
-its scale in as a float32 immediate (an F32 field: the manifest lists the scales).
-
-Not in the keys: batch and sequence lengths; the indexer's scale on SM100 (a kernel argument); the
-attention's softmax_scale, a kernel parameter on both arches (SM90's host code computes
-``f32(scale * log2 e)`` and bakes it in per compile: the launcher takes it per call, the spec's
-``LITERALS``). On SM90 the weights / LSE are first copied transposed, (B, S_q, H) -> (B, H, S_q), as
-upstream does on every call (the kernel reads S_q as the unit stride): into the caller's workspace here.
+"""Policy of the DSA score recompute (cudnn.deepseek_sparse_attention.score_recompute, 1.32.0): the sparse
+indexer's softmax and the sparse attention's L1-normalised distribution over each query's top-k slots, and
+their dense twins over every key (docs/research/score-recompute.md; its §3 measured which fields change a
+cubin: the ``OPS`` keys below). Derived per key as upstream derives them, each rule held against upstream's
+code by ``check_policy``: stages, tiles, whether the slot ids fit in shared memory, the mxfp8 attention's
+D512 k_block (a key field: the call picks the entry). Not in the keys: batch and sequence lengths, and the
+scales the kernels take as arguments (SM100; the SM90 attention's ``f32(scale * log2 e)``, which its host
+code bakes in per compile, is the launcher's per-call argument: the spec's ``LITERALS``). The SM90 dense
+indexer bakes its scale in as a float32 immediate (an F32 field: the manifest lists the scales); on SM90 the
+weights / LSE are first copied transposed, (B, S_q, H) -> (B, H, S_q), into the caller's workspace.
 """
 
 from ._math import round_up
