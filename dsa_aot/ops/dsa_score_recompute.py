@@ -235,13 +235,14 @@ def dense_attn_score_recompute_workspace_bytes(lse_shape, device=None, cu_seqlen
     return _workspace_bytes(_ATTENTION, lse_shape, device, cu_seqlens_q, cu_seqlens_k)
 
 
-def _dense_first(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host=None, *, q, stream, sf_vec_size=None):
+def _dense_first(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host=None, *, q, stream, sf_vec_size=REQUIRED):
     """Both forms' first step, before their caches: ``precision`` as upstream compares it (lower case); an SM90 bf16 THD
     call's segment bounds on the host (``host``; its ``cu_seqlens`` then None), since its kernel runs once per segment:
     ``cu_seqlens_*`` given on the host as they are, device ones read back (upstream's sync; refused under capture). The
-    allocating form's (``sf_vec_size`` given) reads missing SM100 THD maxima back from ``cu_seqlens`` as upstream does (a
+    allocating form's (the one that passes ``sf_vec_size``) reads missing SM100 THD maxima back from ``cu_seqlens`` as upstream does (a
     synchronisation: refused under capture). A block-scaled SM90 call is left for the validation to refuse, unread."""
-    if sf_vec_size is not None:
+    allocating = sf_vec_size is not REQUIRED
+    if allocating:
         _sf_vec(sf_vec_size)
     precision = _lower(precision)
     thd = cu_seqlens_q is not None or cu_seqlens_k is not None
@@ -253,7 +254,7 @@ def _dense_first(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precisi
             if problems:
                 raise input_error(problems)
             return None, None, max_seqlen_q, max_seqlen_k, precision, host
-    elif thd and sf_vec_size is not None and (max_seqlen_q is None or max_seqlen_k is None):
+    elif thd and allocating and (max_seqlen_q is None or max_seqlen_k is None):
         max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
     return cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host
 
@@ -388,18 +389,14 @@ def _record_sm90_thd(rec, kind, ts, c):
 def _dense_launch_args(op, ts, c, p, s, x=()) -> tuple:
     """The host-function arguments of dense entry ``op`` in upstream's order (``x``: the scale as the kernel
     reads it: the call's ``c.kx``)."""
-    out, denom, q, k, aux, cu_q, cu_k, offs, _ = ts[:9]
+    _, _, q, k, aux, _, _, offs, _ = ts[:9]
     if not op.endswith("_sm90"):
         # SM100: q, k, w / lse, [q_scale, k_scale], out, denom, scale, max_seqlen_q, max_seqlen_k, [cu_seqlens_q, cu_seqlens_k,
         # [their scale-padded twins]], [offsets], stream; block-scaled when the call has scales (the validation ties them to the precision)
-        mx = len(ts) > 9 and ts[9] is not None
-        o = tensor_args(offs, p[7]) if offs is not None else ()
-        cu = (*tensor_args(cu_q, p[5]), *tensor_args(cu_k, p[6])) if c.varlen else ()
-        sc = (*tensor_args(ts[9], p[9]), *tensor_args(ts[10], p[10])) if mx else ()
-        if mx and c.varlen:
-            cu += (*tensor_args(ts[11], p[11]), *tensor_args(ts[12], p[12]))
-        return (*tensor_args(q, p[2]), *tensor_args(k, p[3]), *tensor_args(aux, p[4]), *sc, *tensor_args(out, p[0]), *tensor_args(denom, p[1]), x[0],
-                c.s_q, c.s_k, *cu, *o, s)
+        mx = (9, 10) if len(ts) > 9 and ts[9] is not None else ()
+        ta = lambda *ix: tuple(a for i in ix for a in tensor_args(ts[i], p[i]))  # noqa: E731
+        cu = ta(5, 6, *(i + 2 for i in mx)) if c.varlen else ()
+        return (*ta(2, 3, 4, *mx, 0, 1), x[0], c.s_q, c.s_k, *cu, *(ta(7) if offs is not None else ()), s)
     b, s_q, h = aux.shape
     return _sm90_dense_args(p[2], p[3], p[0], p[8], p[1], None if offs is None else p[7], b, s_q, k.shape[1], h, k.shape[2], q.shape[3], s, x)
 
