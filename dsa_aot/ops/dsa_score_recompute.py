@@ -566,10 +566,9 @@ def _dense(kind, plan_class, note, scale):
         FAMILY, kind.name, plan_class=plan_class, note=note,
         into=f"out, denom_out, q, k, {aux}, {sc}{d}, ratio=1, {thd}, stream=None, *, workspace=None, qhead_per_kv_head=None, precision='bf16', "
              f"{scales}",
-        alloc=f"q, k, {aux}, {sc}{d}, qhead_per_kv_head=None, out=None, denom_out=None, ratio=1, {thd}, precision='bf16', {scales}, "
-              "sf_vec_size=32, stream=None, *, workspace=None" if not d else
-              f"q, k, {aux}, qhead_per_kv_head=None, out=None, denom_out=None, {sc}{d}, ratio=1, {thd}, precision='bf16', {scales}, "
-              "sf_vec_size=32, stream=None, *, workspace=None",
+        alloc=f"q, k, {aux}, " + (f"{sc}, qhead_per_kv_head=None, out=None, denom_out=None, " if not d else  # (cudnn's orders)
+                                  f"qhead_per_kv_head=None, out=None, denom_out=None, {sc}{d}, ")
+              + f"ratio=1, {thd}, precision='bf16', {scales}, sf_vec_size=32, stream=None, *, workspace=None",
         plan_args=f"out, denom_out, q, k, {aux}, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, {scales}, *, "
                   f"{sc}{d}, ratio=1, max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None, precision='bf16'",
         tensors=(Out("out", "float32", lambda c: c.score, given=True), Out("denom_out", "float32", lambda c: c.lead, given=True, returns="denom"),
