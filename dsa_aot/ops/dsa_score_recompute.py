@@ -425,8 +425,7 @@ def _validate_dense(problems, kind, c) -> dict:
     mx = prec in policy.MX_PRECISIONS
     what = f"the block-scaled dense {'attention' if attention else 'indexer'}"
     dims_ok = policy.MX_ATTN_DIMS if attention and mx else kind.dims
-    x32 = scalar_f32(problems, "softmax_scale" if attention else "sm_scale", c.softmax_scale if attention else c.sm_scale,
-                     positive=attention)
+    x32 = scalar_f32(problems, scale := "softmax_scale" if attention else "sm_scale", getattr(c, scale), positive=attention)
     integer(problems, "ratio", c.ratio, 1, _I32 - 1)
     varlen = cu_q is not None or cu_k is not None or host is not None
     rank = 3 if varlen else 4
@@ -442,8 +441,7 @@ def _validate_dense(problems, kind, c) -> dict:
     arch, sm100 = arch_or_refuse(problems, dev)
     if mx and arch is not None and not sm100:
         problems.append(f"precision={prec!r}: {what} is SM100 only (upstream raises NotImplementedError on SM90, which takes bf16)")
-    h, d = q.shape[-2], q.shape[-1]
-    h_kv = k.shape[-2]
+    (h, d), h_kv = q.shape[-2:], k.shape[-2]
     lead = tuple(q.shape[:-2])
     segs = no_keys = ()
     if host is not None:
@@ -459,19 +457,16 @@ def _validate_dense(problems, kind, c) -> dict:
                             f"segment bounds on the host); call dsa_aot.dsa.{kind.name}_into with cu_seqlens_q / cu_seqlens_k as CPU tensors or "
                             "lists")
     else:
-        b, s_q = lead
-        s_k = k.shape[1]
+        (b, s_q), s_k = lead, k.shape[1]
         k_shape = (b, s_k, h_kv, d)
         score = (b, s_q, s_k)
-    f32 = torch.float32
     qk = getattr(torch, _QK_DTYPES.get(prec, "bfloat16"))
     check(problems, q, "q", lead + (h, d), qk, dev, 16)
     check(problems, k, "k", k_shape, qk, dev, 16)
     check(problems, aux, names[4], lead + (h,), getattr(torch, kind.aux_dtype), dev, 16)
-    if not (allocating and out is None):
-        check(problems, out, "out", score, f32, dev, 16)
-    if not (allocating and denom is None):
-        check(problems, denom, "denom_out", lead, f32, dev, 16)
+    for name, t, shape in (("out", out, score), ("denom_out", denom, lead)):
+        if not (allocating and t is None):
+            check(problems, t, name, shape, torch.float32, dev, 16)
     if offs is not None and b is not None:
         check(problems, offs, "q_causal_offsets", (b,), torch.int32, dev, 4 if not sm100 else 16)
     if prec == "mxfp4" and d != policy.DIM // 2:
@@ -488,9 +483,8 @@ def _validate_dense(problems, kind, c) -> dict:
                         "(upstream's ValueError; the attention's H32 does not compile)")
     if mx:  # the scales' columns follow the logical head dim (mxfp4 stores two values an element)
         block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, *scales, dim=2 * d if prec == "mxfp4" else d)
-    x = ()
+    x, rows = (), q.numel() // (h * d) if h and d else 0
     if not problems:
-        rows = q.numel() // (h * d)
         for what, n in (("q elements", q.numel()), ("k elements", k.numel()), ("rows*S_k", rows * s_k)):
             if n >= _I32:
                 problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
@@ -505,12 +499,9 @@ def _validate_dense(problems, kind, c) -> dict:
         else:
             ks = policy.dense_indexer_kernels(arch, qhpkv, c.ratio, varlen, offs is not None, x32, prec)
         require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
-        rows = q.numel() // (h * d)
         kernel = ks["main"] if (segs if host is not None else rows and s_k and s_q and b) else None
-        if host is not None:
-            regions, need = policy.thd_workspace(segs, h, kind.aux_bytes)
-        else:
-            regions, need = (), 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
+        regions, need = policy.thd_workspace(segs, h, kind.aux_bytes) if host is not None else \
+            ((), 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes))
         if need and not (allocating and workspace is None):
             problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:8])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
     if not problems:
