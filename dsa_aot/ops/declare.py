@@ -306,8 +306,11 @@ class Op:
         return next(o for o in self.options if o.name == name)
 
     def tensor(self, name):
-        """The declaration of tensor ``name``."""
-        return next(t for t in self.tensors if t.name == name)
+        """The declaration of tensor ``name`` (its In / Out / Workspace)."""
+        t = self._by_name[name]
+        if isinstance(t, _Option):
+            raise KeyError(f"{self.name}: {name!r} is an option, not a tensor")
+        return t
 
     # --- validation -------------------------------------------------------------------------------
 

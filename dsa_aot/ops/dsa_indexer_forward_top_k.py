@@ -143,11 +143,12 @@ def _record_stage2(rec, le, cand, outs, s_q, s_k, cbo, qco, cu=()):
     offsets], [softmax]. Tensors in :func:`tensor_args` form: ``cand`` (pointer, extent), ``outs``
     (indices, logits, softmax or None)."""
     idx, val, sm = outs
-    args = [*cand, *idx, *val, s_q, s_k, rec.s]
-    for t in (*cu, cbo, qco, sm):
-        if t is not None:
-            args += t
-    rec.launch(le, *args)
+    rec.launch(le, *cand, *idx, *val, s_q, s_k, rec.s, *_flat((*cu, cbo, qco, sm)))
+
+
+def _flat(ts) -> list:
+    """The arguments of tensors in :func:`tensor_args` form, None (absent) left out."""
+    return [a for t in ts if t is not None for a in t]
 
 
 def _stage2_key(top_k, ratio, rows, s_k, offsets, softmax, deterministic, varlen) -> dict:
@@ -233,9 +234,7 @@ def _record_gemm(rec, le, q, k, w, scales, cand, lse, s_q, s_k, cu, qco, cbo):
     q, k, w, [q_scale, k_scale], the candidate buffer, [lse], the scale, S_q, S_k (THD: the longest
     segments), [cu_seqlens_q, cu_seqlens_k (mx: and their scale-padded twins)], [causal offsets], the
     stream, [batch offsets]. Each tensor argument in :func:`tensor_args` form (or None); ``cu`` a list."""
-    flat = lambda ts: [a for t in ts if t is not None for a in t]  # noqa: E731
-    args = [*q, *k, *w, *flat(scales or ()), *cand, *(lse or ()), rec.x[0], s_q, s_k, *flat(cu), *(qco or ()), rec.s, *(cbo or ())]
-    rec.launch(le, *args)
+    rec.launch(le, *q, *k, *w, *_flat(scales or ()), *cand, *_flat((lse,)), rec.x[0], s_q, s_k, *_flat(cu), *_flat((qco,)), rec.s, *_flat((cbo,)))
 
 
 def _fill_words(rec, ptr: int, words) -> None:
@@ -418,7 +417,8 @@ def _alloc(c, stream) -> dict:
             cand = allocate(lambda: torch.empty(n, dtype=torch.float32, device=c.q.device))
         c.back = {}
         for name, (t, want) in given.items():
-            shape, (dtype,) = FUSED.tensor(name).shape_of(c), FUSED.tensor(name).dtype_of(c)  # as declared: (B, S_q, top_k) or (T, top_k)
+            out = FUSED.tensor(name)
+            shape, (dtype,) = out.shape_of(c), out.dtype_of(c)  # as declared: (B, S_q, top_k) or (T, top_k)
             if want and (t is None or (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype and t.device == c.q.device
                                        and not (t.is_contiguous() and t.data_ptr() % 16 == 0))):
                 if t is not None:  # one the kernels cannot bind as it is: filled through one of the op's own, copied back

@@ -537,15 +537,15 @@ def _host_thd(problems, host, t_q, t_k, max_q, max_k):
     return b, got[0], got[1], policy.thd_segments(cu_q, cu_k), no_keys
 
 
-def _f_dense(q, k, aux, *args, **kwargs):  # the outputs' shapes: the indexer's and the attention's (softmax_scale first) alike
+def _f_dense(q, k, aux, scale=None, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, *_, **__):
+    """Both dense torch ops' fake (their schemas agree up to here: q, k, weights / lse, the scale, ratio, THD)."""
     import torch
 
-    thd = kwargs.get("cu_seqlens_q", args[2] if len(args) > 2 else None) is not None
-    max_k = kwargs.get("max_seqlen_k", args[5] if len(args) > 5 else None)
-    if thd and max_k is None:
+    thd = cu_seqlens_q is not None
+    if thd and max_seqlen_k is None:
         raise input_error(["max_seqlen_k: the torch op needs it for THD (the output's width)"])
     rows = (q.shape[0],) if thd else tuple(q.shape[:2])
-    return q.new_empty((*rows, max_k if thd else k.shape[1]), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
+    return q.new_empty((*rows, max_seqlen_k if thd else k.shape[1]), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
 
 
 def _dense(kind, plan_class, note, scale):
@@ -574,7 +574,8 @@ def _dense(kind, plan_class, note, scale):
                  OneOf("sf_vec_size", (policy.SF_VEC,), policy.SF_VEC, alloc_only=True, torch=False)),
         torch_order=(None, f"out, denom_out, q, k, {aux}, {sc}, ratio, {thd.replace('=None', '')}, precision, "
                            f"{scales.replace('=None', '')}, workspace"),
-        check=lambda c, problems: c.__dict__.update(_validate_dense(problems, kind, c)), entries=lambda c: {"main": c.kernel} if c.kernel is not None else {}, plan=_dense_plan(kind),
+        check=lambda c, problems: c.__dict__.update(_validate_dense(problems, kind, c)), plan=_dense_plan(kind),
+        entries=lambda c: {"main": c.kernel} if c.kernel is not None else {},
         into_first=_dense_first, alloc_first=_dense_first, fake=_f_dense,
     )  # fmt: skip
 

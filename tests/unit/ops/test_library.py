@@ -97,6 +97,24 @@ def test_fake_tensors_give_every_op_its_output_shapes():
             assert OPS.dsa_compactify_into(c, n, _e((16, 512), I32)) is None
 
 
+def test_the_dense_score_recomputes_fakes_give_bshd_and_thd_shapes():
+    """Both dense ops share one fake: BSHD (B, S_q, S_k) / (B, S_q), THD (T_q, max_seqlen_k) / (T_q,), passed
+    positionally or by keyword; THD without max_seqlen_k is refused (the output's width)."""
+    with FakeTensorMode():
+        for op, aux, d in ((OPS.dsa_dense_indexer_score_recompute, _e((2, 8, 64)), 128),
+                           (OPS.dsa_dense_attn_score_recompute, _e((2, 8, 64), F32), 512)):
+            q, k = _e((2, 8, 64, d)), _e((2, 32, 1, d))
+            out, denom = op(q, k, aux, 0.1, 4)
+            assert (out.shape, denom.shape, out.dtype, denom.dtype) == ((2, 8, 32), (2, 8), F32, F32)
+            tq, tk, cu = _e((20, 64, d)), _e((40, 1, d)), _e((3,), I32)
+            out, denom = op(tq, tk, aux.new_empty((20, 64)), 0.1, 4, cu, cu, 12, 25)
+            assert (out.shape, denom.shape) == ((20, 25), (20,))
+            out, _ = op(tq, tk, aux.new_empty((20, 64)), 0.1, 4, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_k=17)
+            assert out.shape == (20, 17)
+            with pytest.raises(InputError, match="max_seqlen_k"):
+                op(tq, tk, aux.new_empty((20, 64)), 0.1, 4, cu, cu)
+
+
 def test_ops_trace_into_one_graph():
     """make_fx over fake tensors: each op is one node of the graph (what torch.compile traces), not a break."""
 
