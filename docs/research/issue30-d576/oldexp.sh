@@ -17,7 +17,7 @@ assert old in s; open(p,'w').write(s.replace(old,new))
 PY
   fi
   rm -rf /tmp/d576/o_$tree_$mode
-  h=$(PKG=$pkg PYTHONPATH=/tmp/d576/$tree nice -n 10 python /tmp/d576/comp2.py $ID /tmp/d576/o_${tree}_$mode 2>&1 | grep -E 'CUBIN|Error')
+  h=$(PKG=$pkg PYTHONPATH=/tmp/d576/$tree nice -n 10 python /tmp/d576/comp.py $ID /tmp/d576/o_${tree}_$mode 2>&1 | grep -E 'CUBIN|Error')
   echo "OLDEXP $tree $mode $(git log -1 --format=%h) $h"
   git checkout -q -- . ; rm -f $pkg/toolchain/backend.py
 done
