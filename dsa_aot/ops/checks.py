@@ -7,7 +7,7 @@ import numbers
 
 from ..errors import InputError
 
-__all__ = ["check", "scalar_f32", "integer", "one_of", "flag", "block_scales", "thd_batch", "workspace_problems", "overlapping", "aliasing",
+__all__ = ["check", "scalar_f32", "integer", "one_of", "flag", "block_scales", "thd_batch", "int32_extents", "workspace_problems", "overlapping", "aliasing",
            "input_error", "f32_scalar"]
 
 
@@ -144,6 +144,11 @@ def thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev, layout=True):
         else:
             integer(problems, name, v, 0, 2**31 - 1)
     return b
+
+
+def int32_extents(problems, *named):
+    """Each (what, n) of ``named`` whose n does not fit the kernels' int32 indexing appended as a problem."""
+    problems.extend(f"{what} = {n} (expected < 2**31: the kernels index with int32)" for what, n in named if n >= 2**31)
 
 
 def workspace_problems(workspace, need, dev, named, sizer, align=16) -> list:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..policy import dsa_dense_indexer_backward as policy
 from .args import flat_args, tensor_args
-from .checks import _FLT_MAX, aliasing, check, input_error, integer, scalar_f32, thd_batch, workspace_problems
+from .checks import _FLT_MAX, aliasing, check, input_error, int32_extents, integer, scalar_f32, thd_batch, workspace_problems
 from .gpu import alloc_on, arch_or_refuse, cast_into, max_lengths, require
 from .declare import Float, In, Int, OneOf, Op, Out, Workspace
 
@@ -119,9 +119,7 @@ def _check(c, problems):
     if d != policy.DIM:
         problems.append(f"D={d} (expected {policy.DIM})")
     if not problems:
-        for what, n in (("rows*H*D", rows * h * d), ("index_k elements", index_k.numel()), ("rows*S_k", rows * s_k)):
-            if n >= _I32:
-                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+        int32_extents(problems, ("rows*H*D", rows * h * d), ("index_k elements", index_k.numel()), ("rows*S_k", rows * s_k))
     if not problems:
         ks = policy.kernels(arch, h, varlen, ratio=c.ratio, offsets=offsets is not None)
         require(FAMILY, ks, dev)  # every entry ships, before anything is allocated or written (an empty call too: the same key)

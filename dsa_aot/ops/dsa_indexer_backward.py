@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
 from .args import flat_args, tensor_args
-from .checks import _FLT_MAX, flag, input_error, integer, one_of, scalar_f32
+from .checks import _FLT_MAX, flag, input_error, int32_extents, integer, one_of, scalar_f32
 from .gpu import alloc_on, arch_of, target_sm_count
 from .gpu import cast_into as _cast_into  # (a module global: the CPU tests stub it
 from .declare import Flag, Float, In, Int, OneOf, Op, Out, Workspace
@@ -72,9 +72,7 @@ def _early_rules(c, problems):
         problems.append(f"topk={topk} (expected a multiple of block_I = 128)")
     if d != 128:
         problems.append(f"D={d} (expected 128)")
-    for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
-        if n >= _I32:
-            problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+    int32_extents(problems, ("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk))
 
 
 def _rules(c, problems):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
 from .args import flat_args, tensor_args
-from .checks import aliasing, block_scales, check, input_error, integer, scalar_f32, thd_batch, workspace_problems
+from .checks import aliasing, block_scales, check, input_error, int32_extents, integer, scalar_f32, thd_batch, workspace_problems
 from .gpu import alloc_on, arch_or_refuse, max_lengths, require
 from .declare import REQUIRED, Flag, Float, Hidden, In, Int, OneOf, Op, Out, Workspace
 from .outputs import Outputs
@@ -82,19 +82,20 @@ def sparse_attn_score_recompute_workspace_bytes(lse_shape, device=None) -> int:
     return _workspace_bytes(_ATTENTION, lse_shape, device)
 
 
-def _transposed_into_workspace(shape, src, ws, dtype, dev):
-    """The plan step that copies tensor ``ts[src]`` (B, S_q, H) of ``dtype`` transposed, (B, H, S_q), into the
-    workspace ``ts[ws]``: what every SM90 score-recompute kernel reads (S_q the unit stride), as upstream
-    makes it on every call."""
+def _transposed(src, ws, dtype, dev, parts):
+    """The plan step that copies the weights / LSE ``ts[src]`` of ``dtype`` transposed into the workspace ``ts[ws]``: what
+    every SM90 score-recompute kernel reads (S_q the unit stride), as upstream makes it on every call. Per (rows, byte
+    offset, shape (..., S_q, H)) of ``parts``: ``ts[src][rows]`` (None: all) as (..., H, S_q) there (BSHD: one part of
+    (B, S_q, H); THD: one (S_q, H) per segment)."""
     import torch
 
-    b, s_q, h = shape
-    t = getattr(torch, dtype)
-    nbytes = b * h * s_q * t.itemsize  # (resolved once per plan: the step runs on every call)
+    t = getattr(torch, dtype)  # (resolved once per plan: the step runs on every call)
+    parts = [(r, off, off + math.prod(shape) * t.itemsize, (*shape[:-2], shape[-1], shape[-2])) for r, off, shape in parts]
 
     def step(ts, stream):
         with alloc_on(stream, dev):
-            ts[ws][:nbytes].view(t).view(b, h, s_q).copy_(ts[src].transpose(1, 2))
+            for r, lo, hi, shape in parts:
+                ts[ws][lo:hi].view(t).view(shape).copy_((ts[src] if r is None else ts[src][r]).transpose(-1, -2))
 
     return step
 
@@ -129,9 +130,7 @@ def _sparse_rules(kind):
             problems.append(f"topk={topk} (the kernels take 128..2048 slots in multiples of 128: pad the rows with -1)")
         if not s_k and b * s_q:
             problems.append(f"{kind.tensors[2]}: S_k = 0 (expected at least one key row)")
-        for what, n in (("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk)):
-            if n >= _I32:
-                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+        int32_extents(problems, ("B*S_q*H*D", b * s_q * h * d), ("B*S_k*D", b * s_k * d), ("B*S_q*topk", b * s_q * topk))
         c.x32, c.kernel, c.ws = (), None, 0
         if problems:
             return
@@ -159,7 +158,7 @@ def _sparse_plan(kind):
             op, key = c.kernel
             ts = tuple(getattr(c, n) for n in kind.tensors)
             if op.endswith("_sm90"):
-                rec.first(_transposed_into_workspace(ts[3].shape, 3, 6, kind.aux_dtype, c.dev))
+                rec.first(_transposed(3, 6, kind.aux_dtype, c.dev, [(None, 0, ts[3].shape)]))
             rec.launch(c.entry["main"], *_launch_args(op, key, ts, rec.p, rec.s, c.x32))
 
     return plan
@@ -325,7 +324,7 @@ def _dense_plan(kind):
         elif c.kernel is not None:
             op, key = c.kernel
             if op.endswith("_sm90"):
-                rec.first(_transposed_into_workspace(aux.shape, 4, 8, kind.aux_dtype, c.dev))
+                rec.first(_transposed(4, 8, kind.aux_dtype, c.dev, [(None, 0, aux.shape)]))
             if key.get("precision") == "mxfp8" and op == "dense_attention":
                 # upstream zeroes out (the kernel accumulates into it and writes -inf where the causal rule hides a key) and, for
                 # the kernels that accumulate into denom too, denom (it zeroes out twice there: once is the same)
@@ -356,13 +355,7 @@ def _record_sm90_thd(rec, kind, ts, c):
     out, _, q, k, _, _, _, offs, _ = ts[:9]
     p = rec.p
     h, d, h_kv = q.shape[1], q.shape[2], k.shape[1]
-    t = getattr(torch, kind.aux_dtype)
     segs, regions, dev = c.segs, c.regions, c.dev
-
-    def transpose(ts, stream):
-        with alloc_on(stream, dev):
-            for (_, qs, sq, _, _), (wo, _, _) in zip(segs, regions):
-                ts[8][wo:wo + h * sq * t.itemsize].view(t).view(h, sq).copy_(ts[4][qs:qs + sq].t())
 
     def copy_back(ts, stream):
         with alloc_on(stream, dev):
@@ -372,7 +365,7 @@ def _record_sm90_thd(rec, kind, ts, c):
                 ts[1][qs:qs + sq].copy_(ws[do:do + sq * 4].view(torch.float32))
 
     if segs:
-        rec.first(transpose)
+        rec.first(_transposed(4, 8, kind.aux_dtype, dev, [(slice(qs, qs + sq), wo, (sq, h)) for (_, qs, sq, _, _), (wo, _, _) in zip(segs, regions)]))
     rec.memset(p[0], out.numel() * 4, _NEG_INF)
     for qs, sq in c.no_keys:  # the LSE of no key is -inf, the attention's sum of none 0
         rec.memset(p[1] + qs * 4, sq * 4, _NEG_INF if kind is _DENSE_INDEXER else 0)
@@ -485,9 +478,7 @@ def _validate_dense(problems, kind, c) -> dict:
         block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, *scales, dim=2 * d if prec == "mxfp4" else d)
     x, rows = (), q.numel() // (h * d) if h and d else 0
     if not problems:
-        for what, n in (("q elements", q.numel()), ("k elements", k.numel()), ("rows*S_k", rows * s_k)):
-            if n >= _I32:
-                problems.append(f"{what} = {n} (expected < 2**31: the kernels index with int32)")
+        int32_extents(problems, ("q elements", q.numel()), ("k elements", k.numel()), ("rows*S_k", rows * s_k))
         # the scale as the kernel reads it: SM100 an argument; SM90 attention f32(scale * log2 e), the host
         # code's literal; SM90 indexer none (a float32 immediate in the cubin: part of the key)
         x = (x32,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x32 * _LOG2_E),) if attention else ()

@@ -136,10 +136,11 @@ OPS = {
 DENSE_TILE = (128, 128, 64)  # SM100 dense indexer (m, n, k_block): upstream's _dispatch_dense_indexer_tile_params at D128
 
 
-def dense_kv_stage(m: int, n: int, k: int, dim: int = DIM, per_head: int = 2) -> int:
-    """The SM100 dense kernels' KV stages (upstream's _compute_dense_kv_stage)."""
+def dense_kv_stage(m: int, n: int, k: int, dim: int = DIM, per_head: int = 2, extra: int = 0) -> int:
+    """The SM100 dense kernels' KV stages (upstream's _compute_dense_kv_stage); ``extra``: shared-memory bytes
+    beside them (the sparse kernels' slot ids)."""
     d = -(-dim // 16) * 16
-    return min(4, max(1, (SMEM_BYTES - m * d * 2 - (m * 2 * per_head + 2048)) // (n * k * 2)))
+    return min(4, max(1, (SMEM_BYTES - m * d * 2 - (m * 2 * per_head + 2048) - extra) // (n * k * 2)))
 
 
 def sm100_dense_attention_tiles(dim: int, heads: int) -> tuple:
@@ -206,13 +207,10 @@ def sm100_stages(heads: int, topk: int, dim: int = DIM, n: int = N_BLOCK, k: int
     """(kv_stage, topk_in_smem) of the SM100 sparse kernels, as upstream sizes them from its shared-memory
     budget (``per_head``: bytes of a weight (bf16, the indexer) or an LSE value (fp32, the attention))."""
     d = -(-dim // 16) * 16
-    sk, sq = n * (k or d) * 2, heads * d * 2
-    fixed = heads * 2 * per_head + 2048
-    overhead = topk * 2 * 4 + fixed
-    stage = min(4, max(1, (SMEM_BYTES - sq - overhead) // sk))
-    if sq + sk * stage + overhead <= SMEM_BYTES:
+    stage = dense_kv_stage(heads, n, k or d, dim, per_head, extra=topk * 2 * 4)  # the stages beside the slot ids in shared memory
+    if heads * d * 2 + stage * n * (k or d) * 2 + heads * 2 * per_head + 2048 + topk * 2 * 4 <= SMEM_BYTES:
         return stage, True
-    return min(4, max(1, (SMEM_BYTES - sq - fixed) // sk)), False
+    return dense_kv_stage(heads, n, k or d, dim, per_head), False
 
 
 def sm90_tiles(heads: int, attention: bool = False) -> tuple:
