@@ -212,15 +212,16 @@ class Flag(_Option):
 
 
 class OneOf(_Option):
-    """One of ``choices``, compared by type and value (4.0 is not 4, True is not 1)."""
+    """One of ``choices``, compared by type and value (4.0 is not 4, True is not 1); ``fold``: a string's form compared
+    (upstream's ``precision.lower()``)."""
 
-    def __init__(self, name, choices, default=REQUIRED, **kw):
+    def __init__(self, name, choices, default=REQUIRED, *, fold=None, **kw):
         super().__init__(name, default, **kw)
-        self.choices = tuple(choices)
+        self.choices, self.fold = tuple(choices), fold
         self.torch_type = {int: "int", str: "str", float: "float", bool: "bool"}[type(self.choices[0])]
 
     def check(self, problems, v):
-        if not any(type(v) is type(a) and v == a for a in self.choices):
+        if not any(type(v) is type(a) and (self.fold(v) if self.fold and isinstance(v, str) else v) == a for a in self.choices):
             problems.append(f"{self.name}={v!r} (expected one of {', '.join(repr(a) for a in self.choices)})")
 
     def bad_values(self):

@@ -7,12 +7,13 @@ SM90 the weights / LSE are first copied transposed into the caller's workspace, 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 from ..policy import dsa_score_recompute as policy
 from .args import flat_args, tensor_args
-from .checks import aliasing, block_scales, check, input_error, int32_extents, integer, scalar_f32, thd_batch, workspace_problems
+from .checks import block_scales, check, input_error, int32_extents, integer, scalar_f32
 from .gpu import alloc_on, arch_or_refuse, max_lengths, require
 from .declare import REQUIRED, Flag, Float, Hidden, In, Int, OneOf, Op, Out, Workspace
 from .outputs import Outputs
@@ -137,9 +138,7 @@ def _sparse_rules(kind):
         if kind is _ATTENTION:  # SM100 reads the scale; SM90 the f32 of scale * log2 e its host code would have computed
             x = float(c.softmax_scale)
             c.x32 = (x,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x * _LOG2_E),)
-            ks = policy.attention_kernels(arch, h, d, topk, c.topk_length is not None, c.topk_indices_global)
-        else:
-            ks = policy.kernels(arch, h, topk, c.topk_length is not None, c.topk_indices_global)
+        ks = policy.kernels(arch, h, topk, c.topk_length is not None, c.topk_indices_global, d if kind is _ATTENTION else None)
         require(FAMILY, ks, c.dev)  # the entry ships, before anything is allocated or written (an empty call too)
         c.kernel = ks["main"] if b * s_q else None
         c.ws = policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes)
@@ -241,19 +240,18 @@ def _dense_first(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precisi
     allocating form's (the one that passes ``sf_vec_size``) reads missing SM100 THD maxima back from ``cu_seqlens`` as upstream does (a
     synchronisation: refused under capture). A block-scaled SM90 call is left for the validation to refuse, unread."""
     allocating = sf_vec_size is not REQUIRED
-    if allocating:
-        _sf_vec(sf_vec_size)
+    if allocating and not (type(sf_vec_size) is int and sf_vec_size == policy.SF_VEC):  # (keyed before the validation runs)
+        raise input_error([f"sf_vec_size={sf_vec_size!r}: upstream's {policy.SF_VEC} only (values per e8m0 scale)"])
     precision = _lower(precision)
     thd = cu_seqlens_q is not None or cu_seqlens_k is not None
     arch, sm100 = arch_or_refuse([], q.device.index) if thd and getattr(q, "is_cuda", False) else (None, False)
-    if arch is not None and not sm100:
-        if precision == "bf16":
-            problems = []
-            host = _host_offsets(problems, cu_seqlens_q, cu_seqlens_k, q.device.index, stream)
-            if problems:
-                raise input_error(problems)
-            return None, None, max_seqlen_q, max_seqlen_k, precision, host
-    elif thd and allocating and (max_seqlen_q is None or max_seqlen_k is None):
+    if arch is not None and not sm100 and precision == "bf16":
+        problems = []
+        host = _host_offsets(problems, cu_seqlens_q, cu_seqlens_k, q.device.index, stream)
+        if problems:
+            raise input_error(problems)
+        return None, None, max_seqlen_q, max_seqlen_k, precision, host
+    if thd and allocating and sm100 and (max_seqlen_q is None or max_seqlen_k is None):
         max_seqlen_q, max_seqlen_k = max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream)
     return cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, precision, host
 
@@ -266,24 +264,18 @@ def _host_offsets(problems, cu_q, cu_k, dev, stream):
 
     got = []
     for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-        if isinstance(t, torch.Tensor):
-            if t.ndim != 1 or t.dtype not in (torch.int32, torch.int64) or t.numel() < 1 or (t.is_cuda and t.device.index != dev):
-                problems.append(f"{name}: {t.dtype} {tuple(t.shape)} on {t.device} (expected batch + 1 integer offsets: a 1-D CPU tensor or list, "
-                                f"or int32 on cuda:{dev})")
+        what = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        if isinstance(t, torch.Tensor) and t.ndim == 1 and t.dtype in (torch.int32, torch.int64) and t.device.index in (None, dev):
+            if t.is_cuda and torch.cuda.is_current_stream_capturing():
+                problems.append(f"{name} on the device under CUDA-graph capture: SM90 THD launches the BSHD kernel per segment, so the "
+                                "segment bounds must be known on the host; pass cu_seqlens_q / cu_seqlens_k as CPU tensors or lists "
+                                "(the sync-free form)")
                 continue
-            if t.is_cuda:
-                if torch.cuda.is_current_stream_capturing():
-                    problems.append(f"{name} on the device under CUDA-graph capture: SM90 THD launches the BSHD kernel per segment, so the "
-                                    "segment bounds must be known on the host; pass cu_seqlens_q / cu_seqlens_k as CPU tensors or lists "
-                                    "(the sync-free form)")
-                    continue
-                with alloc_on(stream, dev):
-                    t = t.tolist()  # upstream's read back (a synchronisation)
-            else:
-                t = t.tolist()
+            with alloc_on(stream, dev) if t.is_cuda else contextlib.nullcontext():
+                t = t.tolist()  # a device tensor: upstream's read back (a synchronisation)
         if not isinstance(t, (list, tuple)) or not t or not all(type(v) is int for v in t):
-            problems.append(f"{name}: {type(t).__name__} (THD on SM90 needs batch + 1 integer offsets: a 1-D CPU tensor or list, or int32 "
-                            f"on cuda:{dev}, read back)")
+            problems.append(f"{name}: {what} (THD on SM90 needs batch + 1 integer offsets: a 1-D CPU tensor or list, or int32 on cuda:{dev}, "
+                            "read back)")
             continue
         got.append(tuple(t))
     return tuple(got) if len(got) == 2 else None
@@ -295,24 +287,6 @@ def _lower(precision):
     if not isinstance(precision, str):
         raise input_error([f"precision={precision!r} (expected a string: 'bf16', or on SM100 'mxfp8' / 'mxfp4')"])
     return precision.lower()
-
-
-def _sf_vec(sf_vec_size):
-    if not (type(sf_vec_size) is int and sf_vec_size == policy.SF_VEC):
-        raise input_error([f"sf_vec_size={sf_vec_size!r}: upstream's {policy.SF_VEC} only (values per e8m0 scale)"])
-
-
-def _dense_precision(problems, kind, precision, scales) -> str:
-    """The call's precision as upstream takes it (lower case); problems appended for one ``kind`` does not
-    take and for block scales given with bf16 (upstream's ValueError)."""
-    p = _lower(precision)
-    if p not in kind.precisions:
-        problems.append(f"precision={precision!r} (expected one of {', '.join(map(repr, kind.precisions))})")
-    elif p == "bf16" and any(t is not None for t in scales):
-        names = [n for n, t in zip(_SCALES, scales) if t is not None]
-        problems.append(f"{', '.join(names)}: block scales go with precision={' or '.join(map(repr, kind.precisions[1:]))} (this call's is 'bf16'; "
-                        "upstream's ValueError)")
-    return p
 
 
 def _dense_plan(kind):
@@ -403,129 +377,118 @@ def _sm90_dense_args(q, k, out, aux_t, denom, offs, b, s_q, s_k, h, h_kv, d, s, 
             *flat_args(denom, (b, s_q)), *o, *x)
 
 
-def _validate_dense(problems, kind, c) -> dict:
-    """The dense ``kind``'s validation (its Op's ``check``): every problem with a call, raised together before anything is
-    touched (``c.host``: an SM90 THD call's segment bounds, its ``cu_seqlens`` then None; allocating: ``out``, ``denom_out``
-    and ``workspace`` given as None will be allocated). Returns what the plan reads."""
-    import torch
+def _varlen(c):  # THD: cu_seqlens given (an SM90 bf16 call's as host bounds, ``c.host``)
+    return c.cu_seqlens_q is not None or c.cu_seqlens_k is not None or c.host is not None
 
-    ts = tuple(getattr(c, n) for n in kind.tensors)
-    out, denom, q, k, aux, cu_q, cu_k, offs, workspace = ts[:9]
-    scales, allocating, host, max_q, max_k = ts[9:], c.allocating, c.host, c.max_seqlen_q, c.max_seqlen_k
-    names = kind.tensors
-    attention = kind is _DENSE_ATTENTION
-    prec = _dense_precision(problems, kind, c.precision, scales)
-    mx = prec in policy.MX_PRECISIONS
-    what = f"the block-scaled dense {'attention' if attention else 'indexer'}"
-    dims_ok = policy.MX_ATTN_DIMS if attention and mx else kind.dims
-    x32 = scalar_f32(problems, scale := "softmax_scale" if attention else "sm_scale", getattr(c, scale), positive=attention)
-    integer(problems, "ratio", c.ratio, 1, _I32 - 1)
-    varlen = cu_q is not None or cu_k is not None or host is not None
-    rank = 3 if varlen else 4
-    dims = " or ".join(map(str, dims_ok))
-    shape_q = f"(T_q, H, {dims})" if varlen else f"(B, S_q, H, {dims})"
-    if not isinstance(q, torch.Tensor) or q.layout != torch.strided or q.ndim != rank or q.device.type != "cuda":
-        problems.append(f"q: expected a {shape_q} CUDA tensor{' (THD: cu_seqlens given)' if varlen else ''}, got {getattr(q, 'shape', type(q).__name__)}")
-        raise input_error(problems)
-    if not isinstance(k, torch.Tensor) or k.ndim != rank:
-        problems.append(f"k: expected a {'(T_k, H_kv, D)' if varlen else '(B, S_k, H_kv, D)'} tensor, got {getattr(k, 'shape', type(k).__name__)}")
-        raise input_error(problems)
-    dev = q.device.index
-    arch, sm100 = arch_or_refuse(problems, dev)
-    if mx and arch is not None and not sm100:
-        problems.append(f"precision={prec!r}: {what} is SM100 only (upstream raises NotImplementedError on SM90, which takes bf16)")
-    (h, d), h_kv = q.shape[-2:], k.shape[-2]
-    lead = tuple(q.shape[:-2])
-    segs = no_keys = ()
-    if host is not None:
-        b, max_q, max_k, segs, no_keys = _host_thd(problems, host, q.shape[0], k.shape[0], max_q, max_k)
+
+def _layout(bshd, thd):  # a dense tensor's declared shape: its BSHD or THD one
+    return lambda c: thd if _varlen(c) else bshd
+
+
+def _dense_sizes(c, problems):
+    """The call's batch, S_q and S_k and its outputs' shapes, once its inputs passed (the outputs are checked against them):
+    BSHD q / k's; THD the maxima and batch + 1 ``cu_seqlens``; SM90 THD the host bounds ``c.host``, their segments (those
+    with queries and keys) and the rows with no key, the maxima by default the longest segments."""
+    sym, c.varlen, c.segs, c.no_keys = c.sym, _varlen(c), (), ()
+    c.lead = (sym["T_q"],) if c.varlen else (sym["B"], sym["S_q"])
+    maxima = (("max_seqlen_q", c.max_seqlen_q), ("max_seqlen_k", c.max_seqlen_k))
+    if not c.varlen:
+        c.b, c.s_q, c.s_k = sym["B"], sym["S_q"], sym["S_k"]
+        problems += [f"{n}={v!r}: only with cu_seqlens_q / cu_seqlens_k (THD)" for n, v in maxima if v is not None]
+    elif c.host is not None:
+        (cu_q, cu_k), c.b = c.host, len(c.host[0]) - 1
+        if len(cu_k) != len(cu_q):
+            problems.append(f"cu_seqlens_q ({len(cu_q)} offsets) and cu_seqlens_k ({len(cu_k)}): the same number, batch + 1")
+        for name, cu, total in (("cu_seqlens_q", cu_q, sym["T_q"]), ("cu_seqlens_k", cu_k, sym["T_k"])):
+            if cu[0] < 0 or any(y < x for x, y in zip(cu, cu[1:])) or cu[-1] > total:
+                problems.append(f"{name} = {list(cu)[:8]}{'...' if len(cu) > 8 else ''}: expected non-decreasing offsets from >= 0 to at most "
+                                f"{total} (the packed {name[-1]} rows)")
+        if problems:
+            return
+        longest = [max((y - x for x, y in zip(cu, cu[1:])), default=0) for cu in (cu_q, cu_k)]
+        c.s_q, c.s_k = (n if v is None else v for (_, v), n in zip(maxima, longest))
+        problems += [f"{name}={v!r}: expected an integer from {n} (the longest segment) to {_I32 - 1}" for (name, v), n in zip(maxima, longest)
+                     if v is not None and v < n]
+        c.segs = policy.thd_segments(cu_q, cu_k)
+        c.no_keys = tuple((cu_q[i], cu_q[i + 1] - cu_q[i]) for i in range(c.b) if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i])
     else:
-        b = thd_batch(problems, varlen, cu_q, cu_k, max_q, max_k, dev)
-    if varlen:
-        s_q, s_k = max_q, max_k
-        k_shape = (k.shape[0], h_kv, d)
-        score = (lead[0], s_k if isinstance(s_k, int) else 0)
-        if not sm100 and host is None and not mx:
+        c.b, c.s_q, c.s_k = sym.get("B1", 0) - 1, c.max_seqlen_q, c.max_seqlen_k
+        if c.cu_seqlens_q is None or c.cu_seqlens_k is None or c.b < 0:
+            problems.append("cu_seqlens_q / cu_seqlens_k: THD needs both, 1-D int32 CUDA tensors of batch + 1 offsets")
+        problems += [f"{n}: THD needs max_seqlen_q and max_seqlen_k (the longest segments; nothing is read back from the device)"
+                     for n, v in maxima if v is None]
+    if c.q_causal_offsets is not None and sym["B"] != c.b:  # (THD: the offsets bind B)
+        problems.append(f"q_causal_offsets: {sym['B']} offsets for a batch of {c.b} (expected one per sequence)")
+    c.score = (*c.lead, c.s_k if isinstance(c.s_k, int) else 0) if c.varlen else (c.b, c.s_q, c.s_k)
+
+
+def _dense_rules(kind):
+    """The dense ``kind``'s (early rules, rules). The early ones are reported with the options' and tensors' problems (they
+    fix nothing here): precision against the scales, the arch and q / k's dtype; the head dim and heads. The rules, once
+    those passed: THD in a plan, the block scales, int32 extents; the scale as the kernel reads it (``c.kx``), the entry
+    (``c.kernel``), the workspace (``c.ws``; SM90 THD per segment, ``c.regions``)."""
+    attention = kind is _DENSE_ATTENTION
+    what, scale = f"the block-scaled dense {'attention' if attention else 'indexer'}", "softmax_scale" if attention else "sm_scale"
+
+    def early(c, problems):
+        import torch
+
+        prec = c.precision.lower() if isinstance(c.precision, str) else None
+        mx, scales = prec in policy.MX_PRECISIONS, [n for n in _SCALES if getattr(c, n) is not None]
+        if scales and prec == "bf16":
+            problems.append(f"{', '.join(scales)}: block scales go with precision={' or '.join(map(repr, kind.precisions[1:]))} (this call's is "
+                            "'bf16'; upstream's ValueError)")
+        if mx and c.dev is not None and not arch_or_refuse([], c.dev)[1]:
+            problems.append(f"precision={prec!r}: {what} is SM100 only (upstream raises NotImplementedError on SM90, which takes bf16)")
+        for name, t in (("q", c.q), ("k", c.k)):
+            if prec in _QK_DTYPES and isinstance(t, torch.Tensor) and t.dtype != getattr(torch, _QK_DTYPES[prec]):
+                problems.append(f"{name}: dtype {t.dtype} (precision={prec!r} takes torch.{_QK_DTYPES[prec]})")
+        (h, h_kv, d), dims = (c.sym.get(n) for n in ("H", "H_kv", "D")), policy.MX_ATTN_DIMS if attention and mx else kind.dims
+        if d is not None and prec == "mxfp4" and d != policy.DIM // 2:
+            problems.append(f"q / k last dim {d} (mxfp4 stores D {policy.DIM} as {policy.DIM // 2} float4_e2m1fn_x2 elements, two values each)")
+        elif d is not None and prec in kind.precisions and prec != "mxfp4" and d not in dims:
+            problems.append(f"D={d} (expected {' or '.join(map(str, dims))})")
+        if h is None or h_kv is None:
+            return
+        if not h_kv or h % h_kv or h <= h_kv:
+            problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
+        elif c.qhead_per_kv_head is not None and c.qhead_per_kv_head != h // h_kv:
+            problems.append(f"qhead_per_kv_head={c.qhead_per_kv_head!r}: must equal H / H_kv = {h // h_kv}")
+        elif mx and (h_kv != 1 or h not in policy.mx_heads(attention)):
+            problems.append(f"H={h} over H_kv={h_kv}: {what} takes one KV head and {' or '.join(map(str, policy.mx_heads(attention)))} q heads "
+                            "(upstream's ValueError; the attention's H32 does not compile)")
+
+    def rules(c, problems):
+        q, prec, offs = c.q, c.precision.lower(), c.q_causal_offsets
+        (h, d, h_kv), mx = (c.sym[n] for n in ("H", "D", "H_kv")), prec in policy.MX_PRECISIONS
+        c.arch, c.sm100 = arch, sm100 = arch_or_refuse(problems, c.dev)
+        c.kernel, c.ws, c.regions, c.kx = None, 0, (), ()
+        if c.varlen and arch is not None and not sm100 and c.host is None and not mx:
             problems.append(f"THD on SM90 in a plan: as upstream's plan classes, none runs it (the kernel is BSHD-native: each call needs the "
                             f"segment bounds on the host); call dsa_aot.dsa.{kind.name}_into with cu_seqlens_q / cu_seqlens_k as CPU tensors or "
                             "lists")
-    else:
-        (b, s_q), s_k = lead, k.shape[1]
-        k_shape = (b, s_k, h_kv, d)
-        score = (b, s_q, s_k)
-    qk = getattr(torch, _QK_DTYPES.get(prec, "bfloat16"))
-    check(problems, q, "q", lead + (h, d), qk, dev, 16)
-    check(problems, k, "k", k_shape, qk, dev, 16)
-    check(problems, aux, names[4], lead + (h,), getattr(torch, kind.aux_dtype), dev, 16)
-    for name, t, shape in (("out", out, score), ("denom_out", denom, lead)):
-        if not (allocating and t is None):
-            check(problems, t, name, shape, torch.float32, dev, 16)
-    if offs is not None and b is not None:
-        check(problems, offs, "q_causal_offsets", (b,), torch.int32, dev, 4 if not sm100 else 16)
-    if prec == "mxfp4" and d != policy.DIM // 2:
-        problems.append(f"q / k last dim {d} (mxfp4 stores D {policy.DIM} as {policy.DIM // 2} float4_e2m1fn_x2 elements, two values each)")
-    elif prec != "mxfp4" and d not in dims_ok:
-        problems.append(f"D={d} (expected {dims})")
-    qhpkv = h // h_kv if h_kv and h % h_kv == 0 else None
-    if qhpkv is None or h <= h_kv:
-        problems.append(f"H={h} over H_kv={h_kv}: the kernels need H a multiple of H_kv and more query heads than KV heads")
-    elif c.qhead_per_kv_head is not None and c.qhead_per_kv_head != qhpkv:
-        problems.append(f"qhead_per_kv_head={c.qhead_per_kv_head!r}: must equal H / H_kv = {qhpkv}")
-    elif mx and (h_kv != 1 or qhpkv not in policy.mx_heads(attention)):
-        problems.append(f"H={h} over H_kv={h_kv}: {what} takes one KV head and {' or '.join(map(str, policy.mx_heads(attention)))} q heads "
-                        "(upstream's ValueError; the attention's H32 does not compile)")
-    if mx:  # the scales' columns follow the logical head dim (mxfp4 stores two values an element)
-        block_scales(problems, prec, varlen, b, s_q, s_k, h, dev, *scales, dim=2 * d if prec == "mxfp4" else d)
-    x, rows = (), q.numel() // (h * d) if h and d else 0
-    if not problems:
-        int32_extents(problems, ("q elements", q.numel()), ("k elements", k.numel()), ("rows*S_k", rows * s_k))
-        # the scale as the kernel reads it: SM100 an argument; SM90 attention f32(scale * log2 e), the host
-        # code's literal; SM90 indexer none (a float32 immediate in the cubin: part of the key)
-        x = (x32,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x32 * _LOG2_E),) if attention else ()
-    kernel, need, regions = None, 0, ()
-    if not problems:
-        if attention:
-            # the K block is upstream's pick from the S_k hint: max_seqlen_k (THD), S_k (BSHD; max_seqlen_k is refused there)
-            ks = policy.dense_attention_kernels(arch, qhpkv, d, c.ratio, varlen, offs is not None, prec, s_k)
+        if mx:  # the scales' columns follow the logical head dim (mxfp4 stores two values an element)
+            block_scales(problems, prec, c.varlen, c.b, c.s_q, c.s_k, h, c.dev, *(getattr(c, n) for n in _SCALES), dim=2 * d if prec == "mxfp4" else d)
+        rows = q.numel() // (h * d) if h and d else 0
+        int32_extents(problems, ("q elements", q.numel()), ("k elements", c.k.numel()), ("rows*S_k", rows * c.s_k))
+        if problems:
+            return
+        # the scale as the kernel reads it: SM100 an argument; SM90 attention f32(scale * log2 e), the host code's literal; SM90
+        # indexer none (a float32 immediate in the cubin: part of the key)
+        x32 = float(getattr(c, scale))
+        c.kx = (x32,) if sm100 else (scalar_f32(problems, "softmax_scale * log2(e)", x32 * _LOG2_E),) if attention else ()
+        if attention:  # the K block is upstream's pick from the S_k hint: max_seqlen_k (THD), S_k (BSHD)
+            ks = policy.dense_attention_kernels(arch, h // h_kv, d, c.ratio, c.varlen, offs is not None, prec, c.s_k)
         else:
-            ks = policy.dense_indexer_kernels(arch, qhpkv, c.ratio, varlen, offs is not None, x32, prec)
-        require(FAMILY, ks, dev)  # the entry ships, before anything is allocated or written (an empty call too)
-        kernel = ks["main"] if (segs if host is not None else rows and s_k and s_q and b) else None
-        regions, need = policy.thd_workspace(segs, h, kind.aux_bytes) if host is not None else \
-            ((), 0 if sm100 else policy.workspace_bytes(arch, b, s_q, h, elem_bytes=kind.aux_bytes))
-        if need and not (allocating and workspace is None):
-            problems += workspace_problems(workspace, need, dev, list(zip(names, ts[:8])), f"dsa_aot.dsa.{kind.name}_workspace_bytes")
-    if not problems:
-        problems += aliasing([("out", out), ("denom_out", denom)], list(zip(names[2:8] + names[9:], ts[2:8] + ts[9:])))
-    return dict(dev=dev, arch=arch, sm100=sm100, varlen=varlen, b=b or 0, s_q=s_q, s_k=s_k, ws_need=need, kernel=kernel, kx=x, segs=segs,
-                regions=regions, no_keys=no_keys, score=score, lead=lead)
+            ks = policy.dense_indexer_kernels(arch, h // h_kv, c.ratio, c.varlen, offs is not None, x32, prec)
+        require(FAMILY, ks, c.dev)  # the entry ships, before anything is allocated or written (an empty call too)
+        c.kernel = ks["main"] if (c.segs if c.host is not None else rows and c.s_k and c.s_q and c.b) else None
+        if c.host is not None:
+            c.regions, c.ws = policy.thd_workspace(c.segs, h, kind.aux_bytes)
+        elif not sm100:
+            c.ws = policy.workspace_bytes(arch, c.b, c.s_q, h, elem_bytes=kind.aux_bytes)
 
-
-def _host_thd(problems, host, t_q, t_k, max_q, max_k):
-    """(batch, max_seqlen_q, max_seqlen_k, segments, (q_start, S_q) of those with queries and no key) of
-    an SM90 THD call from its host bounds; the maxima default to the longest segments and, where given,
-    must cover them. Problems appended."""
-    cu_q, cu_k = host
-    b = len(cu_q) - 1
-    if len(cu_k) != len(cu_q) or b < 0:
-        problems.append(f"cu_seqlens_q ({len(cu_q)} offsets) and cu_seqlens_k ({len(cu_k)}): the same number, batch + 1")
-        return None, max_q, max_k, (), ()
-    for name, cu, total in (("cu_seqlens_q", cu_q, t_q), ("cu_seqlens_k", cu_k, t_k)):
-        if cu[0] < 0 or any(y < x for x, y in zip(cu, cu[1:])) or cu[-1] > total:
-            problems.append(f"{name} = {list(cu)[:8]}{'...' if len(cu) > 8 else ''}: expected non-decreasing offsets from >= 0 to at most "
-                            f"{total} (the packed {'q' if name[-1] == 'q' else 'k'} rows)")
-    if problems:
-        return b, max_q, max_k, (), ()
-    longest = [max((y - x for x, y in zip(cu, cu[1:])), default=0) for cu in (cu_q, cu_k)]
-    got = []
-    for name, v, n in (("max_seqlen_q", max_q, longest[0]), ("max_seqlen_k", max_k, longest[1])):
-        if v is None:
-            v = n
-        elif isinstance(v, bool) or not isinstance(v, int) or not n <= v < _I32:
-            problems.append(f"{name}={v!r}: expected an integer from {n} (the longest segment) to {_I32 - 1}")
-        got.append(v)
-    no_keys = tuple((cu_q[i], cu_q[i + 1] - cu_q[i]) for i in range(b) if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i])
-    return b, got[0], got[1], policy.thd_segments(cu_q, cu_k), no_keys
+    return early, rules
 
 
 def _f_dense(q, k, aux, scale=None, ratio=1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, *_, **__):
@@ -542,6 +505,7 @@ def _f_dense(q, k, aux, scale=None, ratio=1, cu_seqlens_q=None, cu_seqlens_k=Non
 def _dense(kind, plan_class, note, scale):
     """The declaration of a dense wrapper (``scale``: its sm_scale / softmax_scale option), cudnn's signatures."""
     aux, sc, d = kind.tensors[4], scale.name, "=1.0" if scale.default is not REQUIRED else ""
+    early, rules = _dense_rules(kind)
     scales = "q_scale=None, k_scale=None, cu_seqlens_q_scale_padded=None, cu_seqlens_k_scale_padded=None"
     thd = "cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, q_causal_offsets=None"
     return Op(
@@ -554,18 +518,19 @@ def _dense(kind, plan_class, note, scale):
         plan_args=f"out, denom_out, q, k, {aux}, cu_seqlens_q=None, cu_seqlens_k=None, q_causal_offsets=None, workspace=None, {scales}, *, "
                   f"{sc}{d}, ratio=1, max_seqlen_q=None, max_seqlen_k=None, qhead_per_kv_head=None, precision='bf16'",
         tensors=(Out("out", "float32", lambda c: c.score, given=True), Out("denom_out", "float32", lambda c: c.lead, given=True, returns="denom"),
-                 In("q", _QK_DTYPES.values(), None), In("k", _QK_DTYPES.values(), None), In(aux, kind.aux_dtype, None),
-                 *(In(n, "int32", None, optional=True) for n in ("cu_seqlens_q", "cu_seqlens_k")),
-                 In("q_causal_offsets", "int32", None, optional=True, align=lambda c: 16 if c.sm100 else 4),
-                 Workspace("workspace", lambda c: c.ws_need, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws_need else 1,
+                 In("q", _QK_DTYPES.values(), _layout(("B", "S_q", "H", "D"), ("T_q", "H", "D"))),
+                 In("k", _QK_DTYPES.values(), _layout(("B", "S_k", "H_kv", "D"), ("T_k", "H_kv", "D"))), In(aux, kind.aux_dtype, _layout(("B", "S_q", "H"), ("T_q", "H"))),
+                 *(In(n, "int32", ("B1",), optional=True) for n in ("cu_seqlens_q", "cu_seqlens_k")),
+                 In("q_causal_offsets", "int32", ("B",), optional=True, align=lambda c: 16 if arch_or_refuse([], c.dev)[1] else 4),
+                 Workspace("workspace", lambda c: c.ws, f"dsa_aot.dsa.{kind.name}_workspace_bytes", align=lambda c: 16 if c.ws else 1,
                            given=True),
                  *(In(n, "float8_e8m0fnu", None, optional=True) for n in _SCALES[:2]), *(In(n, "int32", None, optional=True) for n in _SCALES[2:])),
         options=(scale, Int("ratio", 1, _I32 - 1, 1), Int("max_seqlen_q", 0, _I32 - 1, None), Int("max_seqlen_k", 0, _I32 - 1, None),
-                 Int("qhead_per_kv_head", 1, _I32 - 1, None, torch=False), Hidden("host"), OneOf("precision", kind.precisions, "bf16"),
+                 Int("qhead_per_kv_head", 1, _I32 - 1, None, torch=False), Hidden("host"), OneOf("precision", kind.precisions, "bf16", fold=str.lower),
                  OneOf("sf_vec_size", (policy.SF_VEC,), policy.SF_VEC, alloc_only=True, torch=False)),
         torch_order=(None, f"out, denom_out, q, k, {aux}, {sc}, ratio, {thd.replace('=None', '')}, precision, "
                            f"{scales.replace('=None', '')}, workspace"),
-        check=lambda c, problems: c.__dict__.update(_validate_dense(problems, kind, c)), plan=_dense_plan(kind),
+        early_rules=early, symbols=_dense_sizes, rules=rules, plan=_dense_plan(kind),
         entries=lambda c: {"main": c.kernel} if c.kernel is not None else {},
         into_first=_dense_first, alloc_first=_dense_first, fake=_f_dense,
     )  # fmt: skip
@@ -615,7 +580,7 @@ def sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale=None, to
     arch = None if problems else arch_or_refuse(problems, dev)[0]
     if problems:
         raise input_error(problems)
-    require(FAMILY, policy.attention_kernels(arch, h, d, padded, False, False), dev)
+    require(FAMILY, policy.kernels(arch, h, padded, False, False, d), dev)
     s_kv = kv.shape[0]
     with alloc_on(None, dev):  # torch's current stream of the tensors' device (upstream: torch.cuda.device(q.device))
         valid = (indices >= 0) & (indices < s_kv)
@@ -657,8 +622,7 @@ def _training_checks(problems, q, kv, lse, indices, softmax_scale, topk_length):
 
 
 def _t_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):
-    r = sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale, topk_length)
-    return r["target"], r["indices"]
+    return tuple(sparse_attention_score_recompute(q, kv, lse, indices, softmax_scale, topk_length).values())  # (target, indices)
 
 
 def _f_training(q, kv, lse, indices, softmax_scale=None, topk_length=None):

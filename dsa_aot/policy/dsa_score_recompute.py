@@ -16,7 +16,7 @@ from .keys import F32, Choice, IntRange, Op
 
 __all__ = ["FAMILY", "OPS", "DIM", "DENSE_PRECISIONS", "MX_PRECISIONS", "MX_HEADS", "MX_KV_STAGE", "SF_VEC", "ATTN_PRECISIONS", "MX_ATTN_DIMS", "MX_LONG_K", "mx_heads", "mx_attention_tiles", "mx_zeroes_denom",
            "dense_attention_k_block", "ATTN_DIMS", "N_BLOCK", "SMEM_BYTES", "WS_ALIGN", "sm100_stages", "sm100_attention_tiles", "sm90_tiles", "kernels",
-           "attention_kernels", "workspace_bytes", "DENSE_TILE", "dense_kv_stage", "f32", "dense_indexer_kernels", "sm100_dense_attention_tiles",
+           "workspace_bytes", "DENSE_TILE", "dense_kv_stage", "f32", "dense_indexer_kernels", "sm100_dense_attention_tiles",
            "dense_attention_kernels"]
 
 FAMILY = "dsa_score_recompute"
@@ -221,20 +221,15 @@ def sm90_tiles(heads: int, attention: bool = False) -> tuple:
     return tile_m, heads // tile_m
 
 
-def kernels(arch, heads, topk, length, topk_global) -> dict:
-    """role -> (op, key) of one call."""
+def kernels(arch, heads, topk, length, topk_global, dim=None) -> dict:
+    """role -> (op, key) of one sparse call: the indexer's, or with ``dim`` the attention's (SM100: topk_length dropped
+    where upstream drops it)."""
     key = {"heads": int(heads), "topk": int(topk), "length": bool(length), "topk_global": bool(topk_global)}
-    return {"main": ("sparse_indexer" if is_sm100(arch) else "sparse_indexer_sm90", key)}
-
-
-def attention_kernels(arch, heads, dim, topk, length, topk_global) -> dict:
-    """role -> (op, key) of one sparse attention call (SM100: topk_length dropped where upstream drops it)."""
-    key = {"heads": int(heads), "dim": int(dim), "topk": int(topk), "length": bool(length), "topk_global": bool(topk_global)}
-    if not is_sm100(arch):
-        return {"main": ("sparse_attention_sm90", key)}
-    if length and sm100_attention_tiles(dim, heads, topk, True) == sm100_attention_tiles(dim, heads, topk, False):
-        key["length"] = False
-    return {"main": ("sparse_attention", key)}
+    op = "sparse_indexer" if dim is None else "sparse_attention"
+    if dim is not None:
+        key["dim"] = int(dim)
+        key["length"] = key["length"] and not (is_sm100(arch) and sm100_attention_tiles(dim, heads, topk, True) == sm100_attention_tiles(dim, heads, topk, False))
+    return {"main": (op if is_sm100(arch) else op + "_sm90", key)}
 
 
 def workspace_bytes(arch, batch, seqlen_q, heads, elem_bytes=2) -> int:
