@@ -396,14 +396,14 @@ def _dense_sizes(c, problems):
         c.b, c.s_q, c.s_k = sym["B"], sym["S_q"], sym["S_k"]
         problems += [f"{n}={v!r}: only with cu_seqlens_q / cu_seqlens_k (THD)" for n, v in maxima if v is not None]
     elif c.host is not None:
-        (cu_q, cu_k), c.b = c.host, len(c.host[0]) - 1
+        (cu_q, cu_k), c.b, n = c.host, len(c.host[0]) - 1, len(problems)  # (problems: a CPU tensor's, whose shapes still bind)
         if len(cu_k) != len(cu_q):
             problems.append(f"cu_seqlens_q ({len(cu_q)} offsets) and cu_seqlens_k ({len(cu_k)}): the same number, batch + 1")
         for name, cu, total in (("cu_seqlens_q", cu_q, sym["T_q"]), ("cu_seqlens_k", cu_k, sym["T_k"])):
             if cu[0] < 0 or any(y < x for x, y in zip(cu, cu[1:])) or cu[-1] > total:
                 problems.append(f"{name} = {list(cu)[:8]}{'...' if len(cu) > 8 else ''}: expected non-decreasing offsets from >= 0 to at most "
                                 f"{total} (the packed {name[-1]} rows)")
-        if problems:
+        if len(problems) > n:
             return
         longest = [max((y - x for x, y in zip(cu, cu[1:])), default=0) for cu in (cu_q, cu_k)]
         c.s_q, c.s_k = (n if v is None else v for (_, v), n in zip(maxima, longest))

@@ -226,9 +226,10 @@ def kernels(arch, heads, topk, length, topk_global, dim=None) -> dict:
     where upstream drops it)."""
     key = {"heads": int(heads), "topk": int(topk), "length": bool(length), "topk_global": bool(topk_global)}
     op = "sparse_indexer" if dim is None else "sparse_attention"
-    if dim is not None:
+    if dim is not None:  # (SM100 runs the non-compact kernel where the compact tiles are the same)
         key["dim"] = int(dim)
-        key["length"] = key["length"] and not (is_sm100(arch) and sm100_attention_tiles(dim, heads, topk, True) == sm100_attention_tiles(dim, heads, topk, False))
+        same = is_sm100(arch) and sm100_attention_tiles(dim, heads, topk, True) == sm100_attention_tiles(dim, heads, topk, False)
+        key["length"] = key["length"] and not same
     return {"main": (op if is_sm100(arch) else op + "_sm90", key)}
 
 

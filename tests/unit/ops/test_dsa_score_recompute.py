@@ -774,6 +774,8 @@ def test_sm90_thd_refusals(env, torch_steps, monkeypatch):
     for over, want in cases:
         with pytest.raises(InputError, match=want):
             fn(*args, **{**kw, **over})
+    with pytest.raises(InputError, match="weights: on cpu"):  # a CPU input with host bounds: refused, not a bare AttributeError
+        fn(*args[:4], torch.zeros(args[4].shape, dtype=args[4].dtype), **kw)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     dev_cu = {n: stand_in.cuda_tensor(torch.tensor(kw[n], dtype=torch.int32)) for n in ("cu_seqlens_q", "cu_seqlens_k")}
     with pytest.raises(InputError, match="under CUDA-graph capture.*CPU tensors or lists"):
