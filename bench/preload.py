@@ -10,7 +10,8 @@ it): the first with an empty bytecode cache (dsa_aot/runtime/bytecode.py), the o
 process's first CUDA user (it pays cuInit and GPU 0's context) and after torch initialised CUDA (a
 server's usual order); loading one entry at a time (as preload() does) and from 8 threads. Then
 another fresh process loads every entry step by step, timing each step summed over the entries: the
-cubin read and its sha256, the launcher read, sha256 check and compile to bytecode, its execution, the
+cubin out of its group (each group read, checked and decompressed once) and its sha256, the launcher
+likewise, its compile to bytecode, its execution, the
 library load (cuLibraryLoadData) and the kernel handles; then the whole LoadedEntry again (files in
 the page cache; its per-device set-up and launch state included). Prints a table.
 """
@@ -69,29 +70,28 @@ d = drv()
 dev = check(d.cuDeviceGet(0), "cuDeviceGet")
 ctx = check(d.cuDevicePrimaryCtxRetain(dev), "retain")
 d.cuCtxPushCurrent(ctx)
-t = dict.fromkeys(["cubin read + sha256", "launcher read + sha256", "launcher compile (what the bytecode cache saves)",
-                   "launcher read, check, code from the cache, exec, index checks",
+t = dict.fromkeys(["cubin from its group + sha256", "launcher from its group + sha256", "launcher compile (what the bytecode cache saves)",
+                   "launcher check, code from the cache, exec, index checks",
                    "cuLibraryLoadData", "cuLibraryGetKernel per kernel", "whole LoadedEntry (again, files cached)"], 0.0)
 for e in es:
-    root = ix.root
-    t0 = time.perf_counter(); data = L.read_checked(root, e["cubin"], e["sha256"], "cubin")
-    t1 = time.perf_counter(); src = L.read_checked(root, e["launcher"], e["launcher_sha256"], "launcher")
-    t2 = time.perf_counter(); code = compile(src, e["launcher"], "exec")
-    t3 = time.perf_counter(); L._launcher_module(root, e)  # read, check, code (from the bytecode cache), exec, index checks
+    t0 = time.perf_counter(); data = ix.member(e, "cubin")
+    t1 = time.perf_counter(); src = ix.member(e, "launcher")
+    t2 = time.perf_counter(); code = compile(src, e["id"], "exec")
+    t3 = time.perf_counter(); L._launcher_module(ix, e)  # check, code (from the bytecode cache), exec, index checks
     t4 = time.perf_counter(); lib = check(d.cuLibraryLoadData(data, None, None, 0, None, None, 0), "load")
     t5 = time.perf_counter()
     for sym in e.get("kernels") or ():
         check(d.cuLibraryGetKernel(lib, sym.encode()), "kernel")
-    t6 = time.perf_counter(); L.LoadedEntry(root, e, 0)
+    t6 = time.perf_counter(); L.LoadedEntry(ix, e, 0)
     t7 = time.perf_counter()
-    t["cubin read + sha256"] += t1 - t0
-    t["launcher read + sha256"] += t2 - t1
+    t["cubin from its group + sha256"] += t1 - t0
+    t["launcher from its group + sha256"] += t2 - t1
     t["launcher compile (what the bytecode cache saves)"] += t3 - t2
-    t["launcher read, check, code from the cache, exec, index checks"] += t4 - t3
+    t["launcher check, code from the cache, exec, index checks"] += t4 - t3
     t["cuLibraryLoadData"] += t5 - t4
     t["cuLibraryGetKernel per kernel"] += t6 - t5
     t["whole LoadedEntry (again, files cached)"] += t7 - t6
-print(json.dumps({"entries": len(es), "cubin_mb": sum((ix.root / e["cubin"]).stat().st_size for e in es) / 1e6} | {k: v * 1e3 for k, v in t.items()}))
+print(json.dumps({"entries": len(es), "cubin_mb": sum(e["cubin_bytes"] for e in es) / 1e6} | {k: v * 1e3 for k, v in t.items()}))
 """
 
 

@@ -383,12 +383,12 @@ def check_dense_score(ns: dict, op: str, key: dict, b: int, s_q: int, s_k: int) 
 def check_build(gen) -> tuple[dict, list]:
     """Run the op's call of every SM100 entry of the build ``gen`` against its lifted host function:
     (entries checked per kind, problems)."""
-    from dsa_aot.policy.artifact import load_index
     from dsa_aot.policy.dsa_sparse_attention_backward import sm100_shape
+    from dsa_aot.runtime.index import Index
     from dsa_aot.toolchain import verify
 
-    gen = Path(gen)
-    index, _ = load_index(gen)  # checked as the runtime checks it
+    ix = Index(Path(gen))  # checked as the runtime checks it
+    index = {"entries": ix.entries}
     bad, n = [], 0
     for e in index["entries"]:
         if e["family"] != "dsa_sparse_attention_backward" or e["op"] not in ("bwd", "bwd_d576"):
@@ -396,7 +396,7 @@ def check_build(gen) -> tuple[dict, list]:
         op, key = e["op"], {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
         sm = e["target"]["sm_count"]  # the SM count this entry's persistent grid was built for
         s_q, s_kv = sm100_shape(op, key, sm)
-        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(ix.member(e, "launcher").decode(), e["id"])
         bad += [f"{e['id']} (S_q {s_q}, S_kv {s_kv}): {p}" for p in check_call(ns, op, key, e["arch"], sm, s_q, s_kv)]
         n += 1
     m = 0
@@ -404,7 +404,7 @@ def check_build(gen) -> tuple[dict, list]:
         if e["family"] != "dsa_indexer_forward" or e["op"] != "fwd_sm100":
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(ix.member(e, "launcher").decode(), e["id"])
         for s_q, s_k in ((252, 63), (1, 4096)):
             bad += [f"{e['id']} (S_q {s_q}, S_k {s_k}): {p}" for p in check_indexer_forward(ns, key, s_q, s_k)]
         m += 1
@@ -413,7 +413,7 @@ def check_build(gen) -> tuple[dict, list]:
         if e["family"] != "dsa_sparse_attention_forward":
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(ix.member(e, "launcher").decode(), e["id"])
         for s_q, s_kv, k in ((8, 4096, 2048), (1, 100, 64), (1000, 70000, 2112)):
             if k >= key["indexer_topk"]:
                 bad += [f"{e['id']} (S_q {s_q}, S_kv {s_kv}, K {k}): {p}" for p in check_sparse_forward(ns, key, s_q, s_kv, k)]
@@ -423,7 +423,7 @@ def check_build(gen) -> tuple[dict, list]:
         if e["family"] != "dsa_indexer_forward_top_k" or e["op"] != "gemm":
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(ix.member(e, "launcher").decode(), e["id"])
         for b, s_q, s_k in ((2, 256, 64), (1, 8192, 2048), (3, 5, 2)):
             bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_fused_gemm(ns, key, b, s_q, s_k)]
         g += 1
@@ -432,7 +432,7 @@ def check_build(gen) -> tuple[dict, list]:
         if e["family"] != "dsa_dense_indexer_backward" or e["arch"] == "sm_90a":
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(ix.member(e, "launcher").decode(), e["id"])
         for b, s_q, s_k in ((2, 256, 64), (1, 8191, 8191), (3, 5, 2)):
             bad += [f"{e['id']} (B {b}, S_q {s_q}, S_k {s_k}): {p}" for p in check_dense_indexer_backward(ns, e["op"], key, b, s_q, s_k)]
         dd += 1
@@ -441,7 +441,7 @@ def check_build(gen) -> tuple[dict, list]:
         if e["family"] != "dsa_score_recompute" or e["op"] not in ("sparse_indexer", "sparse_attention", "dense_indexer", "dense_attention"):
             continue
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((gen / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(ix.member(e, "launcher").decode(), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
             problems = (check_dense_score(ns, e["op"], key, b, s_q, s_k) if e["op"].startswith("dense") else
                         check_sparse_score(ns, e["op"], key, b, s_q, s_k))

@@ -16,8 +16,9 @@ The contract the ops keep (details in :mod:`dsa_aot.runtime.loaded`):
   device is refused (InputError).
 * Refusals: every argument is checked before the first write, allocation, memset or launch; a refused
   call raises an dsa_aot.errors class and leaves nothing behind.
-* Integrity: index.json is checked against index.sha256, every cubin and launcher against the sha256
-  the index records, and the launcher's kernels and parameter sizes against the index, before the
+* Integrity: index.json is checked against index.sha256, a family's index and every group of cubins
+  against the sha256 the index above it records, every cubin and launcher against its own after
+  decompression, and the launcher's kernels and parameter sizes against the index, before the
   first launch (LaunchError naming the file otherwise).
 * CUDA graphs: the first call of an op may be inside torch.cuda.graph capture: loading an entry only
   reads files and calls cuLibraryLoadData / cuKernelSetAttribute, which are not stream work, and the
@@ -55,8 +56,10 @@ def preload(device=None) -> dict:
     primary_context(dev)
     sms = device_info(dev).sm_count
     # per key, the target this GPU's SM count picks (its own, else the nearest): not the other targets' copies
-    chosen = [nearest(by_sms, sms) for (_, _, _, a), by_sms in ix.by_key.items() if a == arch]
-    return {e["id"]: ix.loaded(e, dev).load_ms for e in chosen}
+    chosen = [nearest(by_sms, sms) for by_sms in ix.keys(arch).values()]
+    loads = {e["id"]: ix.loaded(e, dev).load_ms for e in chosen}
+    ix._groups.clear()  # every entry this device runs is loaded: its groups' bytes are not needed again
+    return loads
 
 
 def load_stats() -> dict:

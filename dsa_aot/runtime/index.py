@@ -1,7 +1,9 @@
 """The shipped build's index: which entry serves (family, op, key, arch), and its loaded form per device.
 
-Nothing here runs at import. ``index.json`` is read on first use; an entry is loaded on a device the
-first time it is used there (or by :func:`dsa_aot.runtime.preload`), see :mod:`dsa_aot.runtime.loaded`.
+Nothing here runs at import. ``index.json`` (the table of families) is read on first use, a family's index
+the first time one of its ops looks up an entry, a group of cubins the first time one of its entries loads;
+an entry is loaded on a device the first time it is used there (or by :func:`dsa_aot.runtime.preload`), see
+:mod:`dsa_aot.runtime.loaded`. The format: :mod:`dsa_aot.policy.artifact`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import threading
 from pathlib import Path
 
 from ..errors import ArchMismatchError, KernelNotFoundError
-from ..policy.artifact import load_index, lookup_fields
+from ..policy.artifact import load_family, load_index, lookup_fields, read_member
 from .device import arch_of, device
 
 __all__ = ["Index", "index", "nearest", "GENERATED"]
@@ -33,27 +35,54 @@ def nearest(by_sms: dict, sms):
 
 
 class Index:
-    """index.json of a build directory: entries by (family, op, key, arch).
+    """A build directory: entries by (family, op, key, arch), read per family.
 
-    The index is checked against ``index.sha256`` beside it and every entry's fields against what the
-    runtime needs before anything is looked up; the files an entry names are checked when it loads."""
+    index.json is checked against ``index.sha256`` beside it, a family's index against the sha256 index.json
+    records and every entry's fields against what the runtime needs before anything is looked up; the
+    cubin and launcher an entry names are checked when it loads."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.doc, keys = load_index(self.root)  # checked as the build tool checks it before shipping
-        self.entries = entries = self.doc["entries"]
-        # looked up by the op's own key fields (what the spec derived from them is not part of the lookup),
-        # then by the SM count of the target it was built for (several where the manifest has several)
-        self.by_key: dict = {}
-        for e, k in zip(entries, keys):
-            self.by_key.setdefault((e["family"], e["op"], k, e["arch"]), {})[_sms(e)] = e
-        self.arches = sorted({e["arch"] for e in self.entries})
-        self._sms: dict = {}
-        for e in self.entries:
-            self._sms.setdefault(e["arch"], set()).add(_sms(e))
+        self.doc = load_index(self.root)  # checked as the build tool checks it before shipping
+        self.arches = sorted(self.doc["arches"])
+        self._sms = {a: set(n) for a, n in self.doc["arches"].items()}
+        self._families: dict = {}  # family -> (its index document, {(family, op, key, arch): {sm count: entry}})
+        self._groups: dict = {}  # group -> its decompressed members (kept: a group serves several entries)
+        self._group_locks: dict = {}
         self._loaded: dict = {}
         self._loading: dict = {}
         self._lock = threading.Lock()
+
+    def _family(self, family):
+        f = self._families.get(family)
+        if f is None and family in self.doc["families"]:
+            with self._lock:
+                f = self._families.get(family)
+                if f is None:
+                    fdoc, keys = load_family(self.root, self.doc, family)
+                    by_key: dict = {}
+                    for e, k in zip(fdoc["entries"], keys):
+                        by_key.setdefault((e["family"], e["op"], k, e["arch"]), {})[_sms(e)] = e
+                    f = self._families[family] = (fdoc, by_key)
+        return f
+
+    @property
+    def entries(self) -> list:
+        """Every entry of the build (reads every family's index)."""
+        return [e for fam in self.doc["families"] for e in self._family(fam)[0]["entries"]]
+
+    def keys(self, arch) -> dict:
+        """{(family, op, key, arch): {sm count: entry}} of every family, for ``arch``."""
+        return {k: v for fam in self.doc["families"] for k, v in self._family(fam)[1].items() if k[3] == arch}
+
+    def member(self, entry, what: str) -> bytes:
+        """The checked bytes of ``entry``'s ``what`` ("cubin" or "launcher"), its group decompressed once per process."""
+        fdoc = self._family(entry["family"])[0]
+        group, sha = (entry["cubin"], entry["sha256"]) if what == "cubin" else (entry["launcher"], entry["launcher_sha256"])
+        with self._lock:
+            lock = self._group_locks.setdefault(group, threading.Lock())
+        with lock:  # one decompression per group; other groups decompress in parallel
+            return read_member(self.root, fdoc, group, sha, f"{what} of {entry['id']}", self._groups)
 
     def target_sm_count(self, arch, sms: int) -> int:
         """The SM count of the build's target of ``arch`` for a GPU with ``sms`` SMs, for the ops that bake it
@@ -70,8 +99,9 @@ class Index:
         """The entry of (family, op, key) for a GPU of ``arch`` with ``sms`` SMs: the target with that SM
         count; where there is none, for an op that does not bake the SM count in (``exact`` false), the
         target with the nearest (the lower on a tie); otherwise ArchMismatchError naming the target to add."""
+        fam = self._family(family)
         try:
-            by_sms = self.by_key.get((family, op, lookup_fields(key), arch))
+            by_sms = fam[1].get((family, op, lookup_fields(key), arch)) if fam else None
         except TypeError:  # an unhashable key value: no entry has it
             by_sms = None
         if by_sms:
@@ -105,7 +135,7 @@ class Index:
             with lock:
                 le = self._loaded.get(k)
                 if le is None:
-                    le = LoadedEntry(self.root, entry, dev)
+                    le = LoadedEntry(self, entry, dev)
                     self._loaded[k] = le
         return le
 

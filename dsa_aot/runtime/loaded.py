@@ -1,7 +1,7 @@
 """One entry loaded on one device, and the launch hot path.
 
-The first use of an entry on a device reads its cubin and its launcher, checks both against the
-sha256 the index records (and the launcher's kernels and parameter sizes against the index), loads
+The first use of an entry on a device reads its cubin and its launcher from their groups, checks both
+against the sha256 the index records (and the launcher's kernels and parameter sizes against the index), loads
 the cubin with cuLibraryLoadData and runs the kernel set-up the JIT's host code does. Per (entry,
 device) the launch configs, parameter buffers and void** arrays exist once; a call rewrites the
 run-time bytes in place (the lifted ``launch``) and updates only the config fields that changed.
@@ -28,13 +28,12 @@ import types
 from pathlib import Path
 
 from ..errors import LaunchError
-from ..policy.artifact import read_checked
 from ..policy.launch import CLUSTER_DIM, COOPERATIVE, PDL, PREFERRED_CLUSTER_DIM
 from .bytecode import code_for
 from .device import primary_context
 from .driver import check, drv
 
-__all__ = ["LoadedEntry", "Prepared", "read_checked"]  # read_checked: the build contract's (policy/artifact.py), used here
+__all__ = ["LoadedEntry", "Prepared"]
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 _ENUMS: dict = {}  # (enum class, int) -> member: cuda-python builds a member in ~50 µs
@@ -64,12 +63,12 @@ def _attr_value(d, aid, fields):
     return a
 
 
-def _launcher_module(root: Path, entry: dict):
+def _launcher_module(index, entry: dict):
     """The entry's lifted launcher, executed from its checked bytes, and checked against the index."""
     name = entry["id"]
-    source = read_checked(root, entry.get("launcher"), entry.get("launcher_sha256"), f"launcher of {name}")
+    source = index.member(entry, "launcher")
     mod = types.ModuleType(f"aot_launcher_{name.replace('.', '_')}")
-    mod.__file__ = str(Path(root) / entry["launcher"])
+    mod.__file__ = str(Path(index.root) / "packs" / entry["launcher"] / f"{name}.py")  # inside its group: what tracebacks name
     try:
         exec(code_for(source, entry["launcher_sha256"], mod.__file__), mod.__dict__)  # noqa: S102  (generated at build time; sha256 checked above)
     except Exception as e:  # noqa: BLE001
@@ -91,12 +90,12 @@ def _launcher_module(root: Path, entry: dict):
 class LoadedEntry:
     """One entry loaded on one device: kernels, per-device set-up done, launch state prebuilt."""
 
-    def __init__(self, root: Path, entry: dict, device: int):
+    def __init__(self, index, entry: dict, device: int):
         d = drv()
         t0 = time.perf_counter()
         self.entry, self.device = entry, device
-        data = read_checked(root, entry.get("cubin"), entry.get("sha256"), f"cubin of {entry.get('id')}")
-        mod = _launcher_module(root, entry)
+        data = index.member(entry, "cubin")
+        mod = _launcher_module(index, entry)
         self.mod = mod
         self._keep = data  # cuLibraryLoadData may reference the image; keep it alive with the library
         dev = check(d.cuDeviceGet(device), "cuDeviceGet")

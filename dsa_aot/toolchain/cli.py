@@ -1,6 +1,6 @@
 """Command line of the toolchain: ``python -m dsa_aot`` (or ``python -m dsa_aot.toolchain``) with
 ``manifest check FILE``, ``build`` (``--shard i/N``: one part of a sharded build), ``merge DIR...``,
-``check-build DIR``, ``lift-verify DIR``, ``fidelity DIR...``."""
+``check-build DIR``, ``unpack DIR OUT``, ``lift-verify DIR``, ``fidelity DIR...``."""
 
 import argparse
 import sys
@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     cb.add_argument("dir")
     cb.add_argument("--manifest", default="manifests/default.toml")
     cb.add_argument("--allow-partial", action="store_true", help="accept a partial build (build --only): its entries must be some of the manifest's")
+    up = sub.add_parser("unpack", help="write a build's cubins and launchers out of their groups as files, for reading (checked as the runtime checks them)")
+    up.add_argument("dir")
+    up.add_argument("out")
     lv = sub.add_parser("lift-verify", help="re-run lift and verify on one entry directory of a previous build")
     lv.add_argument("entry_dir")
     fc = sub.add_parser("fidelity", help="prove shipped cubins byte-identical to what cudnn's own JIT path builds")
@@ -85,6 +88,11 @@ def main(argv=None) -> int:
             doc = check_build(a.dir, a.manifest, allow_partial=a.allow_partial)
             print(f"{a.dir}: ok, {len(doc['entries'])} entries of {a.manifest}" + (" (a partial build)" if doc.get("partial") else "")
                   + ", every file as the index names it")
+        elif a.cmd == "unpack":
+            from .pack import unpack
+
+            n = unpack(a.dir, a.out)
+            print(f"{a.dir}: {n} entries unpacked into {a.out} (cubins/<sha256>.cubin, launchers/<entry id>.py)")
         elif a.cmd == "lift-verify":
             from .build import lift_and_verify
 

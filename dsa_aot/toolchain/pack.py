@@ -1,17 +1,11 @@
 """Stage 5, pack: gather verified entries into the directory the wheel ships as ``dsa_aot/_generated``.
 
-Layout (everything a person can open):
-  index.json              what the runtime reads, per entry: family, op, key, arch, kernel symbols and
-                          parameter sizes, cubin and launcher sha256; the fidelity verdict; tool versions
-  index.sha256            the sha256 of index.json (the runtime checks it, then every file by its entry)
-  cubins/<sha256>.cubin   one file per distinct cubin (buckets with equal schedules share one)
-  launchers/<name>.py     the lifted launcher of each entry
-  verify.json             per entry, the lifter checks' record (verify stage)
-  report.json, report.md  resources and verdicts per kernel
+Layout: :mod:`dsa_aot.policy.artifact` (index.json, index/<family>.json, packs/<group>.xz; each distinct
+cubin and launcher stored once per family). ``python -m dsa_aot unpack BUILD DIR`` writes its cubins and
+launchers out as files, for reading.
 
-The build records the runtime does not read (verify records, resources) stay out of index.json: every
-process that loads an op parses the index (at 2.8 MB with them, 9 ms of json.loads on the build
-machine and 25 ms in a fresh process on the H200's host; 1.3 MB without).
+Only what the runtime reads ships. The build records (verify records, resources, verdicts per kernel) go
+to the work directory (:func:`write_build_report`: report.json, report.md, verify.json).
 
 The tree is a function of the entries: nothing in it records when, where or how fast it was built
 (two builds of one manifest are byte-identical; the timings and the fidelity stage's full notes go to
@@ -27,16 +21,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from ..policy.artifact import FORMAT
 from .artifacts import read_meta
 from .cubin import read_cubin
 from ..errors import PackError
 
-__all__ = ["pack", "write_build_report", "check_build"]
+__all__ = ["pack", "write_tree", "unpack", "write_build_report", "check_build", "GROUP_BYTES"]
+
+# a group of cubins holds about this many bytes before compression (the trade-off: policy/artifact.py)
+GROUP_BYTES = 1 << 20
 
 
 def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> dict:
@@ -51,9 +50,7 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".aot-pack-", dir=out_dir.parent))
     try:
-        (tmp / "cubins").mkdir()
-        (tmp / "launchers").mkdir()
-        entries, tools, dumped = [], None, set()
+        entries, tools, dumped, blobs = [], None, set(), {}
         for d in entry_dirs:
             d = Path(d)
             missing = [a for a in ("meta.json", "kernel.cubin", "launcher.py", "verify.json") if not (d / a).is_file()]
@@ -70,10 +67,9 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> 
             if info.arch != meta["arch"]:
                 raise PackError(f"{d.name}: cubin is for {info.arch}, entry says {meta['arch']}")
             sha = hashlib.sha256(cubin).hexdigest()
-            (tmp / "cubins" / f"{sha}.cubin").write_bytes(cubin)
-            lname = meta["id"].replace(".", "__") + ".py"
             launcher = (d / "launcher.py").read_bytes()
-            (tmp / "launchers" / lname).write_bytes(launcher)
+            lsha = hashlib.sha256(launcher).hexdigest()
+            blobs[sha], blobs[lsha] = cubin, launcher
             if tools is None:
                 tools = meta["tools"]
             elif tools != meta["tools"]:
@@ -91,11 +87,9 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> 
                 "arch": meta["arch"],
                 "target": meta["target"],
                 "kernels": [k.name for k in info.kernels],
-                "cubin": f"cubins/{sha}.cubin",
                 "sha256": sha,
                 "cubin_bytes": len(cubin),
-                "launcher": f"launchers/{lname}",
-                "launcher_sha256": hashlib.sha256(launcher).hexdigest(),
+                "launcher_sha256": lsha,
                 # per kernel, the sizes of its parameters (the cubin's EIATTR_KPARAM_INFO): the runtime
                 # holds the launcher to them before the first launch
                 "params": {k.name: [p.size for p in k.params] for k in info.kernels},
@@ -108,17 +102,11 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> 
             raise PackError(f"duplicate entry ids: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
         _same_cubin_for_every_sm_count(entries)
         # a build whose compiles kept PTX/cubin files (python -m dsa_aot build --debug-dump) is for reading, not for shipping
-        index = {"format": 1, "manifest": _manifest_name(manifest_path), "tools": tools or {}, "for_shipping": not dumped, "entries": entries}
+        header = {"manifest": _manifest_name(manifest_path), "tools": tools or {}, "for_shipping": not dumped}
         if partial is not None:
-            index["partial"] = partial
-        shipped = dict(index, entries=[{k: v for k, v in e.items() if k not in _BUILD_RECORDS} for e in entries])
-        text = json.dumps(shipped, indent=1, sort_keys=True).encode()
-        (tmp / "index.json").write_bytes(text)
-        # the index covers every cubin and launcher by sha256; this file covers the index
-        (tmp / "index.sha256").write_text(hashlib.sha256(text).hexdigest() + "\n")
-        (tmp / "verify.json").write_text(json.dumps({e["id"]: e["verify"] for e in entries}, indent=1, sort_keys=True))
-        (tmp / "report.json").write_text(json.dumps(_report_rows(entries), indent=1))
-        (tmp / "report.md").write_text(_report_md(entries, tools, dumped))
+            header["partial"] = partial
+        write_tree(tmp, header, [{k: v for k, v in e.items() if k not in _BUILD_RECORDS} for e in entries], blobs)
+        index = dict(header, format=FORMAT, entries=entries, dumped=sorted(dumped))  # the build's view: with its records
         if out_dir.exists():
             old = out_dir.with_name(out_dir.name + ".old")
             shutil.rmtree(old, ignore_errors=True)
@@ -131,6 +119,75 @@ def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _json(doc) -> bytes:
+    return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+
+def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int = GROUP_BYTES) -> None:
+    """Write the shipped tree of ``entries`` (their runtime fields, with ``sha256`` / ``launcher_sha256``) into
+    ``root``: ``blobs`` {sha256: bytes} holds every cubin and launcher they name; ``header`` the build's fields
+    (manifest, tools, for_shipping, partial). Groups fill in entry order, each distinct member once per
+    family, so two builds of one manifest are byte-identical."""
+    root = Path(root)
+    (root / "packs").mkdir(parents=True, exist_ok=True)
+    (root / "index").mkdir(exist_ok=True)
+    families: dict = {}
+    for e in entries:
+        families.setdefault(e["family"], []).append(e)
+    table, arches = {}, {}
+    for fam, es in families.items():
+        groups: dict = {}  # name -> [members {sha: [offset, size]}, bytes]
+        open_group: dict = {}  # (arch, op) -> the name of its group being filled
+        where: dict = {}  # sha -> the group holding it
+        out = []
+        for e in es:
+            arches.setdefault(e["arch"], set()).add(e.get("target", {}).get("sm_count", 0))
+            e = dict(e)
+            for sha, field, gkey in ((e["sha256"], "cubin", (e["arch"], e["op"])), (e["launcher_sha256"], "launcher", (e["arch"], None))):
+                if sha not in where:
+                    name = open_group.get(gkey)
+                    if name is None or (field == "cubin" and groups[name][1] and groups[name][1] + len(blobs[sha]) > group_bytes):
+                        n = sum(1 for g in groups if g.startswith(f"{e['arch']}.{fam}.{gkey[1] or 'launchers'}."))
+                        name = open_group[gkey] = f"{e['arch']}.{fam}.{gkey[1] or 'launchers'}.{n}"
+                        groups[name] = [{}, 0]
+                    members = groups[name]
+                    members[0][sha] = [members[1], len(blobs[sha])]
+                    members[1] += len(blobs[sha])
+                    where[sha] = name
+                e[field] = where[sha]
+            out.append(e)
+        gtable = {}
+        for name, (members, size) in groups.items():
+            blob = lzma.compress(b"".join(blobs[s] for s in members), format=lzma.FORMAT_XZ, preset=6)
+            (root / "packs" / f"{name}.xz").write_bytes(blob)
+            gtable[name] = {"file": f"packs/{name}.xz", "sha256": hashlib.sha256(blob).hexdigest(), "bytes": size, "members": members}
+        text = _json({"family": fam, "groups": gtable, "entries": out})
+        (root / "index" / f"{fam}.json").write_bytes(text)
+        table[fam] = {"index": f"index/{fam}.json", "sha256": hashlib.sha256(text).hexdigest(), "entries": len(out)}
+    text = _json(dict(header, format=FORMAT, families=table, arches={a: sorted(n) for a, n in arches.items()}))
+    (root / "index.json").write_bytes(text)
+    (root / "index.sha256").write_text(hashlib.sha256(text).hexdigest() + "\n")  # the root of the chain of sha256s
+
+
+def unpack(build_dir, out_dir) -> int:
+    """Write the cubins and launchers of the build in ``build_dir`` into ``out_dir`` (``cubins/<sha256>.cubin``,
+    ``launchers/<entry id>.py``), each checked as the runtime checks it; the number of entries."""
+    from ..policy.artifact import load_family, load_index, read_member
+
+    root, out = Path(build_dir), Path(out_dir)
+    doc = load_index(root)
+    (out / "cubins").mkdir(parents=True, exist_ok=True)
+    (out / "launchers").mkdir(exist_ok=True)
+    n = 0
+    for fam in doc["families"]:
+        fdoc, cache = load_family(root, doc, fam)[0], {}
+        for e in fdoc["entries"]:
+            (out / "cubins" / f"{e['sha256']}.cubin").write_bytes(read_member(root, fdoc, e["cubin"], e["sha256"], f"cubin of {e['id']}", cache))
+            (out / "launchers" / f"{e['id']}.py").write_bytes(read_member(root, fdoc, e["launcher"], e["launcher_sha256"], f"launcher of {e['id']}", cache))
+            n += 1
+    return n
 
 
 def _same_cubin_for_every_sm_count(entries) -> None:
@@ -155,30 +212,35 @@ def check_build(build_dir, manifest_path, allow_partial=False) -> dict:
     """A finished build (e.g. merged from shards on other machines) before it ships: what the runtime checks
     when it loads it (index.sha256, the index's format and every entry's fields, every cubin and launcher by
     its sha256: :mod:`dsa_aot.policy.artifact`, the code the runtime loads it with), for shipping, and holding exactly the
-    entries of ``manifest_path`` in its order. A partial build (``build --only``) is refused unless
+    entries of ``manifest_path``, each once. A partial build (``build --only``) is refused unless
     ``allow_partial``; then its entries must be some of the manifest's, in its order. Returns the index;
     PackError otherwise."""
     from ..errors import AotError
-    from ..policy.artifact import load_index, read_checked
+    from ..policy.artifact import load_family, load_index, read_member
     from . import manifest
 
     root = Path(build_dir)
     try:
-        doc, _ = load_index(root)
+        doc = load_index(root)
+        fams = {f: load_family(root, doc, f)[0] for f in doc["families"]}
     except AotError as e:
         raise PackError(f"{root} cannot ship as the build of {manifest_path}: {e}") from None
     problems = []
     if doc.get("for_shipping") is False:  # also under AOT_ALLOW_DEBUG_BUILD=1, which lets the runtime use it
         problems.append("a debug build (--debug-dump): not for shipping")
-    entries = doc["entries"]
-    for e in entries:
-        for f, sha, what in ((e["cubin"], e["sha256"], "cubin"), (e["launcher"], e["launcher_sha256"], "launcher")):
-            try:
-                read_checked(root, f, sha, f"{what} of {e['id']}")
-            except AotError as err:
-                problems.append(str(err))
+    entries = [e for f in fams.values() for e in f["entries"]]
+    for fdoc in fams.values():
+        cache: dict = {}
+        for g, grp in fdoc["groups"].items():
+            for sha in grp["members"]:
+                try:
+                    read_member(root, fdoc, g, sha, f"member {sha[:16]}…", cache)
+                except AotError as err:
+                    problems.append(str(err))
+                    break
     want = [e.id for e in manifest.load(manifest_path).entries]
-    got = [e["id"] for e in entries]
+    order = {i: n for n, i in enumerate(want)}
+    got = sorted((e["id"] for e in entries), key=lambda i: (order.get(i, len(order)), i))  # the index is kept by family
     part = doc.get("partial")
     if part is not None and not allow_partial:
         problems.append(f"a partial build (--only {part.get('only')!r}: {len(got)} of the manifest's {len(want)} entries): not for shipping "
@@ -194,7 +256,7 @@ def check_build(build_dir, manifest_path, allow_partial=False) -> dict:
                         f"{next((g, w) for g, w in zip(got + [None] * len(want), want + [None] * len(got)) if g != w)})")
     if problems:
         raise PackError(f"{root} cannot ship as the build of {manifest_path}:\n" + "\n".join(f"  - {p}" for p in problems[:20]))
-    return doc
+    return dict(doc, entries=entries)
 
 
 _BUILD_RECORDS = ("verify", "resources")  # in verify.json and report.json, not in index.json (see the module doc)
@@ -308,9 +370,10 @@ def write_build_report(work_dir, index, seconds: dict, verdicts: dict | None, st
     """The build's own report, with what the shipped tree leaves out: the seconds of each stage per entry
     (``seconds`` {id: {compile_s, lift_verify_s, fidelity_s}}) and per build (``stages``, wall) and the
     fidelity stage's full notes (``<work>/report.md``, ``<work>/report.json``: what ``build --shard
-    --balance`` reads)."""
+    --balance`` reads), and the lifter checks' record per entry (``<work>/verify.json``)."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     notes = {i: v.get("note", "") for i, v in (verdicts or {}).items()}
     (work_dir / "report.json").write_text(json.dumps(_report_rows(index["entries"], seconds), indent=1))
-    (work_dir / "report.md").write_text(_report_md(index["entries"], index["tools"], (), seconds, notes, stages))
+    (work_dir / "verify.json").write_text(json.dumps({e["id"]: e["verify"] for e in index["entries"]}, indent=1, sort_keys=True))
+    (work_dir / "report.md").write_text(_report_md(index["entries"], index["tools"], index.get("dumped", ()), seconds, notes, stages))

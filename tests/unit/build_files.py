@@ -21,11 +21,78 @@ def lifted_entries(root, names):
     return dirs
 
 
+def write_build(root, entries, blobs=None, **header):
+    """The shipped tree of ``entries`` as the pack stage writes it (``pack.write_tree``): ``blobs`` {sha256:
+    bytes} their cubins and launchers (a sha256 without one gets empty bytes: for index-only tests)."""
+    from dsa_aot.toolchain import pack
+
+    blobs = dict(blobs or {})
+    for e in entries:
+        for k in ("sha256", "launcher_sha256"):
+            blobs.setdefault(e[k], b"")
+    pack.write_tree(Path(root), {"tools": {}, "for_shipping": True} | header, entries, blobs)
+
+
+def reseal(root):
+    """After a test edited ``index/<family>.json``: the sha256s above it, as a build that wrote it would."""
+    root = Path(root)
+    doc = json.loads((root / "index.json").read_text())
+    for ref in doc["families"].values():
+        ref["sha256"] = hashlib.sha256((root / ref["index"]).read_bytes()).hexdigest()
+    write_index(root, doc)
+
+
 def write_index(root, doc):
     """index.json and the index.sha256 that covers it, as the pack stage writes them."""
     text = json.dumps(doc, indent=1, sort_keys=True).encode()
     (root / "index.json").write_bytes(text)
     (root / "index.sha256").write_text(hashlib.sha256(text).hexdigest() + "\n")
+
+
+def family_index(root, family):
+    return json.loads((Path(root) / "index" / f"{family}.json").read_text())
+
+
+def edit_family(root, family, edit):
+    """``edit(doc)`` on a family's index, then resealed."""
+    doc = family_index(root, family)
+    edit(doc)
+    (Path(root) / "index" / f"{family}.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+    reseal(root)
+
+
+def group_file(root, entry, what="cubin"):
+    """The file of the group holding ``entry``'s cubin (or launcher)."""
+    grp = family_index(root, entry["family"])["groups"][entry[what]]
+    return Path(root) / grp["file"]
+
+
+def rewrite_group(root, entry, what, change):
+    """Replace the group holding ``entry``'s ``what`` with ``change(its decompressed bytes)``, every sha256 above
+    the group made to match (a build that wrote it wrong): only the member's own sha256 is left to catch it."""
+    import lzma
+
+    def edit(doc):
+        grp = doc["groups"][entry[what]]
+        data = change(lzma.decompress((Path(root) / grp["file"]).read_bytes()))
+        blob = lzma.compress(data, format=lzma.FORMAT_XZ)
+        (Path(root) / grp["file"]).write_bytes(blob)
+        grp.update(sha256=hashlib.sha256(blob).hexdigest(), bytes=len(data))
+
+    edit_family(root, entry["family"], edit)
+
+
+def entries_of(root) -> list:
+    """The entries of the build in ``root``, as the runtime reads them."""
+    from dsa_aot.runtime.index import Index
+
+    return Index(root).entries
+
+
+def launcher_source(root, entry) -> str:
+    from dsa_aot.runtime.index import Index
+
+    return Index(root).member(entry, "launcher").decode()
 
 
 # A manifest of three cheap entries (~0.3-0.5 s per compile) for the tests that run the real build stages:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from build_files import lifted_entries, write_index
+from build_files import lifted_entries, write_build
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -21,20 +21,17 @@ def one_entry_build(tmp_path):
 
     src = DATA / CSA_ENTRY
     meta = json.loads((src / "meta.json").read_text())
-    (tmp_path / "cubins").mkdir()
-    (tmp_path / "launchers").mkdir()
     cubin = (src / "kernel.cubin").read_bytes()
     sha = hashlib.sha256(cubin).hexdigest()
-    (tmp_path / "cubins" / f"{sha}.cubin").write_bytes(cubin)
     launcher = lift.lift((src / "host.mlir").read_text(), meta["host_function"]).encode()
-    (tmp_path / "launchers" / "l.py").write_bytes(launcher)
     from dsa_aot.toolchain.cubin import read_cubin
 
     kernels = read_cubin(cubin).kernels
     entry = {"id": CSA_ENTRY, "family": "csa_compressor", "op": "dape_reduce", "key": {"split": True}, "arch": "sm_90a",
-             "cubin": f"cubins/{sha}.cubin", "sha256": sha, "launcher": "launchers/l.py", "launcher_sha256": hashlib.sha256(launcher).hexdigest(),
+             "sha256": sha, "launcher_sha256": hashlib.sha256(launcher).hexdigest(),
              "kernels": [k.name for k in kernels], "params": {k.name: [p.size for p in k.params] for k in kernels}}
-    write_index(tmp_path, {"format": 1, "entries": [entry]})
+    write_build(tmp_path, [entry], {sha: cubin, entry["launcher_sha256"]: launcher})
+    entry = Index(tmp_path).entries[0]  # with the groups that hold its cubin and launcher
     return Index(tmp_path), entry
 
 

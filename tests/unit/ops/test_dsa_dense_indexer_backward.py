@@ -2,6 +2,7 @@
 GEMM; the bf16 cast), the grids upstream launches, the refusals, the workspace size against cudnn's
 plan, and the SM100 path through the real lifted host functions (a capability-10.0 stand-in)."""
 
+from build_files import entries_of, launcher_source
 import struct
 
 import pytest
@@ -166,12 +167,11 @@ def test_the_sm100_calls_feed_the_lifted_host_functions_in_upstreams_order(sm100
     """ci/check_sm100_calls.check_dense_indexer_backward on the SM100 build's dense entries (score-grad and
     GEMM, BSHD and THD): the op's argument lists equal upstream's order written down in the checker, run
     through the lifted host functions, launch upstream's grids; swapped raw scores / target is caught."""
-    import json
 
     import dsa_aot.ops.dsa_dense_indexer_backward as op
     from dsa_aot.toolchain import verify
 
-    index = json.loads((sm100_build / "index.json").read_text())
+    index = {"entries": entries_of(sm100_build)}
     entries = [e for e in index["entries"] if e["family"] == "dsa_dense_indexer_backward"]
     assert {e["op"] for e in entries} == {"score_grad", "gemm"} and len(entries) == 4
     real = op._launch_args
@@ -183,7 +183,7 @@ def test_the_sm100_calls_feed_the_lifted_host_functions_in_upstreams_order(sm100
 
     for e in entries:
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(launcher_source(sm100_build, e), e["id"])
         for b, s_q, s_k in ((2, 256, 64), (1, 8191, 8191), (3, 5, 2)):
             assert sm100_calls.check_dense_indexer_backward(ns, e["op"], key, b, s_q, s_k) == [], e["id"]
         op._launch_args = swapped

@@ -3,6 +3,7 @@ the weights / LSE copied transposed into the workspace before the one launch, th
 where each arch's kernel reads it, the arguments in upstream's order through the lifted host functions
 of both arches, the grids, the refusals, and a plan that refuses other shapes."""
 
+from build_files import entries_of, launcher_source
 import struct
 
 import pytest
@@ -97,12 +98,11 @@ def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls)
     and without topk_length): the op's argument list equals upstream's order written down in the checker
     and runs through the lifted host function; swapped q and w / lse pointers and a scale that does not
     reach the kernel are caught."""
-    import json
 
     import dsa_aot.ops.dsa_score_recompute as op
     from dsa_aot.toolchain import verify
 
-    index = json.loads((sm100_build / "index.json").read_text())
+    index = {"entries": entries_of(sm100_build)}
     entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"].startswith("sparse")]
     assert sorted(e["op"] for e in entries) == ["sparse_attention"] * 3 + ["sparse_indexer"] * 2
     real = op._launch_args
@@ -117,7 +117,7 @@ def test_the_sm100_call_feeds_upstreams_argument_order(sm100_build, sm100_calls)
 
     for e in entries:
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(launcher_source(sm100_build, e), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
             assert sm100_calls.check_sparse_score(ns, e["op"], key, b, s_q, s_k) == [], e["id"]
         for bad in (swapped, unscaled) if e["op"] == "sparse_attention" else (swapped,):
@@ -332,12 +332,11 @@ def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_
     mxfp4, the attention's bf16 and mxfp8 in both D512 S_k buckets and D128; BSHD and THD): the op's arguments in
     upstream's order run through the lifted host function; swapped out / denom pointers, a dropped scale and,
     block-scaled, swapped q / k scales or scale-padded offsets are caught."""
-    import json
 
     import dsa_aot.ops.dsa_score_recompute as op
     from dsa_aot.toolchain import verify
 
-    index = json.loads((sm100_build / "index.json").read_text())
+    index = {"entries": entries_of(sm100_build)}
     entries = [e for e in index["entries"] if e["family"] == "dsa_score_recompute" and e["op"] == op_name]
     if op_name == "dense_indexer":
         want = [(p, 128, 64, v) for p in ("bf16", "mxfp4", "mxfp8") for v in (False, True)]
@@ -361,7 +360,7 @@ def test_the_sm100_dense_call_feeds_upstreams_argument_order(sm100_build, sm100_
 
     for e in entries:
         key = {k: v for k, v in e["key"].items() if k not in e.get("derived", ())}
-        ns = verify.load_launcher((sm100_build / e["launcher"]).read_text(), e["id"])
+        ns = verify.load_launcher(launcher_source(sm100_build, e), e["id"])
         for b, s_q, s_k in ((2, 64, 4096), (1, 4096, 300), (3, 5, 2)):
             assert sm100_calls.check_dense_score(ns, op_name, key, b, s_q, s_k) == [], e["id"]
         bads = [swapping(0, 1), unscaled]

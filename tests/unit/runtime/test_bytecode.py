@@ -5,7 +5,10 @@ import hashlib
 
 import pytest
 
+from build_files import rewrite_group
+
 from dsa_aot.runtime import bytecode
+from dsa_aot.runtime.index import Index
 
 SRC = b"X = 1\ndef launch(a):\n    return a + X\n"
 SHA = hashlib.sha256(SRC).hexdigest()
@@ -76,9 +79,8 @@ def test_a_launcher_changed_on_disk_is_refused_before_any_kept_code_is_used(one_
 
     monkeypatch.setenv("AOT_BYTECODE_CACHE", str(tmp_path / "bc"))
     ix, entry = one_entry_build
-    loaded._launcher_module(ix.root, entry)  # keeps its code
+    loaded._launcher_module(ix, entry)  # keeps its code
     assert list((tmp_path / "bc").iterdir())
-    p = ix.root / entry["launcher"]
-    p.write_text(p.read_text() + "\n# changed\n")
-    with pytest.raises(LaunchError, match="corrupted: sha256"):
-        loaded._launcher_module(ix.root, entry)
+    rewrite_group(ix.root, entry, "launcher", lambda b: b"# changed\n" + b)
+    with pytest.raises(LaunchError, match="launcher of .* is corrupted: sha256"):
+        loaded._launcher_module(Index(ix.root), entry)

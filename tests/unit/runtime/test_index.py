@@ -70,12 +70,12 @@ def test_a_changed_missing_or_malformed_index_is_refused(one_entry_build):
     import json
 
     from dsa_aot.errors import LaunchError
-    from build_files import write_index
+    from build_files import edit_family, write_index
 
     ix, entry = one_entry_build
     root = ix.root
     text = (root / "index.json").read_text()
-    (root / "index.json").write_text(text.replace('"split": true', '"split": false'))  # edited after the build
+    (root / "index.json").write_text(text.replace('"for_shipping": true', '"for_shipping": false'))  # edited after the build
     with pytest.raises(LaunchError, match="index.json is corrupted"):
         Index(root)
     (root / "index.json").write_text(text)
@@ -86,10 +86,14 @@ def test_a_changed_missing_or_malformed_index_is_refused(one_entry_build):
     (root / "index.sha256").write_text(__import__("hashlib").sha256(b"{not json").hexdigest())
     with pytest.raises(LaunchError, match="not valid JSON"):
         Index(root)
-    write_index(root, {"format": 1, "entries": [dict(entry, key=["split"])]})
-    with pytest.raises(LaunchError, match="1 malformed entries"):
+    write_index(root, json.loads(text) | {"families": {"csa_compressor": {"index": 3}}})
+    with pytest.raises(LaunchError, match="malformed table of families"):
         Index(root)
-    write_index(root, {"format": 1, "entries": [{k: v for k, v in entry.items() if k != "launcher_sha256"}]})
-    with pytest.raises(LaunchError, match="malformed"):
-        Index(root)
-    assert json.loads(text)["entries"][0] == entry
+    write_index(root, json.loads(text))
+    fam = json.loads((root / "index" / "csa_compressor.json").read_text())
+    assert fam["entries"] == [entry]
+    for change in (lambda d: d["entries"][0].update(key=["split"]), lambda d: d["entries"][0].pop("launcher_sha256"),
+                   lambda d: d["entries"][0].update(family="dsa_topk_utils")):
+        edit_family(root, "csa_compressor", lambda d: (d.clear(), d.update(json.loads(json.dumps(fam))), change(d)))
+        with pytest.raises(LaunchError, match="1 malformed entries"):
+            Index(root).find("csa_compressor", "dape_reduce", {"split": True}, "sm_90a")

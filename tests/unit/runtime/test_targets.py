@@ -10,7 +10,7 @@ from dsa_aot.errors import ArchMismatchError, ManifestError
 from dsa_aot.policy import arch as arch_policy
 from dsa_aot.runtime.index import Index
 from dsa_aot.toolchain import manifest
-from build_files import write_index
+from build_files import write_build
 
 GEMM_KEY = {"heads": 64, "topk": 512, "topk_global": False, "persistent": True, "pdl": True, "deterministic": False, "planes": 96}
 REDUCE_KEY = {"out": "f32", "planes": 96}
@@ -19,7 +19,7 @@ REDUCE_KEY = {"out": "f32", "planes": 96}
 def _entry(op, key, arch, sms, qualified=True):
     ident = f"dsa_indexer_backward.{op}.{arch}" + (f".sm{sms}" if qualified else "")
     return {"id": ident, "family": "dsa_indexer_backward", "op": op, "key": dict(key), "arch": arch, "target": {"name": f"t{sms}", "sm_count": sms},
-            "cubin": f"cubins/{ident}.cubin", "sha256": "0" * 64, "launcher": f"launchers/{ident}.py", "launcher_sha256": "0" * 64,
+            "sha256": "0" * 64, "launcher_sha256": "0" * 64,
             "kernels": ["k"], "params": {"k": [8]}}
 
 
@@ -29,7 +29,7 @@ def two_targets(tmp_path):
     SM_COUNT_OPS) and reduce_dk (does not) for each, and an sm_90a reduce_dk for 132."""
     entries = [_entry(op, key, "sm_100a", sms) for sms in (148, 160) for op, key in (("gemm", GEMM_KEY), ("reduce_dk", REDUCE_KEY))]
     entries.append(_entry("reduce_dk", REDUCE_KEY, "sm_90a", 132, qualified=False))
-    write_index(tmp_path, {"format": 1, "entries": entries})
+    write_build(tmp_path, entries)
     return Index(tmp_path)
 
 

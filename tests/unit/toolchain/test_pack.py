@@ -32,16 +32,33 @@ def test_two_packs_in_different_places_are_byte_identical(tmp_path):
     ta, tb = _tree(tmp_path / "a" / "gen"), _tree(tmp_path / "b" / "gen")
     assert ta.keys() == tb.keys() and ta == tb
     index = json.loads(ta["index.json"])
-    assert index["manifest"] == "m.toml" and all("compile_seconds" not in e and "note" not in e["fidelity"] for e in index["entries"])
+    assert index["manifest"] == "m.toml"
+    entries = [e for f in index["families"].values() for e in json.loads(ta[f["index"]])["entries"]]
+    assert len(entries) == 2 and all("compile_seconds" not in e and "note" not in e["fidelity"] for e in entries)
 
 
-def test_the_index_holds_what_the_runtime_reads_and_the_build_records_sit_beside_it(tmp_path):
+def test_the_tree_holds_what_the_runtime_reads_and_the_build_records_go_to_the_work_dir(tmp_path):
+    from dsa_aot.runtime.index import Index
+
     dirs = _entries(tmp_path)
     full = pack.pack(dirs, tmp_path / "gen")
-    index = json.loads((tmp_path / "gen" / "index.json").read_text())
-    verify = json.loads((tmp_path / "gen" / "verify.json").read_text())
-    rows = json.loads((tmp_path / "gen" / "report.json").read_text())
-    assert index["entries"] and all("verify" not in e and "resources" not in e and "fidelity" in e for e in index["entries"])
+    shipped = sorted(str(p.relative_to(tmp_path / "gen")) for p in (tmp_path / "gen").rglob("*") if p.is_file())
+    assert shipped == sorted(["index.json", "index.sha256", "index/dsa_indexer_backward.json", "index/dsa_sparse_attention_backward.json",
+                              "packs/sm_90a.dsa_indexer_backward.gemm_sm90.0.xz", "packs/sm_90a.dsa_indexer_backward.launchers.0.xz",
+                              "packs/sm_90a.dsa_sparse_attention_backward.main_sm90.0.xz",
+                              "packs/sm_90a.dsa_sparse_attention_backward.launchers.0.xz"]), shipped
+    ix = Index(tmp_path / "gen")
+    assert ix.entries and all("verify" not in e and "resources" not in e and "fidelity" in e for e in ix.entries)
+    for e, d in zip(ix.entries, dirs):
+        assert ix.member(e, "cubin") == (d / "kernel.cubin").read_bytes() and ix.member(e, "launcher") == (d / "launcher.py").read_bytes()
+    assert pack.unpack(tmp_path / "gen", tmp_path / "unpacked") == 2  # the files a person reads
+    for d in dirs:
+        meta = json.loads((d / "meta.json").read_text())
+        assert (tmp_path / "unpacked" / "launchers" / f"{meta['id']}.py").read_bytes() == (d / "launcher.py").read_bytes()
+        assert (tmp_path / "unpacked" / "cubins" / f"{_sha(d)}.cubin").read_bytes() == (d / "kernel.cubin").read_bytes()
+    pack.write_build_report(tmp_path / "work", full, {}, None)
+    verify = json.loads((tmp_path / "work" / "verify.json").read_text())
+    rows = json.loads((tmp_path / "work" / "report.json").read_text())
     assert verify == {e["id"]: e["verify"] for e in full["entries"]} and all(v["verdict"] == "ok" for v in verify.values())
     assert {r["id"] for r in rows} == set(verify) and all("registers" in r for r in rows)
 

@@ -12,6 +12,9 @@ import pytest
 from dsa_aot.errors import PackError
 from dsa_aot.toolchain import manifest, shards
 from build_files import SMALL_MANIFEST as SMALL
+from build_files import entries_of, group_file, rewrite_group
+
+from dsa_aot.runtime.index import Index
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -106,7 +109,7 @@ def test_two_shards_merged_equal_the_one_machine_build_byte_for_byte(built):
     assert len(index["entries"]) == 3
     whole, merged = _tree(built / "whole"), _tree(built / "merged")
     assert whole.keys() == merged.keys() and whole == merged, "merged tree differs from the one-machine build"
-    assert all(e["fidelity"]["verdict"] == "identical" for e in json.loads((built / "merged" / "index.json").read_text())["entries"])
+    assert all(e["fidelity"]["verdict"] == "identical" for e in entries_of(built / "merged"))
     rows = json.loads((built / "work-merged" / "report.json").read_text())
     assert {r["id"] for r in rows} == {e["id"] for e in index["entries"]} and all("lift_verify_s" in r for r in rows)
 
@@ -147,11 +150,13 @@ def test_a_merged_build_is_checked_before_it_ships(built, tmp_path):
     other.write_text(SMALL.replace('split = false', 'split = true'))
     with pytest.raises(PackError, match="not the manifest's"):
         pack.check_build(merged, other)
-    cubin = next((merged / "cubins").iterdir())
-    data = bytearray(cubin.read_bytes())
-    data[-1] ^= 1
-    cubin.write_bytes(bytes(data))
-    with pytest.raises(PackError, match=r"cubin of \S+ .* is corrupted"):
+    e = entries_of(merged)[0]
+    rewrite_group(merged, e, "cubin", lambda b: b[:-1] + bytes([b[-1] ^ 1]))  # consistent above the member: its own sha256 catches it
+    with pytest.raises(PackError, match=r"member \S+ in group \S+ .* is corrupted"):
+        pack.check_build(merged, built / "m.toml")
+    group = group_file(merged, e)
+    group.write_bytes(group.read_bytes()[:-8])
+    with pytest.raises(PackError, match=rf"group {e['cubin']} .* is corrupted"):
         pack.check_build(merged, built / "m.toml")
     # the index itself is checked as the runtime loads it
     (merged / "index.sha256").write_text("0" * 64)
@@ -169,14 +174,17 @@ def test_only_builds_the_matching_entries_as_a_partial_build_that_does_not_ship(
     from dsa_aot.toolchain import build, pack
 
     whole = json.loads((built / "whole" / "index.json").read_text())
-    pick = whole["entries"][1]["id"]
+    whole_entries = entries_of(built / "whole")
+    pick = whole_entries[1]["id"]
     idx = build.build(built / "m.toml", tmp_path / "only", tmp_path / "work", built / "cache", jobs=2, progress=False, only=re.escape(pick))
     assert [e["id"] for e in idx["entries"]] == [pick]
     doc = json.loads((tmp_path / "only" / "index.json").read_text())
-    assert doc["partial"] == {"only": re.escape(pick), "entries": 1, "of": len(whole["entries"])} and "partial" not in whole
-    got = next(e for e in doc["entries"])
-    assert got == next(e for e in whole["entries"] if e["id"] == pick)
-    assert (tmp_path / "only" / got["cubin"]).read_bytes() == (built / "whole" / got["cubin"]).read_bytes()
+    assert doc["partial"] == {"only": re.escape(pick), "entries": 1, "of": len(whole_entries)} and "partial" not in whole
+    (got,) = entries_of(tmp_path / "only")
+    want = next(e for e in whole_entries if e["id"] == pick)
+    assert got == want
+    for what in ("cubin", "launcher"):
+        assert Index(tmp_path / "only").member(got, what) == Index(built / "whole").member(want, what)
     with pytest.raises(PackError, match=r"a partial build \(--only"):
         pack.check_build(tmp_path / "only", built / "m.toml")
     assert [e["id"] for e in pack.check_build(tmp_path / "only", built / "m.toml", allow_partial=True)["entries"]] == [pick]

@@ -36,12 +36,15 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
     tops = {n.split("/")[0] for n in names if not n.startswith("dsa_aot-")}
     assert tops == {"dsa_aot"}, tops
     assert "dsa_aot/_generated/index.json" in names
-    assert sum(n.startswith("dsa_aot/_generated/cubins/") for n in names) == 2
+    gen = sorted(n.removeprefix("dsa_aot/_generated/") for n in names if n.startswith("dsa_aot/_generated/"))
+    assert gen == ["index.json", "index.sha256", "index/csa_compressor.json", "packs/sm_100a.csa_compressor.fwd.0.xz",
+                   "packs/sm_100a.csa_compressor.launchers.0.xz", "packs/sm_90a.csa_compressor.fwd.0.xz",
+                   "packs/sm_90a.csa_compressor.launchers.0.xz"], gen  # what the runtime reads, nothing else
     assert not any(n.endswith((".so", ".pyd", ".dylib")) for n in names)
     assert not any(n.startswith("dsa_aot/toolchain/") or n == "dsa_aot/__main__.py" for n in names), [n for n in names if "toolchain" in n]
     for layer in ("dsa_aot/policy/", "dsa_aot/ops/", "dsa_aot/runtime/"):
         assert any(n.startswith(layer) for n in names), layer
-    # no shipped file imports the toolchain, cutlass or cudnn (the generated launchers included)
+    # no shipped file imports the toolchain, cutlass or cudnn (the generated launchers: in the venv below)
     for n in names:
         if n.endswith(".py"):
             for node in ast.walk(ast.parse(zf.read(n).decode(), n)):
@@ -62,8 +65,14 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
         "assert all(callable(getattr(getattr(dsa_aot, ns), n)) for ns, names in ops.items() for n in names)\n"
         "assert importlib.util.find_spec('dsa_aot.toolchain') is None\n"
         "assert not any(m.split('.')[0] in ('cutlass', 'cudnn', 'tvm_ffi', 'torch') or m.startswith('dsa_aot.toolchain') for m in sys.modules)\n"
-        "ix = json.load(open(os.path.join(os.path.dirname(dsa_aot.__file__), '_generated', 'index.json')))\n"
-        "print(json.dumps([sorted(e['arch'] for e in ix['entries']), {ns: sorted(v) for ns, v in ops.items()}]))\n"
+        "from dsa_aot.runtime.index import index\n"
+        "es = index().entries\n"
+        "import ast\n"
+        "for e in es:\n"
+        "    for node in ast.walk(ast.parse(index().member(e, 'launcher').decode())):\n"
+        "        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ''] if isinstance(node, ast.ImportFrom) else []\n"
+        "        assert not any(m.startswith(('cutlass', 'cudnn', 'tvm_ffi', 'dsa_aot.toolchain', 'toolchain')) for m in mods), (e['id'], mods)\n"
+        "print(json.dumps([sorted(e['arch'] for e in es), {ns: sorted(v) for ns, v in ops.items()}]))\n"
     )
     p = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0, p.stderr

@@ -1,0 +1,110 @@
+"""Start-up in fresh processes: import and first call of one op per family, and preload() of every entry, for
+this tree and (``--before``) another tree with its own build, in one run.
+
+    python bench/startup.py [FAMILY ...] [--before DIR] [--runs 5]   # on a GPU
+
+DIR holds a ``dsa_aot`` package with its ``_generated`` build (an earlier commit's ``git archive`` and the build
+made with it: the two trees may differ in their build format). Per family the case is its parity
+declaration's first bench case, and each run is a fresh process as bench/run.py's dsa-aot side makes it:
+torch, CUDA and the inputs are set up first (a server's order), then the op's import and its first call,
+synchronised; the figure is import + first call. Run 0 of each tree starts with an empty bytecode cache
+(the first start on a machine: dsa_aot/runtime/bytecode.py); runs 1.. share a warm one, and their median
+and max are the table's. ``preload()`` of every entry for GPU 0 likewise, after torch's CUDA init.
+Prints a table and the ratios of the two trees, measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "ci", "parity"))
+
+PRELOAD = r"""
+import sys, time, json, os
+sys.path[:0] = [os.path.join(ROOT, "bench")]
+from _harness import block_toolchain
+block_toolchain()
+import torch
+torch.zeros(1, device="cuda:0")
+t0 = time.perf_counter()
+import dsa_aot.runtime
+ms = dsa_aot.runtime.preload(0)
+torch.cuda.synchronize()
+print("BENCH " + json.dumps({"entries": len(ms), "ms": (time.perf_counter() - t0) * 1e3}))
+"""
+
+
+def _run(tree, cache, args):
+    env = dict(os.environ, PYTHONPATH=tree, AOT_BYTECODE_CACHE=cache)
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd="/")
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("BENCH ")]
+    if r.returncode or not lines:
+        raise SystemExit(f"{tree}: {' '.join(args[:4])} failed\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
+    return json.loads(lines[-1][6:])
+
+
+def first_call(tree, cache, family, case):
+    m = _run(tree, cache, [os.path.join(ROOT, "bench", "run.py"), "--child", "aot", family, case, "--calls", "5"])
+    return m["import_ms"] + m["first_ms"]
+
+
+def preload(tree, cache):
+    m = _run(tree, cache, ["-c", f"ROOT = {ROOT!r}\n" + PRELOAD])
+    return m["ms"], m["entries"]
+
+
+def series(fn, runs):
+    """Run 0 with an empty bytecode cache, runs 1..runs with the cache it left: (cold, [warm...])."""
+    with tempfile.TemporaryDirectory() as cache:
+        cold = fn(cache)
+        return cold, [fn(cache) for _ in range(runs)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("families", nargs="*", help="default: every registered family with a kernel for this GPU")
+    ap.add_argument("--before", default="", help="another tree (dsa_aot and its _generated) to measure beside this one")
+    ap.add_argument("--runs", type=int, default=5)
+    a = ap.parse_args(argv)
+    import torch
+
+    from dsa_aot.policy.families import FAMILIES
+
+    cap = torch.cuda.get_device_capability()
+    arch = f"sm_{cap[0]}{cap[1]}a"
+    trees = {"this": ROOT} | ({"before": os.path.abspath(a.before)} if a.before else {})
+    rows, ratios = [], []
+    for fam in a.families or FAMILIES:
+        par = importlib.import_module(fam).PARITY
+        if par.arches and arch not in par.arches:
+            continue
+        case = (par.bench or [par.cases(False)[0][0]])[0]
+        got = {t: series(lambda c, p=p: first_call(p, c, fam, case), a.runs) for t, p in trees.items()}
+        for t, (cold, warm) in got.items():
+            rows.append((fam, case, t, f"{cold:.1f}", f"{statistics.median(warm):.1f}", f"{max(warm):.1f}"))
+        if "before" in got:
+            ratios.append(f"{fam}: first call median this / before {statistics.median(got['this'][1]) / statistics.median(got['before'][1]):.2f}")
+    pre = {t: series(lambda c, p=p: preload(p, c), a.runs) for t, p in trees.items()}
+    for t, (cold, warm) in pre.items():
+        rows.append((f"preload() ({cold[1]} entries)", "", t, f"{cold[0]:.1f}", f"{statistics.median(w[0] for w in warm):.1f}", f"{max(w[0] for w in warm):.1f}"))
+    if "before" in pre:
+        ratios.append(f"preload() median this / before {statistics.median(w[0] for w in pre['this'][1]) / statistics.median(w[0] for w in pre['before'][1]):.2f}")
+    head = ("op", "case", "tree", "cold cache ms", "median ms", "max ms")
+    print(f"device: {torch.cuda.get_device_name()} ({arch}); {a.runs} fresh processes per row after one with an empty bytecode cache; "
+          f"import + first call, synchronised, after torch's CUDA init and the inputs")
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    print("\n".join("| " + " | ".join(r) + " |" for r in rows))
+    print("\n".join(["", *ratios]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
