@@ -3,7 +3,8 @@
     python bench/groups.py [BUILD]   # default dsa_aot/_generated; CPU only
 
 For each grouping (one stream per arch; per (arch, family); per (arch, family, op); per (arch, family, op)
-cut into groups of at most N MiB before compression, as the pack stage does) the xz preset-6 size of all
+cut into groups of at most N MiB before compression; per (arch series, family, op) in 1 MiB groups with
+the twins of a key on sm_100a and sm_103a side by side, as the pack stage does) the xz preset-6 size of all
 groups and the median and max time to decompress one (``lzma.decompress``, one core), and the launchers
 likewise. The pack stage's choice is ``dsa_aot.toolchain.pack.GROUP_BYTES`` (docs/artifact.md).
 """
@@ -47,7 +48,14 @@ def main(argv=None):
 
     root = Path((argv or sys.argv[1:] or [ROOT / "dsa_aot" / "_generated"])[0])
     ix = Index(root)
-    seen, cubins, launchers = set(), [], []
+    from dsa_aot.toolchain.pack import _series, fill_order
+
+    seen, cubins, launchers, twins = set(), [], [], []
+    for e in fill_order(ix.entries):
+        if e["sha256"] not in seen:
+            seen.add(e["sha256"])
+            twins.append(((_series(e["arch"]), e["family"], e["op"]), ix.member(e, "cubin")))
+    seen = set()
     for e in ix.entries:
         for what, sha, out in (("cubin", e["sha256"], cubins), ("launcher", e["launcher_sha256"], launchers)):
             if sha not in seen:
@@ -59,7 +67,8 @@ def main(argv=None):
     print("| members | grouping | groups | xz MB | decompress median ms | max ms |\n|---|---|---:|---:|---:|---:|")
     big = 1 << 40
     rows = [("one stream per arch", [((k[0],), b) for k, b in cubins], big), ("per (arch, family)", [(k[:2], b) for k, b in cubins], big),
-            ("per (arch, family, op)", cubins, big)] + [(f"per (arch, family, op), {n} MiB groups", cubins, n << 20) for n in (4, 2, 1)]
+            ("per (arch, family, op)", cubins, big)] + [(f"per (arch, family, op), {n} MiB groups", cubins, n << 20) for n in (4, 2, 1)] + [
+            ("per (arch series, family, op), 1 MiB groups, twins side by side", twins, 1 << 20)]
     for name, ms, cap in rows:
         n, size, med, mx = measure(groups(ms, True, cap))
         print(f"| cubins | {name} | {n} | {size / 1e6:.2f} | {med:.1f} | {mx:.1f} |")

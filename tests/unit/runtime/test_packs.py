@@ -62,8 +62,8 @@ def test_an_index_naming_a_member_its_group_lacks_is_refused_at_lookup(one_entry
     with pytest.raises(LaunchError, match=r"names cubin abab.* in group .*which does not hold it"):
         Index(root).find(entry["family"], entry["op"], entry["key"], entry["arch"])
     root, entry = _copy(one_entry_build, tmp_path, "b")
-    edit_family(root, entry["family"], lambda doc: doc["entries"][0].update(launcher="sm_90a.nowhere.0"))
-    with pytest.raises(LaunchError, match=r"names launcher .* in group 'sm_90a.nowhere.0'"):
+    edit_family(root, entry["family"], lambda doc: doc["entries"][0].update(launcher="sm_9x.nowhere.0"))
+    with pytest.raises(LaunchError, match=r"names launcher .* in group 'sm_9x.nowhere.0'"):
         Index(root).find(entry["family"], entry["op"], entry["key"], entry["arch"])
 
 
@@ -116,8 +116,9 @@ def test_a_family_index_changed_after_the_build_is_refused(one_entry_build):
 
 
 def test_members_are_stored_once_and_groups_split_by_size(tmp_path):
-    """Identical cubins share one member; an (arch, op)'s cubins fill groups of about GROUP_BYTES; each
-    family's launchers are one group per arch; the tree is a function of its entries."""
+    """Identical cubins share one member; an (arch series, op)'s cubins fill groups of about GROUP_BYTES, twins
+    of one key on sm_100a and sm_103a side by side; each family's launchers are one group per series; the
+    tree is a function of its entries."""
     from dsa_aot.toolchain import pack
 
     import hashlib
@@ -132,19 +133,27 @@ def test_members_are_stored_once_and_groups_split_by_size(tmp_path):
                 "launcher_sha256": lsha, "kernels": ["k"], "params": {"k": [8]}}
 
     entries = [entry(0, shas[0]), entry(1, shas[0]), entry(2, shas[1]), entry(3, shas[2]), entry(4, shas[3])]
+    twin = {(n, a): bytes([n]) * 299_999 + a.encode()[-2:-1] for n in (7, 8) for a in ("sm_100a", "sm_103a")}  # twins: one byte apart
+    blobs |= {hashlib.sha256(b).hexdigest(): b for b in twin.values()}
+    entries += [dict(entry(n, hashlib.sha256(twin[n, a]).hexdigest()), id=f"fam.op.{n}.{a}", arch=a) for a in ("sm_103a", "sm_100a") for n in (7, 8)]
     for root in (tmp_path / "a", tmp_path / "b"):
         write_build(root, entries, blobs | launcher)
     doc = family_index(tmp_path / "a", "csa_compressor")
     sizes = {g: v["bytes"] for g, v in doc["groups"].items()}
-    assert sizes == {"sm_90a.csa_compressor.fwd.0": 800_000, "sm_90a.csa_compressor.fwd.1": 800_000,
-                     "sm_90a.csa_compressor.launchers.0": 6}, sizes  # 0.4 MB members: two to a 1 MiB group
-    assert sum(len(v["members"]) for v in doc["groups"].values()) == 5  # four cubins (one shared) and one launcher
-    assert [e["cubin"] for e in doc["entries"]] == ["sm_90a.csa_compressor.fwd.0"] * 3 + ["sm_90a.csa_compressor.fwd.1"] * 2
+    assert sizes == {"sm_9x.csa_compressor.fwd.0": 800_000, "sm_9x.csa_compressor.fwd.1": 800_000, "sm_9x.csa_compressor.launchers.0": 6,
+                     "sm_10x.csa_compressor.fwd.0": 900_000, "sm_10x.csa_compressor.fwd.1": 300_000,
+                     }, sizes  # 0.4 MB members: two to a 1 MiB group; the one launcher stored once for both series
+    assert sum(len(v["members"]) for v in doc["groups"].values()) == 5 + 4  # the distinct cubins, and the launcher once
+    # sm_10x fills in key order, the two arches of a key side by side: 7 sm_100a, 7 sm_103a, 8 sm_100a | 8 sm_103a
+    assert [e["cubin"] for e in doc["entries"]] == ["sm_9x.csa_compressor.fwd.0"] * 3 + ["sm_9x.csa_compressor.fwd.1"] * 2 + [
+        "sm_10x.csa_compressor.fwd.0", "sm_10x.csa_compressor.fwd.1", "sm_10x.csa_compressor.fwd.0", "sm_10x.csa_compressor.fwd.0"]
+    assert list(doc["groups"]["sm_10x.csa_compressor.fwd.0"]["members"]) == [
+        hashlib.sha256(twin[k]).hexdigest() for k in ((7, "sm_100a"), (7, "sm_103a"), (8, "sm_100a"))]
     assert pack.GROUP_BYTES == 1 << 20
     for f in sorted((tmp_path / "a").rglob("*")):
         if f.is_file():
             assert f.read_bytes() == (tmp_path / "b" / f.relative_to(tmp_path / "a")).read_bytes(), f
     ix = Index(tmp_path / "a")
     assert all(ix.member(e, "cubin") == blobs[e["sha256"]] for e in ix.entries)
-    assert len(lzma.decompress((tmp_path / "a" / "packs" / "sm_90a.csa_compressor.fwd.0.xz").read_bytes())) == 800_000
-    assert json.loads((tmp_path / "a" / "index.json").read_text())["arches"] == {"sm_90a": [0]}
+    assert len(lzma.decompress((tmp_path / "a" / "packs" / "sm_9x.csa_compressor.fwd.0.xz").read_bytes())) == 800_000
+    assert json.loads((tmp_path / "a" / "index.json").read_text())["arches"] == {"sm_90a": [0], "sm_100a": [0], "sm_103a": [0]}

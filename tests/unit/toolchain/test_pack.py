@@ -44,9 +44,9 @@ def test_the_tree_holds_what_the_runtime_reads_and_the_build_records_go_to_the_w
     full = pack.pack(dirs, tmp_path / "gen")
     shipped = sorted(str(p.relative_to(tmp_path / "gen")) for p in (tmp_path / "gen").rglob("*") if p.is_file())
     assert shipped == sorted(["index.json", "index.sha256", "index/dsa_indexer_backward.json", "index/dsa_sparse_attention_backward.json",
-                              "packs/sm_90a.dsa_indexer_backward.gemm_sm90.0.xz", "packs/sm_90a.dsa_indexer_backward.launchers.0.xz",
-                              "packs/sm_90a.dsa_sparse_attention_backward.main_sm90.0.xz",
-                              "packs/sm_90a.dsa_sparse_attention_backward.launchers.0.xz"]), shipped
+                              "packs/sm_9x.dsa_indexer_backward.gemm_sm90.0.xz", "packs/sm_9x.dsa_indexer_backward.launchers.0.xz",
+                              "packs/sm_9x.dsa_sparse_attention_backward.main_sm90.0.xz",
+                              "packs/sm_9x.dsa_sparse_attention_backward.launchers.0.xz"]), shipped
     ix = Index(tmp_path / "gen")
     assert ix.entries and all("verify" not in e and "resources" not in e and "fidelity" in e for e in ix.entries)
     for e, d in zip(ix.entries, dirs):

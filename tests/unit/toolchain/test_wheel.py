@@ -37,9 +37,9 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
     assert tops == {"dsa_aot"}, tops
     assert "dsa_aot/_generated/index.json" in names
     gen = sorted(n.removeprefix("dsa_aot/_generated/") for n in names if n.startswith("dsa_aot/_generated/"))
-    assert gen == ["index.json", "index.sha256", "index/csa_compressor.json", "packs/sm_100a.csa_compressor.fwd.0.xz",
-                   "packs/sm_100a.csa_compressor.launchers.0.xz", "packs/sm_90a.csa_compressor.fwd.0.xz",
-                   "packs/sm_90a.csa_compressor.launchers.0.xz"], gen  # what the runtime reads, nothing else
+    assert gen == ["index.json", "index.sha256", "index/csa_compressor.json", "packs/sm_10x.csa_compressor.fwd.0.xz",
+                   "packs/sm_10x.csa_compressor.launchers.0.xz", "packs/sm_9x.csa_compressor.fwd.0.xz",
+                   "packs/sm_9x.csa_compressor.launchers.0.xz"], gen  # what the runtime reads, nothing else
     assert not any(n.endswith((".so", ".pyd", ".dylib")) for n in names)
     assert not any(n.startswith("dsa_aot/toolchain/") or n == "dsa_aot/__main__.py" for n in names), [n for n in names if "toolchain" in n]
     for layer in ("dsa_aot/policy/", "dsa_aot/ops/", "dsa_aot/runtime/"):
