@@ -8,9 +8,10 @@ A build directory holds:
   packs/<group>.xz         one xz stream of a group's members, concatenated
 
 Each file is covered by the one above it, down to every cubin and launcher by its own sha256 (checked after
-decompression). Cubins are grouped per (arch, family, op) in streams of about a MiB: one solid stream per
-arch packs 28.7 MB of ``sm_90a`` cubins into 1.1 MB but takes 100 ms to decompress; 1 MiB groups take
-1.6 MB and at most 5 ms each (docs/artifact.md). A family's launchers are one small group per arch.
+decompression). Cubins are grouped per (arch series, family, op) in streams of about a MiB: one solid
+stream per arch packs 28.7 MB of ``sm_90a`` cubins into 1.1 MB but takes 100 ms to decompress; 1 MiB
+groups take 1.6 MB and at most 5 ms each (docs/artifact.md). A family's launchers are one small group per
+arch series.
 
 :mod:`dsa_aot.toolchain.pack` writes it (:func:`dsa_aot.toolchain.pack.write_tree`) and checks a finished
 build with this code before it ships (``check-build``); :mod:`dsa_aot.runtime.index` reads it with the same

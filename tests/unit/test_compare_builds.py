@@ -31,3 +31,22 @@ def test_same_builds_pass_and_any_difference_fails(tmp_path, capsys):
     assert "differs: e2" in capsys.readouterr().out
     (tmp_path / "shas.json").write_text(json.dumps({"e1": "11"}))
     assert tool.main([str(tmp_path / "shas.json"), str(a)]) == 1  # e2 only on one side
+
+
+def test_a_packed_build_is_read_through_its_family_indexes(tmp_path, capsys):
+    import hashlib
+
+    from build_files import write_build
+
+    def build(d, cubin):
+        sha = hashlib.sha256(cubin).hexdigest()
+        write_build(d, [{"id": "e1", "family": "csa_compressor", "op": "fwd", "key": {}, "arch": "sm_90a", "sha256": sha,
+                         "launcher_sha256": "0" * 64, "kernels": [], "params": {}}], {sha: cubin})
+        return d
+
+    tool = _tool()
+    a = build(tmp_path / "a", b"one")
+    assert tool.shas(a) == {"e1": hashlib.sha256(b"one").hexdigest()}
+    assert tool.main([str(a), str(build(tmp_path / "b", b"one"))]) == 0
+    assert tool.main([str(a), str(build(tmp_path / "c", b"two"))]) == 1
+    assert "differs: e1" in capsys.readouterr().out
