@@ -6,16 +6,15 @@ schedule functions on every build.
 
 from __future__ import annotations
 
+from ..policy.families import FAMILIES
 from ..policy import csa_compressor as policy
 from .checks import check, input_error, integer, one_of
 from .gpu import launcher, sm_count_of
 from .declare import Flag, In, Int, OneOf, Op, Out, Workspace
 from .library import call
 
-__all__ = ["compressor", "compressor_forward", "compressor_backward", "compressor_forward_into", "compressor_backward_into",
-           "backward_workspace_bytes", "CompressorForward", "CompressorBackward"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _I32 = 2**31
 _W, _B, _BC = "coff * head_dim", "B + 1", "B + 1, as cu_seqlens"  # shape symbols, named as the messages say them
 _R128_HINT = " (the ratio-128 bucket policy is in dsa_aot/policy/csa_compressor.py)"

@@ -19,15 +19,15 @@ reading of the code and the measurements.
 
 from __future__ import annotations
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_dense_indexer_backward as policy
 from .args import flat_args, tensor_args
 from .checks import _FLT_MAX, aliasing, check, input_error, int32_extents, integer, scalar_f32, thd_batch, workspace_problems
 from .gpu import alloc_on, arch_or_refuse, cast_into, max_lengths, require
 from .declare import Float, In, Int, OneOf, Op, Out, Workspace
 
-__all__ = ["dense_indexer_backward", "dense_indexer_backward_into", "dense_indexer_backward_workspace_bytes", "DenseIndexerBackward"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _I32 = 2**31
 _SIZER = "dsa_aot.dsa.dense_indexer_backward_workspace_bytes"
 

@@ -8,6 +8,7 @@ every build). Every input is validated before anything is launched or written.
 
 from __future__ import annotations
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_indexer_backward as policy
 from ..policy.arch import is_sm100
 from .args import flat_args, tensor_args
@@ -16,9 +17,8 @@ from .gpu import alloc_on, arch_of, target_sm_count
 from .gpu import cast_into as _cast_into  # (a module global: the CPU tests stub it
 from .declare import Flag, Float, In, Int, OneOf, Op, Out, Workspace
 
-__all__ = ["indexer_backward", "indexer_backward_into", "indexer_backward_workspace_bytes", "IndexerBackward"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 DEFAULT_PLANES = policy.DEFAULT_PLANES
 _I32 = 2**31
 _V2_SCALE = "sm_scale={} (backend='sm100_v2' requires sm_scale > 0: its relu gate reads unscaled scores)"

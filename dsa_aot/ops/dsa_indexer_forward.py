@@ -23,15 +23,15 @@ returns the (..., S_k) scores contiguous, as upstream does; ``_into`` takes that
 
 from __future__ import annotations
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_indexer_forward as policy
 from .args import row_major, tensor_args
 from .checks import aliasing, block_scales, check, flag, integer, scalar_f32, thd_batch
 from .gpu import arch_or_refuse
 from .declare import Flag, Float, In, Int, OneOf, Op, Out
 
-__all__ = ["indexer_forward", "indexer_forward_into", "IndexerForward"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _I32 = 2**31 - 1
 _NEG_INF = 0xFF800000  # fp32 -inf, the word the scores are filled with before the launch
 _TENSORS = ("scores", "lse", "q", "k", "w", "q_scale", "k_scale", "cu_seqlens_q", "cu_seqlens_k", "q_causal_offsets", "cu_seqlens_q_scale_padded",

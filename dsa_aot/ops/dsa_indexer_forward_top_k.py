@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_indexer_forward_top_k as policy
 from ..policy.dsa_indexer_forward import MAX_RATIO, SM100_PRECISIONS
 from .args import tensor_args
@@ -40,10 +41,8 @@ from .checks import aliasing, check, input_error, integer, one_of
 from .gpu import launcher, max_lengths, stream_handle
 from .declare import Flag, Float, In, Int, OneOf, Op, Out
 
-__all__ = ["compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets", "indexer_forward_top_k",
-           "indexer_forward_top_k_into"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _I32 = 2**31 - 1
 HELPERS = ("compress_topk_cand_buffer_size", "compress_topk_cand_buffer_size_thd", "cand_batch_offsets")  # sizes, not ops
 

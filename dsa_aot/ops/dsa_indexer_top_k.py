@@ -17,13 +17,13 @@ upstream does; a strided or misaligned input of the allocating form is copied fi
 
 from __future__ import annotations
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_indexer_top_k as policy
 from .gpu import alloc_on
 from .declare import Flag, In, Int, OneOf, Op, Out, Workspace
 
-__all__ = ["indexer_top_k", "indexer_top_k_into", "indexer_top_k_workspace_bytes", "IndexerTopK"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
 
 

@@ -11,6 +11,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_score_recompute as policy
 from .args import flat_args, tensor_args
 from .checks import block_scales, check, input_error, int32_extents, integer, scalar_f32
@@ -18,14 +19,8 @@ from .gpu import alloc_on, arch_or_refuse, max_lengths, require
 from .declare import REQUIRED, Flag, Float, Hidden, In, Int, OneOf, Op, Out, Workspace
 from .outputs import Outputs
 
-__all__ = ["sparse_indexer_score_recompute", "sparse_indexer_score_recompute_into", "sparse_indexer_score_recompute_workspace_bytes",
-           "SparseIndexerScoreRecompute", "sparse_attn_score_recompute", "sparse_attn_score_recompute_into",
-           "sparse_attn_score_recompute_workspace_bytes", "SparseAttnScoreRecompute", "sparse_attention_score_recompute",
-           "dense_indexer_score_recompute", "dense_indexer_score_recompute_into", "dense_indexer_score_recompute_workspace_bytes",
-           "DenseIndexerScoreRecompute", "dense_attn_score_recompute", "dense_attn_score_recompute_into", "dense_attn_score_recompute_workspace_bytes",
-           "DenseAttnScoreRecompute"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _I32 = 2**31
 _LOG2_E = math.log2(math.e)  # the SM90 attention kernel takes f32(scale * log2 e), as upstream computes it
 

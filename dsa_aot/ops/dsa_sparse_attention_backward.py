@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from ..errors import InputError
+from ..policy.families import FAMILIES
 from ..policy import dsa_sparse_attention_backward as policy
 from ..policy._math import prod, round_up
 from ..policy.arch import is_sm100
@@ -19,9 +20,8 @@ from .checks import check, flag, input_error, integer, one_of
 from .gpu import alloc_on, arch_of, launcher, require, sm_count_of
 from .declare import Flag, Float, In, Int, OneOf, Op, Out, Workspace
 
-__all__ = ["sparse_attention_backward", "sparse_attention_backward_into", "sparse_attention_backward_workspace_bytes", "SparseAttentionBackward"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 HEAD_DIM_V = policy.HEAD_DIM_V
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_sparse_attention_forward as policy
 from .args import tensor_args
 from .checks import check, flag, input_error
@@ -34,9 +35,8 @@ from .declare import Float, In, OneOf, Op, Out
 from .library import call
 from .outputs import Outputs
 
-__all__ = ["sparse_attention", "sparse_attention_forward", "sparse_attention_forward_into", "SparseAttentionForward"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _I32 = 2**31 - 1
 _NEG_INF, _POS_INF = 0xFF800000, 0x7F800000  # fp32 words of the empty-problem fills (upstream's fill_(-inf) / fill_(inf))
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "f16"}

@@ -8,14 +8,14 @@ per row. Which entry serves a call is :mod:`dsa_aot.policy.dsa_topk_utils` (upst
 
 from __future__ import annotations
 
+from ..policy.families import FAMILIES
 from ..policy import dsa_topk_utils as policy
 from .args import tensor_args
 from .gpu import alloc_on
 from .declare import In, Int, Op, Out
 
-__all__ = ["local_to_global", "local_to_global_into", "compactify", "compactify_into", "LocalToGlobal", "Compactify"]
-
 FAMILY = policy.FAMILY
+__all__ = list(FAMILIES[FAMILY].exports)  # the registry lists them: dsa_aot.<namespace> imports this module for them
 _I32 = 2**31 - 1
 _L2G_THREADS = 256  # LocalToGlobalTopK's threads_per_cta: grid.y = ceil(K / 256) must stay <= 65535
 _MAX_GRID_Y = 65535

@@ -130,6 +130,36 @@ print('ok')
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
 
 
+def test_a_namespace_imports_an_op_module_when_one_of_its_names_is_used():
+    """dsa_aot.dsa / dsa_aot.csa serve the registry's exports: importing the namespace imports no op module, a
+    name imports its own family's only, and every exported name is the op module's."""
+    code = BLOCK + """
+import dsa_aot.dsa, dsa_aot.csa
+from dsa_aot.policy.families import FAMILIES
+ops = lambda: sorted(m for m in sys.modules if m.startswith('dsa_aot.ops.') and m.split('.')[2] in FAMILIES)
+assert ops() == [], ops()
+f = dsa_aot.dsa.indexer_top_k
+assert ops() == ['dsa_aot.ops.dsa_indexer_top_k'], ops()
+import dsa_aot.ops.dsa_indexer_top_k as m
+assert f is m.indexer_top_k and dsa_aot.dsa.IndexerTopK is m.IndexerTopK
+assert 'compactify' in dir(dsa_aot.dsa) and 'compactify' in dsa_aot.dsa.__all__ and ops() == ['dsa_aot.ops.dsa_indexer_top_k']
+try:
+    dsa_aot.dsa.no_such_op
+    raise SystemExit('no AttributeError')
+except AttributeError as e:
+    assert "dsa_aot.dsa' has no attribute 'no_such_op'" in str(e)
+import importlib
+for fam, reg in FAMILIES.items():
+    mod = importlib.import_module('dsa_aot.ops.' + fam)
+    ns = getattr(dsa_aot, reg.namespace)
+    assert reg.exports and mod.__all__ == list(reg.exports), fam
+    assert all(getattr(ns, n) is getattr(mod, n) for n in reg.exports), fam
+print('ok')
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+
+
 def test_every_registered_family_has_each_piece_of_the_recipe():
     """docs/adding-a-family.md: a family is its spec, policy and op modules, a parity declaration (which
     bench/run.py times too), and buckets in the default manifest. The GPU run (ci/gpu-run.sh) loops over the
