@@ -3,7 +3,8 @@ process-to-process spread (about +-20 % on the shared H200) that separate proces
 
     python bench/ab.py --before ROOT [--rounds 9] [--calls 300]     # on a GPU, with dsa_aot/_generated built
 
-ROOT is a checkout of an earlier commit whose ``dsa_aot/_generated`` is this tree's build (a symlink). Its
+ROOT is a checkout of an earlier commit whose ``dsa_aot/_generated`` is this tree's build (a symlink), or a
+build made with that commit where the build format changed between the two (the same cubins). Its
 package is imported a second time as ``dsa_aot_before`` (its relative imports stay inside it; what it names
 by absolute path, the policy registry and the generated launchers, is this tree's: the same code in both
 trees for these ops), so both op implementations run side by side on the same build, inputs and stream.
