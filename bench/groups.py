@@ -48,7 +48,8 @@ def main(argv=None):
 
     root = Path((argv or sys.argv[1:] or [ROOT / "dsa_aot" / "_generated"])[0])
     ix = Index(root)
-    from dsa_aot.toolchain.pack import _series, fill_order
+    from dsa_aot.policy.artifact import series as _series
+    from dsa_aot.toolchain.pack import fill_order
 
     seen, cubins, launchers, twins = set(), [], [], []
     for e in fill_order(ix.entries):

@@ -19,8 +19,8 @@ from pathlib import Path
 def shas(path: Path) -> dict:
     p = path / "index.json" if path.is_dir() else path
     doc = json.loads(p.read_text())
-    if isinstance(doc, dict) and "families" in doc:  # format 2: the entries are in the family indexes
-        return {e["id"]: e["sha256"] for f in doc["families"].values() for e in json.loads((p.parent / f["index"]).read_text())["entries"]}
+    if isinstance(doc, dict) and "indexes" in doc:  # format 2: the entries are in the indexes per (family, arch series)
+        return {e["id"]: e["sha256"] for f in doc["indexes"].values() for e in json.loads((p.parent / f["index"]).read_text())["entries"]}
     if isinstance(doc, dict) and "entries" in doc:  # format 1
         return {e["id"]: e["sha256"] for e in doc["entries"]}
     return dict(doc)

@@ -1,10 +1,13 @@
 """The shipped build's on-disk contract, one piece for both sides of it.
 
 A build directory holds:
-  index.json               the build: tools, targets per arch, and per family its index file and that file's sha256
+  index.json               the build: tools, targets per arch, and per (family, arch series) its index file
+                           and that file's sha256
   index.sha256             the sha256 of index.json
-  index/<family>.json      the family's entries and its groups: per group its file, the file's sha256 and
-                           where each member (a cubin or a launcher source, by its sha256) lies once decompressed
+  index/<family>.<series>.json
+                           that family's entries for that series' arches, and their groups: per group its
+                           file, the file's sha256 and where each member (a cubin or a launcher source, by
+                           its sha256) lies once decompressed
   packs/<group>.xz         one xz stream of a group's members, concatenated
 
 Each file is covered by the one above it, down to every cubin and launcher by its own sha256 (checked after
@@ -28,9 +31,20 @@ from pathlib import Path
 
 from ..errors import KernelNotFoundError, LaunchError
 
-__all__ = ["FORMAT", "load_index", "load_family", "read_member", "read_checked", "lookup_key", "lookup_fields"]
+__all__ = ["FORMAT", "series", "index_name", "load_index", "load_family", "read_member", "read_checked", "lookup_key", "lookup_fields"]
 
 FORMAT = 2
+
+
+def series(arch: str) -> str:
+    """The arches whose cubins share an index and groups: one major compute capability (sm_100a and sm_103a:
+    "sm_10x"; sm_90a: "sm_9x")."""
+    return arch.rstrip("abcdefghijklmnopqrstuvwxyz")[:-1] + "x"
+
+
+def index_name(family: str, arch: str) -> str:
+    """The name of the index holding ``family``'s entries for ``arch``."""
+    return f"{family}.{series(arch)}"
 
 
 def read_checked(root: Path, rel, sha256: str, what: str) -> bytes:
@@ -91,8 +105,8 @@ def _json(path: Path, text: bytes):
 
 def load_index(root: Path) -> dict:
     """``index.json`` of build directory ``root``, checked: against ``index.sha256``, its format, not a debug build
-    (unless AOT_ALLOW_DEBUG_BUILD=1), its table of families and targets. The entries are read per family
-    (:func:`load_family`)."""
+    (unless AOT_ALLOW_DEBUG_BUILD=1), its table of indexes and targets. The entries are read per (family,
+    arch series) (:func:`load_family`)."""
     path = root / "index.json"
     try:
         text = path.read_bytes()
@@ -115,27 +129,29 @@ def load_index(root: Path) -> dict:
     if doc.get("for_shipping") is False and os.environ.get("AOT_ALLOW_DEBUG_BUILD") != "1":
         raise LaunchError(f"{path} is a debug build (compiled with --debug-dump), not for shipping; rebuild without it, "
                           f"or set AOT_ALLOW_DEBUG_BUILD=1 to use it anyway")
-    fams, arches = doc.get("families"), doc.get("arches")
+    fams, arches = doc.get("indexes"), doc.get("arches")
     ok = isinstance(fams, dict) and all(isinstance(f, dict) and isinstance(f.get("index"), str) and isinstance(f.get("sha256"), str)
-                                        for f in fams.values())
+                                        and isinstance(f.get("family"), str) for f in fams.values())
     ok = ok and isinstance(arches, dict) and all(isinstance(v, list) and all(isinstance(n, int) for n in v) for v in arches.values())
     if not ok:
-        raise LaunchError(f"{path}: malformed table of families or targets. Reinstall or rebuild the wheel")
+        raise LaunchError(f"{path}: malformed table of indexes or targets. Reinstall or rebuild the wheel")
     return doc
 
 
-def load_family(root: Path, doc: dict, family: str):
-    """The index of ``family`` (from ``doc``, :func:`load_index`), checked: its file against the sha256 ``doc``
-    records, every entry's fields, every group an entry names holding the member it names. Returns (the family's
-    document, each entry's lookup key)."""
-    ref = doc["families"][family]
-    fdoc = _json(root / ref["index"], read_checked(root, ref["index"], ref["sha256"], f"index of {family}"))
+def load_family(root: Path, doc: dict, name: str):
+    """Index ``name`` (:func:`index_name`; from ``doc``, :func:`load_index`), checked: its file against the sha256
+    ``doc`` records, every entry's fields (of its family and series), every group an entry names holding the
+    member it names. Returns (the index's document, each entry's lookup key)."""
+    ref = doc["indexes"][name]
+    family = ref["family"]
+    fdoc = _json(root / ref["index"], read_checked(root, ref["index"], ref["sha256"], f"index {name}"))
     groups = fdoc.get("groups") if isinstance(fdoc, dict) else None
     entries = fdoc.get("entries") if isinstance(fdoc, dict) else None
     path = root / ref["index"]
     if not isinstance(groups, dict) or not isinstance(entries, list):
         raise LaunchError(f"{path}: not a family index (no groups or entries). Reinstall or rebuild the wheel")
-    keys = [lookup_key(e) if isinstance(e, dict) and e.get("family") == family else None for e in entries]
+    keys = [lookup_key(e) if isinstance(e, dict) and e.get("family") == family and isinstance(e.get("arch"), str)
+            and index_name(family, e["arch"]) == name else None for e in entries]
     bad = [i for i, k in enumerate(keys) if k is None]
     if bad:
         raise LaunchError(f"{path}: {len(bad)} malformed entries (first: #{bad[0]}). Reinstall or rebuild the wheel")

@@ -1,7 +1,7 @@
 """The shipped build's index: which entry serves (family, op, key, arch), and its loaded form per device.
 
-Nothing here runs at import. ``index.json`` (the table of families) is read on first use, a family's index
-the first time one of its ops looks up an entry, a group of cubins the first time one of its entries loads;
+Nothing here runs at import. ``index.json`` (the table of indexes) is read on first use, the index of a
+family's entries for a GPU's arch series the first time one of its ops looks up an entry there, a group of cubins the first time one of its entries loads;
 an entry is loaded on a device the first time it is used there (or by :func:`dsa_aot.runtime.preload`), see
 :mod:`dsa_aot.runtime.loaded`. The format: :mod:`dsa_aot.policy.artifact`.
 """
@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from ..errors import ArchMismatchError, KernelNotFoundError
-from ..policy.artifact import load_family, load_index, lookup_fields, read_member
+from ..policy.artifact import index_name, load_family, load_index, lookup_fields, read_member
 from .device import arch_of, device
 
 __all__ = ["Index", "index", "nearest", "GENERATED"]
@@ -35,9 +35,9 @@ def nearest(by_sms: dict, sms):
 
 
 class Index:
-    """A build directory: entries by (family, op, key, arch), read per family.
+    """A build directory: entries by (family, op, key, arch), read per (family, arch series).
 
-    index.json is checked against ``index.sha256`` beside it, a family's index against the sha256 index.json
+    index.json is checked against ``index.sha256`` beside it, each index against the sha256 index.json
     records and every entry's fields against what the runtime needs before anything is looked up; the
     cubin and launcher an entry names are checked when it loads."""
 
@@ -46,38 +46,40 @@ class Index:
         self.doc = load_index(self.root)  # checked as the build tool checks it before shipping
         self.arches = sorted(self.doc["arches"])
         self._sms = {a: set(n) for a, n in self.doc["arches"].items()}
-        self._families: dict = {}  # family -> (its index document, {(family, op, key, arch): {sm count: entry}})
+        self._families: dict = {}  # index name -> (its document, {(family, op, key, arch): {sm count: entry}})
         self._groups: dict = {}  # group -> its decompressed members (kept: a group serves several entries)
         self._group_locks: dict = {}
         self._loaded: dict = {}
         self._loading: dict = {}
         self._lock = threading.Lock()
 
-    def _family(self, family):
-        f = self._families.get(family)
-        if f is None and family in self.doc["families"]:
+    def _family(self, name):
+        """Index ``name`` (``index_name(family, arch)``), read once; None where the build has none."""
+        f = self._families.get(name)
+        if f is None and name in self.doc["indexes"]:
             with self._lock:
-                f = self._families.get(family)
+                f = self._families.get(name)
                 if f is None:
-                    fdoc, keys = load_family(self.root, self.doc, family)
+                    fdoc, keys = load_family(self.root, self.doc, name)
                     by_key: dict = {}
                     for e, k in zip(fdoc["entries"], keys):
                         by_key.setdefault((e["family"], e["op"], k, e["arch"]), {})[_sms(e)] = e
-                    f = self._families[family] = (fdoc, by_key)
+                    f = self._families[name] = (fdoc, by_key)
         return f
 
     @property
     def entries(self) -> list:
-        """Every entry of the build (reads every family's index)."""
-        return [e for fam in self.doc["families"] for e in self._family(fam)[0]["entries"]]
+        """Every entry of the build (reads every index)."""
+        return [e for name in self.doc["indexes"] for e in self._family(name)[0]["entries"]]
 
     def keys(self, arch) -> dict:
-        """{(family, op, key, arch): {sm count: entry}} of every family, for ``arch``."""
-        return {k: v for fam in self.doc["families"] for k, v in self._family(fam)[1].items() if k[3] == arch}
+        """{(family, op, key, arch): {sm count: entry}} of every family, for ``arch`` (reads its series' indexes)."""
+        names = [n for n, ref in self.doc["indexes"].items() if n == index_name(ref["family"], arch)]
+        return {k: v for n in names for k, v in self._family(n)[1].items() if k[3] == arch}
 
     def member(self, entry, what: str) -> bytes:
         """The checked bytes of ``entry``'s ``what`` ("cubin" or "launcher"), its group decompressed once per process."""
-        fdoc = self._family(entry["family"])[0]
+        fdoc = self._family(index_name(entry["family"], entry["arch"]))[0]
         group, sha = (entry["cubin"], entry["sha256"]) if what == "cubin" else (entry["launcher"], entry["launcher_sha256"])
         with self._lock:
             lock = self._group_locks.setdefault(group, threading.Lock())
@@ -99,7 +101,7 @@ class Index:
         """The entry of (family, op, key) for a GPU of ``arch`` with ``sms`` SMs: the target with that SM
         count; where there is none, for an op that does not bake the SM count in (``exact`` false), the
         target with the nearest (the lower on a tie); otherwise ArchMismatchError naming the target to add."""
-        fam = self._family(family)
+        fam = self._family(index_name(family, arch))
         try:
             by_sms = fam[1].get((family, op, lookup_fields(key), arch)) if fam else None
         except TypeError:  # an unhashable key value: no entry has it

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..policy.artifact import FORMAT
+from ..policy.artifact import FORMAT, index_name, series
 from .artifacts import read_meta
 from .cubin import read_cubin
 from ..errors import PackError
@@ -125,11 +125,6 @@ def _json(doc) -> bytes:
     return json.dumps(doc, indent=1, sort_keys=True).encode()
 
 
-def _series(arch: str) -> str:
-    """The arches whose cubins share groups: one major compute capability (sm_100a and sm_103a: "sm_10x")."""
-    return arch.rstrip("abcdefghijklmnopqrstuvwxyz")[:-1] + "x"
-
-
 def fill_order(es: list) -> list:
     """``es`` in the order their cubins fill groups: the entries' own (the manifest's: neighbours there are
     alike; ordered by key instead the 718 sm_90a cubins took 2.03 MB of xz, not 1.64), each entry's twins of
@@ -143,32 +138,32 @@ def fill_order(es: list) -> list:
 def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int = GROUP_BYTES) -> None:
     """Write the shipped tree of ``entries`` (their runtime fields, with ``sha256`` / ``launcher_sha256``) into
     ``root``: ``blobs`` {sha256: bytes} holds every cubin and launcher they name; ``header`` the build's fields
-    (manifest, tools, for_shipping, partial). Each distinct member is stored once per family, in the group of
-    its (arch series, op): an entry's twins on the other arches of its series (the same key for sm_100a and
+    (manifest, tools, for_shipping, partial). Each (family, arch series) has its own index; each distinct
+    member is stored once in it, in the group of its op: an entry's twins on the other arches of its series (the same key for sm_100a and
     sm_103a: cubins of one size that differ in about 1 % of their bytes) sit next to it, which halves their
     compressed size (docs/artifact.md). The order is :func:`fill_order`'s, so two builds of one manifest
     are byte-identical."""
     root = Path(root)
     (root / "packs").mkdir(parents=True, exist_ok=True)
     (root / "index").mkdir(exist_ok=True)
-    families: dict = {}
+    indexes: dict = {}
     for e in entries:
-        families.setdefault(e["family"], []).append(e)
+        indexes.setdefault(index_name(e["family"], e["arch"]), []).append(e)
     table, arches = {}, {}
-    for fam, es in families.items():
+    for iname, es in indexes.items():
+        fam, ser = es[0]["family"], series(es[0]["arch"])
         groups: dict = {}  # name -> [members {sha: [offset, size]}, bytes]
-        open_group: dict = {}  # (series, op) -> the name of its group being filled
+        open_group: dict = {}  # op (or "launchers") -> the name of its group being filled
         where: dict = {}  # sha -> the group holding it
         for e in fill_order(es):
             arches.setdefault(e["arch"], set()).add(e.get("target", {}).get("sm_count", 0))
-            series = _series(e["arch"])
-            for sha, field, gkey in ((e["sha256"], "cubin", (series, e["op"])), (e["launcher_sha256"], "launcher", (series, "launchers"))):
+            for sha, field, gkey in ((e["sha256"], "cubin", e["op"]), (e["launcher_sha256"], "launcher", "launchers")):
                 if sha in where:
                     continue
                 name = open_group.get(gkey)
                 if name is None or (field == "cubin" and groups[name][1] and groups[name][1] + len(blobs[sha]) > group_bytes):
-                    n = sum(1 for g in groups if g.rsplit(".", 1)[0] == f"{series}.{fam}.{gkey[1]}")
-                    name = open_group[gkey] = f"{series}.{fam}.{gkey[1]}.{n}"
+                    n = sum(1 for g in groups if g.rsplit(".", 1)[0] == f"{ser}.{fam}.{gkey}")
+                    name = open_group[gkey] = f"{ser}.{fam}.{gkey}.{n}"
                     groups[name] = [{}, 0]
                 members = groups[name]
                 members[0][sha] = [members[1], len(blobs[sha])]
@@ -180,10 +175,10 @@ def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int 
             blob = lzma.compress(b"".join(blobs[s] for s in members), format=lzma.FORMAT_XZ, preset=6)
             (root / "packs" / f"{name}.xz").write_bytes(blob)
             gtable[name] = {"file": f"packs/{name}.xz", "sha256": hashlib.sha256(blob).hexdigest(), "bytes": size, "members": members}
-        text = _json({"family": fam, "groups": gtable, "entries": out})
-        (root / "index" / f"{fam}.json").write_bytes(text)
-        table[fam] = {"index": f"index/{fam}.json", "sha256": hashlib.sha256(text).hexdigest(), "entries": len(out)}
-    text = _json(dict(header, format=FORMAT, families=table, arches={a: sorted(n) for a, n in arches.items()}))
+        text = _json({"family": fam, "series": ser, "groups": gtable, "entries": out})
+        (root / "index" / f"{iname}.json").write_bytes(text)
+        table[iname] = {"family": fam, "index": f"index/{iname}.json", "sha256": hashlib.sha256(text).hexdigest(), "entries": len(out)}
+    text = _json(dict(header, format=FORMAT, indexes=table, arches={a: sorted(n) for a, n in arches.items()}))
     (root / "index.json").write_bytes(text)
     (root / "index.sha256").write_text(hashlib.sha256(text).hexdigest() + "\n")  # the root of the chain of sha256s
 
@@ -198,8 +193,8 @@ def unpack(build_dir, out_dir) -> int:
     (out / "cubins").mkdir(parents=True, exist_ok=True)
     (out / "launchers").mkdir(exist_ok=True)
     n = 0
-    for fam in doc["families"]:
-        fdoc, cache = load_family(root, doc, fam)[0], {}
+    for name in doc["indexes"]:
+        fdoc, cache = load_family(root, doc, name)[0], {}
         for e in fdoc["entries"]:
             (out / "cubins" / f"{e['sha256']}.cubin").write_bytes(read_member(root, fdoc, e["cubin"], e["sha256"], f"cubin of {e['id']}", cache))
             (out / "launchers" / f"{e['id']}.py").write_bytes(read_member(root, fdoc, e["launcher"], e["launcher_sha256"], f"launcher of {e['id']}", cache))
@@ -239,7 +234,7 @@ def check_build(build_dir, manifest_path, allow_partial=False) -> dict:
     root = Path(build_dir)
     try:
         doc = load_index(root)
-        fams = {f: load_family(root, doc, f)[0] for f in doc["families"]}
+        fams = {f: load_family(root, doc, f)[0] for f in doc["indexes"]}
     except AotError as e:
         raise PackError(f"{root} cannot ship as the build of {manifest_path}: {e}") from None
     problems = []

@@ -5,6 +5,8 @@ import json
 import shutil
 from pathlib import Path
 
+from dsa_aot.policy.artifact import series
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
@@ -37,7 +39,7 @@ def reseal(root):
     """After a test edited ``index/<family>.json``: the sha256s above it, as a build that wrote it would."""
     root = Path(root)
     doc = json.loads((root / "index.json").read_text())
-    for ref in doc["families"].values():
+    for ref in doc["indexes"].values():
         ref["sha256"] = hashlib.sha256((root / ref["index"]).read_bytes()).hexdigest()
     write_index(root, doc)
 
@@ -49,21 +51,22 @@ def write_index(root, doc):
     (root / "index.sha256").write_text(hashlib.sha256(text).hexdigest() + "\n")
 
 
-def family_index(root, family):
-    return json.loads((Path(root) / "index" / f"{family}.json").read_text())
+def family_index(root, family, arch="sm_90a"):
+    """The index of ``family``'s entries for ``arch``'s series."""
+    return json.loads((Path(root) / "index" / f"{family}.{series(arch)}.json").read_text())
 
 
-def edit_family(root, family, edit):
-    """``edit(doc)`` on a family's index, then resealed."""
-    doc = family_index(root, family)
+def edit_family(root, family, edit, arch="sm_90a"):
+    """``edit(doc)`` on the index of ``family`` for ``arch``'s series, then resealed."""
+    doc = family_index(root, family, arch)
     edit(doc)
-    (Path(root) / "index" / f"{family}.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+    (Path(root) / "index" / f"{family}.{series(arch)}.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
     reseal(root)
 
 
 def group_file(root, entry, what="cubin"):
     """The file of the group holding ``entry``'s cubin (or launcher)."""
-    grp = family_index(root, entry["family"])["groups"][entry[what]]
+    grp = family_index(root, entry["family"], entry["arch"])["groups"][entry[what]]
     return Path(root) / grp["file"]
 
 
@@ -79,7 +82,7 @@ def rewrite_group(root, entry, what, change):
         (Path(root) / grp["file"]).write_bytes(blob)
         grp.update(sha256=hashlib.sha256(blob).hexdigest(), bytes=len(data))
 
-    edit_family(root, entry["family"], edit)
+    edit_family(root, entry["family"], edit, entry["arch"])
 
 
 def entries_of(root) -> list:

@@ -86,14 +86,14 @@ def test_a_changed_missing_or_malformed_index_is_refused(one_entry_build):
     (root / "index.sha256").write_text(__import__("hashlib").sha256(b"{not json").hexdigest())
     with pytest.raises(LaunchError, match="not valid JSON"):
         Index(root)
-    write_index(root, json.loads(text) | {"families": {"csa_compressor": {"index": 3}}})
-    with pytest.raises(LaunchError, match="malformed table of families"):
+    write_index(root, json.loads(text) | {"indexes": {"csa_compressor.sm_9x": {"index": 3}}})
+    with pytest.raises(LaunchError, match="malformed table of indexes"):
         Index(root)
     write_index(root, json.loads(text))
-    fam = json.loads((root / "index" / "csa_compressor.json").read_text())
+    fam = json.loads((root / "index" / "csa_compressor.sm_9x.json").read_text())
     assert fam["entries"] == [entry]
     for change in (lambda d: d["entries"][0].update(key=["split"]), lambda d: d["entries"][0].pop("launcher_sha256"),
-                   lambda d: d["entries"][0].update(family="dsa_topk_utils")):
+                   lambda d: d["entries"][0].update(family="dsa_topk_utils"), lambda d: d["entries"][0].update(arch="sm_100a")):
         edit_family(root, "csa_compressor", lambda d: (d.clear(), d.update(json.loads(json.dumps(fam))), change(d)))
         with pytest.raises(LaunchError, match="1 malformed entries"):
             Index(root).find("csa_compressor", "dape_reduce", {"split": True}, "sm_90a")

@@ -109,16 +109,16 @@ def test_group_paths_outside_the_build_are_refused(one_entry_build, tmp_path):
 
 def test_a_family_index_changed_after_the_build_is_refused(one_entry_build):
     ix, entry = one_entry_build
-    p = ix.root / "index" / f"{entry['family']}.json"
+    p = ix.root / "index" / f"{entry['family']}.sm_9x.json"
     p.write_text(p.read_text().replace('"split": true', '"split": false'))
-    with pytest.raises(LaunchError, match=rf"index of {entry['family']} .* is corrupted: sha256"):
+    with pytest.raises(LaunchError, match=rf"index {entry['family']}.sm_9x .* is corrupted: sha256"):
         Index(ix.root).find(entry["family"], entry["op"], {"split": False}, entry["arch"])
 
 
 def test_members_are_stored_once_and_groups_split_by_size(tmp_path):
-    """Identical cubins share one member; an (arch series, op)'s cubins fill groups of about GROUP_BYTES, twins
-    of one key on sm_100a and sm_103a side by side; each family's launchers are one group per series; the
-    tree is a function of its entries."""
+    """One index per (family, arch series); in it identical cubins share one member, an op's cubins fill groups
+    of about GROUP_BYTES, twins of one key on sm_100a and sm_103a side by side, and the launchers are one
+    group; the tree is a function of its entries."""
     from dsa_aot.toolchain import pack
 
     import hashlib
@@ -138,16 +138,17 @@ def test_members_are_stored_once_and_groups_split_by_size(tmp_path):
     entries += [dict(entry(n, hashlib.sha256(twin[n, a]).hexdigest()), id=f"fam.op.{n}.{a}", arch=a) for a in ("sm_103a", "sm_100a") for n in (7, 8)]
     for root in (tmp_path / "a", tmp_path / "b"):
         write_build(root, entries, blobs | launcher)
-    doc = family_index(tmp_path / "a", "csa_compressor")
-    sizes = {g: v["bytes"] for g, v in doc["groups"].items()}
+    nine, ten = family_index(tmp_path / "a", "csa_compressor"), family_index(tmp_path / "a", "csa_compressor", "sm_100a")
+    sizes = {g: v["bytes"] for doc in (nine, ten) for g, v in doc["groups"].items()}
     assert sizes == {"sm_9x.csa_compressor.fwd.0": 800_000, "sm_9x.csa_compressor.fwd.1": 800_000, "sm_9x.csa_compressor.launchers.0": 6,
-                     "sm_10x.csa_compressor.fwd.0": 900_000, "sm_10x.csa_compressor.fwd.1": 300_000,
-                     }, sizes  # 0.4 MB members: two to a 1 MiB group; the one launcher stored once for both series
-    assert sum(len(v["members"]) for v in doc["groups"].values()) == 5 + 4  # the distinct cubins, and the launcher once
-    # sm_10x fills in key order, the two arches of a key side by side: 7 sm_100a, 7 sm_103a, 8 sm_100a | 8 sm_103a
-    assert [e["cubin"] for e in doc["entries"]] == ["sm_9x.csa_compressor.fwd.0"] * 3 + ["sm_9x.csa_compressor.fwd.1"] * 2 + [
+                     "sm_10x.csa_compressor.fwd.0": 900_000, "sm_10x.csa_compressor.fwd.1": 300_000, "sm_10x.csa_compressor.launchers.0": 6,
+                     }, sizes  # 0.4 MB members: two to a 1 MiB group
+    assert [sum(len(v["members"]) for v in doc["groups"].values()) for doc in (nine, ten)] == [4 + 1, 4 + 1]  # distinct cubins, one launcher
+    assert [e["cubin"] for e in nine["entries"]] == ["sm_9x.csa_compressor.fwd.0"] * 3 + ["sm_9x.csa_compressor.fwd.1"] * 2
+    # sm_10x fills in the entries' order, the two arches of a key side by side: 7 sm_100a, 7 sm_103a, 8 sm_100a | 8 sm_103a
+    assert [e["cubin"] for e in ten["entries"]] == [
         "sm_10x.csa_compressor.fwd.0", "sm_10x.csa_compressor.fwd.1", "sm_10x.csa_compressor.fwd.0", "sm_10x.csa_compressor.fwd.0"]
-    assert list(doc["groups"]["sm_10x.csa_compressor.fwd.0"]["members"]) == [
+    assert list(ten["groups"]["sm_10x.csa_compressor.fwd.0"]["members"]) == [
         hashlib.sha256(twin[k]).hexdigest() for k in ((7, "sm_100a"), (7, "sm_103a"), (8, "sm_100a"))]
     assert pack.GROUP_BYTES == 1 << 20
     for f in sorted((tmp_path / "a").rglob("*")):

@@ -33,7 +33,7 @@ def test_two_packs_in_different_places_are_byte_identical(tmp_path):
     assert ta.keys() == tb.keys() and ta == tb
     index = json.loads(ta["index.json"])
     assert index["manifest"] == "m.toml"
-    entries = [e for f in index["families"].values() for e in json.loads(ta[f["index"]])["entries"]]
+    entries = [e for f in index["indexes"].values() for e in json.loads(ta[f["index"]])["entries"]]
     assert len(entries) == 2 and all("compile_seconds" not in e and "note" not in e["fidelity"] for e in entries)
 
 
@@ -43,7 +43,7 @@ def test_the_tree_holds_what_the_runtime_reads_and_the_build_records_go_to_the_w
     dirs = _entries(tmp_path)
     full = pack.pack(dirs, tmp_path / "gen")
     shipped = sorted(str(p.relative_to(tmp_path / "gen")) for p in (tmp_path / "gen").rglob("*") if p.is_file())
-    assert shipped == sorted(["index.json", "index.sha256", "index/dsa_indexer_backward.json", "index/dsa_sparse_attention_backward.json",
+    assert shipped == sorted(["index.json", "index.sha256", "index/dsa_indexer_backward.sm_9x.json", "index/dsa_sparse_attention_backward.sm_9x.json",
                               "packs/sm_9x.dsa_indexer_backward.gemm_sm90.0.xz", "packs/sm_9x.dsa_indexer_backward.launchers.0.xz",
                               "packs/sm_9x.dsa_sparse_attention_backward.main_sm90.0.xz",
                               "packs/sm_9x.dsa_sparse_attention_backward.launchers.0.xz"]), shipped

@@ -37,7 +37,7 @@ def test_isolated_wheel_build_ships_run_time_code_only_and_imports_without_the_t
     assert tops == {"dsa_aot"}, tops
     assert "dsa_aot/_generated/index.json" in names
     gen = sorted(n.removeprefix("dsa_aot/_generated/") for n in names if n.startswith("dsa_aot/_generated/"))
-    assert gen == ["index.json", "index.sha256", "index/csa_compressor.json", "packs/sm_10x.csa_compressor.fwd.0.xz",
+    assert gen == ["index.json", "index.sha256", "index/csa_compressor.sm_10x.json", "index/csa_compressor.sm_9x.json", "packs/sm_10x.csa_compressor.fwd.0.xz",
                    "packs/sm_10x.csa_compressor.launchers.0.xz", "packs/sm_9x.csa_compressor.fwd.0.xz",
                    "packs/sm_9x.csa_compressor.launchers.0.xz"], gen  # what the runtime reads, nothing else
     assert not any(n.endswith((".so", ".pyd", ".dylib")) for n in names)
