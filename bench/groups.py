@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def groups(members, key, cap):
-    """Distinct members in entry order, by ``key``, cut at ``cap`` bytes: [[bytes, ...], ...]."""
+def groups(members, cap):
+    """(key, bytes) members in their order, grouped by key and cut at ``cap`` bytes: [[bytes, ...], ...]."""
     by: dict = {}
     for k, blob in members:
-        chunks = by.setdefault(k if key else None, [[]])
+        chunks = by.setdefault(k, [[]])
         if chunks[-1] and sum(map(len, chunks[-1])) + len(blob) > cap:
             chunks.append([])
         chunks[-1].append(blob)
@@ -71,10 +71,10 @@ def main(argv=None):
             ("per (arch, family, op)", cubins, big)] + [(f"per (arch, family, op), {n} MiB groups", cubins, n << 20) for n in (4, 2, 1)] + [
             ("per (arch series, family, op), 1 MiB groups, twins side by side", twins, 1 << 20)]
     for name, ms, cap in rows:
-        n, size, med, mx = measure(groups(ms, True, cap))
+        n, size, med, mx = measure(groups(ms, cap))
         print(f"| cubins | {name} | {n} | {size / 1e6:.2f} | {med:.1f} | {mx:.1f} |")
     for name, key in (("one stream per arch", lambda k: k[0]), ("per (arch, family)", lambda k: k[:2])):
-        n, size, med, mx = measure(groups([(key(k), b) for k, b in launchers], True, big))
+        n, size, med, mx = measure(groups([(key(k), b) for k, b in launchers], big))
         print(f"| launchers | {name} | {n} | {size / 1e6:.3f} | {med:.1f} | {mx:.1f} |")
 
 

@@ -58,7 +58,7 @@ def preload(device=None) -> dict:
     # per key, the target this GPU's SM count picks (its own, else the nearest): not the other targets' copies
     chosen = [nearest(by_sms, sms) for by_sms in ix.keys(arch).values()]
     loads = {e["id"]: ix.loaded(e, dev).load_ms for e in chosen}
-    ix._groups.clear()  # every entry this device runs is loaded: its groups' bytes are not needed again
+    ix.drop_groups()  # every entry this device runs is loaded: its groups' bytes are not needed again
     return loads
 
 

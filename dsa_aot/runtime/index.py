@@ -1,9 +1,9 @@
 """The shipped build's index: which entry serves (family, op, key, arch), and its loaded form per device.
 
-Nothing here runs at import. ``index.json`` (the table of indexes) is read on first use, the index of a
-family's entries for a GPU's arch series the first time one of its ops looks up an entry there, a group of cubins the first time one of its entries loads;
-an entry is loaded on a device the first time it is used there (or by :func:`dsa_aot.runtime.preload`), see
-:mod:`dsa_aot.runtime.loaded`. The format: :mod:`dsa_aot.policy.artifact`.
+Nothing here runs at import. ``index.json`` (the table of indexes) is read on first use; the index of a
+family's entries for a GPU's arch series the first time one of its ops looks up an entry there; a group
+of cubins the first time one of its entries loads; an entry is loaded on a device the first time it is
+used there (or by :func:`dsa_aot.runtime.preload`), see :mod:`dsa_aot.runtime.loaded`. The format: :mod:`dsa_aot.policy.artifact`.
 """
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ class Index:
             lock = self._group_locks.setdefault(group, threading.Lock())
         with lock:  # one decompression per group; other groups decompress in parallel
             return read_member(self.root, fdoc, group, sha, f"{what} of {entry['id']}", self._groups)
+
+    def drop_groups(self) -> None:
+        """Let go of the decompressed groups (a later load decompresses its group again)."""
+        self._groups.clear()
 
     def target_sm_count(self, arch, sms: int) -> int:
         """The SM count of the build's target of ``arch`` for a GPU with ``sms`` SMs, for the ops that bake it

@@ -1,7 +1,7 @@
 """Stage 5, pack: gather verified entries into the directory the wheel ships as ``dsa_aot/_generated``.
 
-Layout: :mod:`dsa_aot.policy.artifact` (index.json, index/<family>.json, packs/<group>.xz; each distinct
-cubin and launcher stored once per family). ``python -m dsa_aot unpack BUILD DIR`` writes its cubins and
+Layout: :mod:`dsa_aot.policy.artifact` (index.json, index/<family>.<series>.json, packs/<group>.xz; each
+distinct cubin and launcher stored once per index). ``python -m dsa_aot unpack BUILD DIR`` writes its cubins and
 launchers out as files, for reading.
 
 Only what the runtime reads ships. The build records (verify records, resources, verdicts per kernel) go
@@ -139,9 +139,9 @@ def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int 
     """Write the shipped tree of ``entries`` (their runtime fields, with ``sha256`` / ``launcher_sha256``) into
     ``root``: ``blobs`` {sha256: bytes} holds every cubin and launcher they name; ``header`` the build's fields
     (manifest, tools, for_shipping, partial). Each (family, arch series) has its own index; each distinct
-    member is stored once in it, in the group of its op: an entry's twins on the other arches of its series (the same key for sm_100a and
-    sm_103a: cubins of one size that differ in about 1 % of their bytes) sit next to it, which halves their
-    compressed size (docs/artifact.md). The order is :func:`fill_order`'s, so two builds of one manifest
+    member is stored once in it, in the group of its op. An entry's twins on the other arches of its series
+    (the same key for sm_100a and sm_103a: cubins of one size that differ in about 1 % of their bytes) sit
+    next to it, which halves their compressed size (docs/artifact.md). The order is :func:`fill_order`'s, so two builds of one manifest
     are byte-identical."""
     root = Path(root)
     (root / "packs").mkdir(parents=True, exist_ok=True)
@@ -154,6 +154,7 @@ def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int 
         fam, ser = es[0]["family"], series(es[0]["arch"])
         groups: dict = {}  # name -> [members {sha: [offset, size]}, bytes]
         open_group: dict = {}  # op (or "launchers") -> the name of its group being filled
+        count: dict = {}  # op (or "launchers") -> how many groups it has
         where: dict = {}  # sha -> the group holding it
         for e in fill_order(es):
             arches.setdefault(e["arch"], set()).add(e.get("target", {}).get("sm_count", 0))
@@ -162,8 +163,8 @@ def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int 
                     continue
                 name = open_group.get(gkey)
                 if name is None or (field == "cubin" and groups[name][1] and groups[name][1] + len(blobs[sha]) > group_bytes):
-                    n = sum(1 for g in groups if g.rsplit(".", 1)[0] == f"{ser}.{fam}.{gkey}")
-                    name = open_group[gkey] = f"{ser}.{fam}.{gkey}.{n}"
+                    count[gkey] = count.get(gkey, -1) + 1
+                    name = open_group[gkey] = f"{ser}.{fam}.{gkey}.{count[gkey]}"
                     groups[name] = [{}, 0]
                 members = groups[name]
                 members[0][sha] = [members[1], len(blobs[sha])]
