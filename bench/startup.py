@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "ci", "parity"))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "ci", "parity")]
 
 PRELOAD = r"""
 import sys, time, json, os
