@@ -41,12 +41,21 @@ def child(side, family, name, calls):
     spec = dict(par.cases(False))[name]
     x = H.to_cuda(par.inputs(spec))
     torch.cuda.synchronize()
+    prof = None
+    if os.environ.get("BENCH_PROFILE"):  # bench/startup.py --profile: where the import and first call spend their time
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     api = par.jit.setup() if side == "jit" else importlib.import_module(par.aot.module)
     import_ms = 1e3 * (time.perf_counter() - t0)
     call = par.jit.call if side == "jit" else par.aot.call
     b = par.buffers(side, api, spec, x)
     first_s, res = H.first_call(lambda: call(api, spec, x, b))
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(os.environ["BENCH_PROFILE"])
     out = dict(import_ms=import_ms, first_ms=1e3 * first_s, warm_us=H.warm_us(lambda: call(api, spec, x, b), calls, par.sync_every))
     if side == "aot" and par.aot.into is not None:
         bi = H.into_buffers(par, api, spec, x, {n: res[n] for n in par.outputs(spec)})

@@ -42,8 +42,8 @@ print("BENCH " + json.dumps({"entries": len(ms), "ms": (time.perf_counter() - t0
 """
 
 
-def _run(tree, cache, args):
-    env = dict(os.environ, PYTHONPATH=tree, AOT_BYTECODE_CACHE=cache)
+def _run(tree, cache, args, profile=""):
+    env = dict(os.environ, PYTHONPATH=tree, AOT_BYTECODE_CACHE=cache, BENCH_PROFILE=profile)
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd="/")
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("BENCH ")]
     if r.returncode or not lines:
@@ -51,9 +51,22 @@ def _run(tree, cache, args):
     return json.loads(lines[-1][6:])
 
 
-def first_call(tree, cache, family, case):
-    m = _run(tree, cache, [os.path.join(ROOT, "bench", "run.py"), "--child", "aot", family, case, "--calls", "5"])
+def first_call(tree, cache, family, case, profile=""):
+    m = _run(tree, cache, [os.path.join(ROOT, "bench", "run.py"), "--child", "aot", family, case, "--calls", "5"], profile)
     return m["import_ms"] + m["first_ms"]
+
+
+def profile(family, case, cache, top=14):
+    """One more process of this tree (warm bytecode cache) under cProfile: the functions with the most own time."""
+    import pstats
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "prof")
+        total = first_call(ROOT, cache, family, case, path)
+        st = pstats.Stats(path)
+        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
+        lines = [f"  {tt * 1e3:7.2f} ms own {ct * 1e3:7.2f} ms cum {nc:5d}x {os.path.basename(f)}:{ln} {fn}" for (f, ln, fn), (_, nc, tt, ct, _) in rows]
+        return f"{family} / {case}: import + first call {total:.1f} ms under cProfile\n" + "\n".join(lines)
 
 
 def preload(tree, cache):
@@ -73,6 +86,7 @@ def main(argv=None):
     ap.add_argument("families", nargs="*", help="default: every registered family with a kernel for this GPU")
     ap.add_argument("--before", default="", help="another tree (dsa_aot and its _generated) to measure beside this one")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="also profile one more first call of this tree per family (cProfile, own time)")
     a = ap.parse_args(argv)
     import torch
 
@@ -81,13 +95,17 @@ def main(argv=None):
     cap = torch.cuda.get_device_capability()
     arch = f"sm_{cap[0]}{cap[1]}a"
     trees = {"this": ROOT} | ({"before": os.path.abspath(a.before)} if a.before else {})
-    rows, ratios = [], []
+    rows, ratios, profiles = [], [], []
     for fam in a.families or FAMILIES:
         par = importlib.import_module(fam).PARITY
         if par.arches and arch not in par.arches:
             continue
         case = (par.bench or [par.cases(False)[0][0]])[0]
         got = {t: series(lambda c, p=p: first_call(p, c, fam, case), a.runs) for t, p in trees.items()}
+        if a.profile:
+            with tempfile.TemporaryDirectory() as c:
+                first_call(ROOT, c, fam, case)  # warm the bytecode cache, as the table's median runs have it
+                profiles.append(profile(fam, case, c))
         for t, (cold, warm) in got.items():
             rows.append((fam, case, t, f"{cold:.1f}", f"{statistics.median(warm):.1f}", f"{max(warm):.1f}"))
         if "before" in got:
@@ -103,6 +121,8 @@ def main(argv=None):
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     print("\n".join("| " + " | ".join(r) + " |" for r in rows))
     print("\n".join(["", *ratios]))
+    if profiles:
+        print("\nwhere the first call's time goes (this tree):\n" + "\n\n".join(profiles))
     return 0
 
 
