@@ -5,7 +5,7 @@ this tree and (``--before``) another tree with its own build, in one run.
 
 DIR holds a ``dsa_aot`` package with its ``_generated`` build (an earlier commit's ``git archive`` and the build
 made with it: the two trees may differ in their build format). Per family the case is its parity
-declaration's first bench case, and each run is a fresh process as bench/run.py's dsa-aot side makes it:
+declaration's first bench case; both trees' sources are byte-compiled first (as an installed wheel's are); each run is a fresh process as bench/run.py's dsa-aot side makes it:
 torch, CUDA and the inputs are set up first (a server's order), then the op's import and its first call,
 synchronised; the figure is import + first call. Run 0 of each tree starts with an empty bytecode cache
 (the first start on a machine: dsa_aot/runtime/bytecode.py); runs 1.. share a warm one, and their median
@@ -95,7 +95,17 @@ def main(argv=None):
     cap = torch.cuda.get_device_capability()
     arch = f"sm_{cap[0]}{cap[1]}a"
     trees = {"this": ROOT} | ({"before": os.path.abspath(a.before)} if a.before else {})
-    rows, ratios, profiles = [], [], []
+    ratios, profiles = [], []
+    for p in trees.values():  # as pip installs a wheel: the sources byte-compiled (else each first call compiles ~40 modules)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(p, "dsa_aot")], check=True, stdout=subprocess.DEVNULL)
+    head = ("op", "case", "tree", "cold cache ms", "median ms", "max ms")
+    print(f"device: {torch.cuda.get_device_name()} ({arch}); {a.runs} fresh processes per row after one with an empty bytecode cache; "
+          f"import + first call, synchronised, after torch's CUDA init and the inputs")
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head), flush=True)
+
+    def row(*r):  # printed as measured: a run cut short by a time limit keeps what it measured
+        print("| " + " | ".join(r) + " |", flush=True)
+
     for fam in a.families or FAMILIES:
         par = importlib.import_module(fam).PARITY
         if par.arches and arch not in par.arches:
@@ -107,19 +117,14 @@ def main(argv=None):
                 first_call(ROOT, c, fam, case)  # warm the bytecode cache, as the table's median runs have it
                 profiles.append(profile(fam, case, c))
         for t, (cold, warm) in got.items():
-            rows.append((fam, case, t, f"{cold:.1f}", f"{statistics.median(warm):.1f}", f"{max(warm):.1f}"))
+            row(fam, case, t, f"{cold:.1f}", f"{statistics.median(warm):.1f}", f"{max(warm):.1f}")
         if "before" in got:
             ratios.append(f"{fam}: first call median this / before {statistics.median(got['this'][1]) / statistics.median(got['before'][1]):.2f}")
     pre = {t: series(lambda c, p=p: preload(p, c), a.runs) for t, p in trees.items()}
     for t, (cold, warm) in pre.items():
-        rows.append((f"preload() ({cold[1]} entries)", "", t, f"{cold[0]:.1f}", f"{statistics.median(w[0] for w in warm):.1f}", f"{max(w[0] for w in warm):.1f}"))
+        row(f"preload() ({cold[1]} entries)", "", t, f"{cold[0]:.1f}", f"{statistics.median(w[0] for w in warm):.1f}", f"{max(w[0] for w in warm):.1f}")
     if "before" in pre:
         ratios.append(f"preload() median this / before {statistics.median(w[0] for w in pre['this'][1]) / statistics.median(w[0] for w in pre['before'][1]):.2f}")
-    head = ("op", "case", "tree", "cold cache ms", "median ms", "max ms")
-    print(f"device: {torch.cuda.get_device_name()} ({arch}); {a.runs} fresh processes per row after one with an empty bytecode cache; "
-          f"import + first call, synchronised, after torch's CUDA init and the inputs")
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    print("\n".join("| " + " | ".join(r) + " |" for r in rows))
     print("\n".join(["", *ratios]))
     if profiles:
         print("\nwhere the first call's time goes (this tree):\n" + "\n\n".join(profiles))
