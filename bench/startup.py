@@ -5,9 +5,9 @@ this tree and (``--before``) another tree with its own build, in one run.
 
 DIR holds a ``dsa_aot`` package with its ``_generated`` build (an earlier commit's ``git archive`` and the build
 made with it: the two trees may differ in their build format). Per family the case is its parity
-declaration's first bench case; both trees' sources are byte-compiled first (as an installed wheel's are); each run is a fresh process as bench/run.py's dsa-aot side makes it:
-torch, CUDA and the inputs are set up first (a server's order), then the op's import and its first call,
-synchronised; the figure is import + first call. Run 0 of each tree starts with an empty bytecode cache
+declaration's first bench case; both trees' sources are byte-compiled first (as an installed wheel's are);
+each run is a fresh process as bench/run.py's dsa-aot side makes it: torch, CUDA and the inputs are set
+up first (a server's order), then the op's import and its first call, synchronised; the figure is import + first call. Run 0 of each tree starts with an empty bytecode cache
 (the first start on a machine: dsa_aot/runtime/bytecode.py); runs 1.. share a warm one, and their median
 and max are the table's. ``preload()`` of every entry for GPU 0 likewise, after torch's CUDA init.
 Prints a table and the ratios of the two trees, measured in this run.
@@ -95,7 +95,7 @@ def main(argv=None):
     cap = torch.cuda.get_device_capability()
     arch = f"sm_{cap[0]}{cap[1]}a"
     trees = {"this": ROOT} | ({"before": os.path.abspath(a.before)} if a.before else {})
-    ratios, profiles = [], []
+    ratios = []
     for p in trees.values():  # as pip installs a wheel: the sources byte-compiled (else each first call compiles ~40 modules)
         subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(p, "dsa_aot")], check=True, stdout=subprocess.DEVNULL)
     head = ("op", "case", "tree", "cold cache ms", "median ms", "max ms")
@@ -115,7 +115,7 @@ def main(argv=None):
         if a.profile:
             with tempfile.TemporaryDirectory() as c:
                 first_call(ROOT, c, fam, case)  # warm the bytecode cache, as the table's median runs have it
-                profiles.append(profile(fam, case, c))
+                print(profile(fam, case, c), flush=True)
         for t, (cold, warm) in got.items():
             row(fam, case, t, f"{cold:.1f}", f"{statistics.median(warm):.1f}", f"{max(warm):.1f}")
         if "before" in got:
@@ -126,8 +126,6 @@ def main(argv=None):
     if "before" in pre:
         ratios.append(f"preload() median this / before {statistics.median(w[0] for w in pre['this'][1]) / statistics.median(w[0] for w in pre['before'][1]):.2f}")
     print("\n".join(["", *ratios]))
-    if profiles:
-        print("\nwhere the first call's time goes (this tree):\n" + "\n\n".join(profiles))
     return 0
 
 
