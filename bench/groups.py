@@ -1,82 +1,88 @@
-"""How to group a build's cubins: compressed size against the time one group takes to decompress.
+"""How big to make a build's groups: the wheel's size against what a fresh process's first load decompresses.
 
-    python bench/groups.py [BUILD]   # default dsa_aot/_generated; CPU only
+    python bench/groups.py [BUILD] [--mib 1,2,4]   # default dsa_aot/_generated; CPU only
 
-For each grouping (one stream per arch; per (arch, family); per (arch, family, op); per (arch, family, op)
-cut into groups of at most N MiB before compression; per (arch series, family, op) in 1 MiB groups with
-the twins of a key on sm_100a and sm_103a side by side, as the pack stage does) the xz preset-6 size of all
-groups and the median and max time to decompress one (``lzma.decompress``, one core), and the launchers
-likewise. The pack stage's choice is ``dsa_aot.toolchain.pack.GROUP_BYTES`` (docs/artifact.md).
+BUILD's entries and members are packed again by the pack stage's own ``write_tree`` with groups of each size
+(``--mib``); per size: the groups, the xz bytes of the cubins, of the launchers and the indexes, the
+directory zipped as a wheel zips it, and the time to read one entry's cubin and launcher from a fresh
+process's view with no kept members (``policy.artifact.read_member``: the group file read and checked, its
+stream decompressed up to the member), median, 90th percentile and max over every entry (one core). The
+pack stage's choice is ``dsa_aot.policy.artifact.GROUP_BYTES`` (docs/artifact.md).
 """
 
 from __future__ import annotations
 
-import lzma
+import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def groups(members, cap):
-    """(key, bytes) members in their order, grouped by key and cut at ``cap`` bytes: [[bytes, ...], ...]."""
-    by: dict = {}
-    for k, blob in members:
-        chunks = by.setdefault(k, [[]])
-        if chunks[-1] and sum(map(len, chunks[-1])) + len(blob) > cap:
-            chunks.append([])
-        chunks[-1].append(blob)
-    return [c for cs in by.values() for c in cs]
+def zipped(root: Path) -> int:
+    """The bytes of ``root`` in a zip as a wheel writes it (deflate, each file on its own)."""
+    with tempfile.TemporaryDirectory() as d:
+        with zipfile.ZipFile(Path(d) / "t.zip", "w", zipfile.ZIP_DEFLATED) as z:
+            for p in sorted(root.rglob("*")):
+                if p.is_file():
+                    z.write(p, p.relative_to(root))
+        return (Path(d) / "t.zip").stat().st_size
 
 
-def measure(gs):
-    size, times = 0, []
-    for g in gs:
-        c = lzma.compress(b"".join(g), preset=6)
-        t = time.perf_counter()
-        lzma.decompress(c)
-        times.append((time.perf_counter() - t) * 1e3)
-        size += len(c)
-    return len(gs), size, statistics.median(times), max(times)
+def first_reads(root: Path) -> list:
+    """ms to read each entry's cubin and launcher with nothing decompressed yet."""
+    from dsa_aot.policy.artifact import load_family, load_index, read_member
+
+    doc, out = load_index(root), []
+    for name in doc["indexes"]:
+        fdoc, entries, _ = load_family(root, doc, name)
+        for e in entries:
+            t = time.perf_counter()
+            cache: dict = {}
+            read_member(root, fdoc, e["cubin"], e["sha256"], "cubin", cache)
+            read_member(root, fdoc, e["launcher"], e["launcher_sha256"], "launcher", cache)
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
 
 
 def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("build", nargs="?", default=str(ROOT / "dsa_aot" / "_generated"))
+    ap.add_argument("--mib", default="1,2,4")
+    a = ap.parse_args(argv)
     from dsa_aot.runtime.index import Index
+    from dsa_aot.toolchain.pack import write_tree
 
-    root = Path((argv or sys.argv[1:] or [ROOT / "dsa_aot" / "_generated"])[0])
-    ix = Index(root)
-    from dsa_aot.policy.artifact import series as _series
-    from dsa_aot.toolchain.pack import fill_order
-
-    seen, cubins, launchers, twins = set(), [], [], []
-    for e in fill_order(ix.entries):
-        if e["sha256"] not in seen:
-            seen.add(e["sha256"])
-            twins.append(((_series(e["arch"]), e["family"], e["op"]), ix.member(e, "cubin")))
-    seen = set()
-    for e in ix.entries:
-        for what, sha, out in (("cubin", e["sha256"], cubins), ("launcher", e["launcher_sha256"], launchers)):
-            if sha not in seen:
-                seen.add(sha)
-                out.append(((e["arch"], e["family"], e["op"] if what == "cubin" else ""), ix.member(e, what)))
-    raw = sum(len(b) for _, b in cubins)
-    print(f"{root}: {len(ix.entries)} entries, {len(cubins)} distinct cubins ({raw / 1e6:.2f} MB), "
-          f"{len(launchers)} launchers ({sum(len(b) for _, b in launchers) / 1e6:.2f} MB)")
-    print("| members | grouping | groups | xz MB | decompress median ms | max ms |\n|---|---|---:|---:|---:|---:|")
-    big = 1 << 40
-    rows = [("one stream per arch", [((k[0],), b) for k, b in cubins], big), ("per (arch, family)", [(k[:2], b) for k, b in cubins], big),
-            ("per (arch, family, op)", cubins, big)] + [(f"per (arch, family, op), {n} MiB groups", cubins, n << 20) for n in (4, 2, 1)] + [
-            ("per (arch series, family, op), 1 MiB groups, twins side by side", twins, 1 << 20)]
-    for name, ms, cap in rows:
-        n, size, med, mx = measure(groups(ms, cap))
-        print(f"| cubins | {name} | {n} | {size / 1e6:.2f} | {med:.1f} | {mx:.1f} |")
-    for name, key in (("one stream per arch", lambda k: k[0]), ("per (arch, family)", lambda k: k[:2])):
-        n, size, med, mx = measure(groups([(key(k), b) for k, b in launchers], big))
-        print(f"| launchers | {name} | {n} | {size / 1e6:.3f} | {med:.1f} | {mx:.1f} |")
+    ix = Index(Path(a.build))
+    entries = ix.entries
+    blobs = {}
+    for e in entries:
+        blobs[e["sha256"]], blobs[e["launcher_sha256"]] = ix.member(e, "cubin"), ix.member(e, "launcher")
+    header = {k: ix.doc[k] for k in ("manifest", "tools", "for_shipping") if k in ix.doc}
+    cub = {e["sha256"] for e in entries}
+    print(f"{a.build}: {len(entries)} entries, {len(cub)} distinct cubins ({sum(len(blobs[s]) for s in cub) / 1e6:.2f} MB), "
+          f"{len({e['launcher_sha256'] for e in entries})} launchers")
+    print("| groups of | groups | cubins xz MB | launchers xz MB | indexes MB | zipped MB | first read median ms | p90 ms | max ms |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for mib in map(float, a.mib.split(",")):
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d) / "gen"
+            write_tree(root, header, entries, blobs, group_bytes=int(mib * (1 << 20)))
+            packs = list((root / "packs").iterdir())
+            size = {k: sum(p.stat().st_size for p in packs if (".launchers." in p.name) == k) for k in (False, True)}
+            idx = sum(p.stat().st_size for p in (root / "index").iterdir())
+            ms = sorted(first_reads(root))
+            print(f"| {mib:g} MiB | {len(packs)} | {size[False] / 1e6:.2f} | {size[True] / 1e6:.3f} | {idx / 1e6:.2f} | {zipped(root) / 1e6:.2f} | "
+                  f"{statistics.median(ms):.2f} | {ms[int(0.9 * (len(ms) - 1))]:.2f} | {ms[-1]:.2f} |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    os.environ.setdefault("AOT_CACHE", "off")
+    sys.exit(main())

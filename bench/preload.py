@@ -121,13 +121,13 @@ def main():
     import tempfile
 
     if "--profile" in sys.argv[1:]:  # where a fresh process's preload() goes (bytecode cache warmed first)
-        os.environ.setdefault("AOT_BYTECODE_CACHE", tempfile.mkdtemp(prefix="dsa-aot-bytecode-bench-"))
+        os.environ.setdefault("AOT_CACHE", tempfile.mkdtemp(prefix="dsa-aot-cache-bench-"))
         whole(1, False)
         p = subprocess.run([sys.executable, "-c", f"ROOT = {ROOT!r}\n" + PROFILE], capture_output=True, text=True, cwd="/")
         print(p.stdout or p.stderr[-3000:])
         return
 
-    os.environ["AOT_BYTECODE_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-bytecode-bench-")  # empty at the first run
+    os.environ["AOT_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-cache-bench-")  # empty at the first run
     runs = [("bytecode cache empty", whole(1, False))]
     for torch_first in (False, True):
         for threads in (1, 8):

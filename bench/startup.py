@@ -43,7 +43,7 @@ print("BENCH " + json.dumps({"entries": len(ms), "ms": (time.perf_counter() - t0
 
 
 def _run(tree, cache, args, profile=""):
-    env = dict(os.environ, PYTHONPATH=tree, AOT_BYTECODE_CACHE=cache, BENCH_PROFILE=profile)
+    env = dict(os.environ, PYTHONPATH=tree, AOT_CACHE=cache, AOT_BYTECODE_CACHE=cache, BENCH_PROFILE=profile)  # the before tree may know only the second
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd="/")
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("BENCH ")]
     if r.returncode or not lines:

@@ -11,8 +11,9 @@ if UNIT_TESTS not in sys.path:
     sys.path.insert(0, UNIT_TESTS)
 if GPU_TESTS not in sys.path:
     sys.path.insert(0, GPU_TESTS)
-# compiled launchers go to a cache of this test session, not the user's (dsa_aot/runtime/bytecode.py)
-if "AOT_BYTECODE_CACHE" not in os.environ:
+# kept members and compiled launchers go to a cache of this test session, not the user's (dsa_aot/runtime/cache.py;
+# the unit tests give each test its own: tests/unit/conftest.py)
+if "AOT_CACHE" not in os.environ:
     import tempfile
 
-    os.environ["AOT_BYTECODE_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-bytecode-")
+    os.environ["AOT_CACHE"] = tempfile.mkdtemp(prefix="dsa-aot-cache-")

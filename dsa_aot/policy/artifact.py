@@ -5,16 +5,17 @@ A build directory holds:
                            and that file's sha256
   index.sha256             the sha256 of index.json
   index/<family>.<series>.json
-                           that family's entries for that series' arches, and their groups: per group its
-                           file, the file's sha256 and where each member (a cubin or a launcher source, by
-                           its sha256) lies once decompressed
+                           that family's entries for that series' arches, the table of their kernels (name and
+                           parameter sizes; an entry names its kernels by their place in it) and their groups:
+                           per group its file, the file's sha256 and where each member (a cubin or a launcher
+                           source, by its sha256) lies once decompressed
   packs/<group>.xz         one xz stream of a group's members, concatenated
 
 Each file is covered by the one above it, down to every cubin and launcher by its own sha256 (checked after
-decompression). Cubins are grouped per (arch series, family, op) in streams of about a MiB: one solid
-stream per arch packs 28.7 MB of ``sm_90a`` cubins into 1.1 MB but takes 100 ms to decompress; 1 MiB
-groups take 1.6 MB and at most 5 ms each (docs/artifact.md). A family's launchers are one small group per
-arch series.
+decompression). Cubins are grouped per (arch series, family, op), a family's launchers per arch series,
+in streams of about ``GROUP_BYTES`` (the trade-off: docs/artifact.md). A
+group is decompressed only as far as the member asked for (:func:`read_member`): a first call pays for the
+members before its own in the stream, not for the whole group.
 
 :mod:`dsa_aot.toolchain.pack` writes it (:func:`dsa_aot.toolchain.pack.write_tree`) and checks a finished
 build with this code before it ships (``check-build``); :mod:`dsa_aot.runtime.index` reads it with the same
@@ -31,9 +32,12 @@ from pathlib import Path
 
 from ..errors import KernelNotFoundError, LaunchError
 
-__all__ = ["FORMAT", "series", "index_name", "load_index", "load_family", "read_member", "read_checked", "lookup_key", "lookup_fields"]
+__all__ = ["FORMAT", "GROUP_BYTES", "series", "index_name", "load_index", "load_family", "open_group", "read_member", "read_checked", "lookup_key", "lookup_fields"]
 
-FORMAT = 2
+FORMAT = 3
+
+# bytes of members per group before compression (docs/artifact.md has the measurements behind it)
+GROUP_BYTES = 2 << 20
 
 
 def series(arch: str) -> str:
@@ -76,13 +80,17 @@ def lookup_fields(d: dict, derived=()) -> tuple:
 # "cubin" and "launcher" name the groups that hold them, "sha256" and "launcher_sha256" the members
 _FIELDS = {"id": str, "family": str, "op": str, "key": dict, "arch": str, "cubin": str, "sha256": str, "launcher": str,
            "launcher_sha256": str, "kernels": list, "params": dict}
+_FIELDS_ITEMS = tuple(_FIELDS.items())
 
 
 def lookup_key(e):
     """The key ``e`` is looked up by (the op's own key fields: derived ones, such as a schedule list,
     are not looked up), or None when the entry lacks a field the runtime needs."""
-    if not isinstance(e, dict) or any(not isinstance(e.get(k), t) for k, t in _FIELDS.items()):
+    if not isinstance(e, dict):
         return None
+    for k, t in _FIELDS_ITEMS:  # a loop, not any(<genexpr>): a third of a family index's checks on the build machine
+        if not isinstance(e.get(k), t):
+            return None
     derived = e.get("derived", ("schedule",))
     if not isinstance(derived, list | tuple):
         return None
@@ -138,18 +146,39 @@ def load_index(root: Path) -> dict:
     return doc
 
 
+def _kernel_table(fdoc) -> list | None:
+    """The index's kernels as [(name, [parameter sizes])], or None when malformed."""
+    table = fdoc.get("kernels")
+    if not isinstance(table, list):
+        return None
+    ok = all(isinstance(k, list) and len(k) == 2 and isinstance(k[0], str) and isinstance(k[1], list)
+             and all(isinstance(n, int) and n >= 0 for n in k[1]) for k in table)
+    return table if ok else None
+
+
+def _resolve(e, table):
+    """Entry ``e`` with its kernels named (``kernels`` [names], ``params`` {name: sizes}), as the runtime uses
+    it; ``e`` unchanged (then refused by :func:`lookup_key`) when it names no kernel of ``table``."""
+    ks = e.get("kernels") if isinstance(e, dict) else None
+    if not isinstance(ks, list) or not all(isinstance(i, int) and 0 <= i < len(table) for i in ks):
+        return e
+    return dict(e, kernels=[table[i][0] for i in ks], params={table[i][0]: table[i][1] for i in ks})
+
+
 def load_family(root: Path, doc: dict, name: str):
     """Index ``name`` (:func:`index_name`; from ``doc``, :func:`load_index`), checked: its file against the sha256
     ``doc`` records, every entry's fields (of its family and series), every group an entry names holding the
-    member it names. Returns (the index's document, each entry's lookup key)."""
+    member it names. Returns (the index's document, its entries' kernels named, each entry's lookup key)."""
     ref = doc["indexes"][name]
     family = ref["family"]
-    fdoc = _json(root / ref["index"], read_checked(root, ref["index"], ref["sha256"], f"index {name}"))
+    path = root / ref["index"]
+    fdoc = _json(path, read_checked(root, ref["index"], ref["sha256"], f"index {name}"))
     groups = fdoc.get("groups") if isinstance(fdoc, dict) else None
     entries = fdoc.get("entries") if isinstance(fdoc, dict) else None
-    path = root / ref["index"]
-    if not isinstance(groups, dict) or not isinstance(entries, list):
-        raise LaunchError(f"{path}: not a family index (no groups or entries). Reinstall or rebuild the wheel")
+    table = _kernel_table(fdoc) if isinstance(fdoc, dict) else None
+    if not isinstance(groups, dict) or not isinstance(entries, list) or table is None:
+        raise LaunchError(f"{path}: not a family index (no groups, kernels or entries). Reinstall or rebuild the wheel")
+    entries = [_resolve(e, table) for e in entries]
     keys = [lookup_key(e) if isinstance(e, dict) and e.get("family") == family and isinstance(e.get("arch"), str)
             and index_name(family, e["arch"]) == name else None for e in entries]
     bad = [i for i, k in enumerate(keys) if k is None]
@@ -161,33 +190,55 @@ def load_family(root: Path, doc: dict, name: str):
             if not isinstance(grp, dict) or not isinstance(grp.get("members"), dict) or sha not in grp["members"]:
                 raise LaunchError(f"{path}: entry {e['id']} names {what} {sha[:16]}… in group {g!r}, which does not hold it. "
                                   f"Reinstall or rebuild the wheel; nothing was launched")
-    return fdoc, keys
+    return fdoc, entries, keys
 
 
-def _unpack(root: Path, name: str, grp: dict) -> bytes:
-    """Group ``name``'s members, decompressed: its file checked by sha256 first."""
-    blob = read_checked(root, grp.get("file"), grp.get("sha256"), f"group {name}")
-    try:
-        data = lzma.decompress(blob, format=lzma.FORMAT_XZ)
-    except lzma.LZMAError as e:  # reached only if the file matches its sha256: a build that wrote a bad stream
-        raise LaunchError(f"group {name} ({grp['file']}) does not decompress ({e}). Rebuild the wheel; nothing was launched") from None
-    if len(data) != grp.get("bytes"):
-        raise LaunchError(f"group {name} ({grp['file']}) holds {len(data)} bytes, its index says {grp.get('bytes')}. Rebuild the wheel; nothing was launched")
-    return data
+class _Stream:
+    """A group's xz stream, decompressed as far as asked (its file checked by sha256 first)."""
+
+    def __init__(self, root: Path, name: str, grp: dict):
+        self.name, self.grp = name, grp
+        self.pending = read_checked(root, grp.get("file"), grp.get("sha256"), f"group {name}")
+        self.dec = None  # made at the first read: a process that finds its members kept decompresses nothing
+        self.data = bytearray()
+
+    def upto(self, end: int) -> bytearray:
+        """The stream's first ``end`` bytes (fewer only at its end), its length checked against the index."""
+        if self.dec is None:
+            self.dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        dec, grp = self.dec, self.grp
+        try:
+            while len(self.data) < end and not dec.eof and (self.pending or not dec.needs_input):
+                self.data += dec.decompress(self.pending, max_length=end - len(self.data))
+                self.pending = b""
+        except lzma.LZMAError as e:  # reached only if the file matches its sha256: a build that wrote a bad stream
+            raise LaunchError(f"group {self.name} ({grp['file']}) does not decompress ({e}). Rebuild the wheel; nothing was launched") from None
+        n, want = len(self.data), grp.get("bytes")
+        if not isinstance(want, int) or n > want or (dec.eof and n != want) or (n < end and not dec.eof):
+            raise LaunchError(f"group {self.name} ({grp['file']}) holds {n} bytes{'' if dec.eof else ' or more'}, its index says {want}. "
+                              f"Rebuild the wheel; nothing was launched")
+        return self.data
+
+
+def open_group(root: Path, fdoc: dict, group: str, cache: dict) -> _Stream:
+    """Group ``group`` of a family index ``fdoc``: its file read and checked by sha256 once per ``cache``
+    ({group: its stream}, kept by the caller, which serialises calls per group); decompressed on demand."""
+    stream = cache.get(group)
+    if stream is None:
+        stream = cache[group] = _Stream(root, group, fdoc["groups"][group])
+    return stream
 
 
 def read_member(root: Path, fdoc: dict, group: str, sha256: str, what: str, cache: dict | None = None) -> bytes:
-    """Member ``sha256`` of ``group`` of a family index ``fdoc`` (:func:`load_family`), checked by its sha256.
-    ``cache``: {group: decompressed bytes}, filled here (the caller keeps it and serialises calls per group)."""
+    """Member ``sha256`` of ``group`` of a family index ``fdoc`` (:func:`load_family`), checked by its sha256;
+    its group's stream decompressed up to the member's end only (``cache``: :func:`open_group`'s)."""
     grp = fdoc["groups"][group]
-    data = cache.get(group) if cache is not None else None
-    if data is None:
-        data = _unpack(root, group, grp)
-        if cache is not None:
-            cache[group] = data
+    stream = open_group(root, fdoc, group, {} if cache is None else cache)
     where = grp["members"][sha256]
-    ok = isinstance(where, list) and len(where) == 2 and all(isinstance(x, int) and x >= 0 for x in where) and sum(where) <= len(data)
-    part = data[where[0] : where[0] + where[1]] if ok else b""
+    ok = isinstance(where, list) and len(where) == 2 and all(isinstance(x, int) and x >= 0 for x in where)
+    data = stream.upto(sum(where)) if ok else b""
+    ok = ok and sum(where) <= len(data)
+    part = bytes(data[where[0] : where[0] + where[1]]) if ok else b""
     got = hashlib.sha256(part).hexdigest()
     if got != sha256:
         raise LaunchError(f"{what} in group {group} ({grp['file']}) is corrupted: sha256 {got} != {sha256} recorded at build time. "

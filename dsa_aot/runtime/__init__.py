@@ -19,7 +19,9 @@ The contract the ops keep (details in :mod:`dsa_aot.runtime.loaded`):
 * Integrity: index.json is checked against index.sha256, a family's index and every group of cubins
   against the sha256 the index above it records, every cubin and launcher against its own after
   decompression, and the launcher's kernels and parameter sizes against the index, before the
-  first launch (LaunchError naming the file otherwise).
+  first launch (LaunchError naming the file otherwise). A cubin or launcher an earlier process kept
+  (dsa_aot/runtime/cache.py) is used only if it hashes to the index's sha256, and its group's file is
+  still read and checked.
 * CUDA graphs: the first call of an op may be inside torch.cuda.graph capture: loading an entry only
   reads files and calls cuLibraryLoadData / cuKernelSetAttribute, which are not stream work, and the
   launches and memsets are captured. preload() before capture keeps file reads and loads out of it.
@@ -43,8 +45,10 @@ def preload(device=None) -> dict:
     After this, no op call on ``device`` reads a file or queries the driver before launching; call it
     before CUDA-graph capture or latency-sensitive serving. Returns {entry id: load ms}.
 
-    Entries load one after another: with 8 threads the 93 ``sm_90a`` entries took longer on the H200
-    (107-122 ms against 85-87 ms, bench/preload.py), the driver's module loads do not overlap.
+    Their cubins and launchers are fetched first, in threads (decompressing the groups, or reading the
+    copies an earlier process kept: dsa_aot/runtime/cache.py); then the entries load one after another:
+    with 8 threads the 93 ``sm_90a`` entries took longer on the H200 (107-122 ms against 85-87 ms,
+    bench/preload.py), the driver's module loads do not overlap.
     """
     from .device import device as device_info
     from .device import device_index, primary_context
@@ -57,6 +61,7 @@ def preload(device=None) -> dict:
     sms = device_info(dev).sm_count
     # per key, the target this GPU's SM count picks (its own, else the nearest): not the other targets' copies
     chosen = [nearest(by_sms, sms) for by_sms in ix.keys(arch).values()]
+    ix.prefetch([e for e in chosen if (e["id"], dev) not in ix._loaded])
     loads = {e["id"]: ix.loaded(e, dev).load_ms for e in chosen}
     ix.drop_groups()  # every entry this device runs is loaded: its groups' bytes are not needed again
     return loads

@@ -2,8 +2,10 @@
 
 Nothing here runs at import. ``index.json`` (the table of indexes) is read on first use; the index of a
 family's entries for a GPU's arch series the first time one of its ops looks up an entry there; a group
-of cubins the first time one of its entries loads; an entry is loaded on a device the first time it is
-used there (or by :func:`dsa_aot.runtime.preload`), see :mod:`dsa_aot.runtime.loaded`. The format: :mod:`dsa_aot.policy.artifact`.
+file (checked by its sha256) the first time one of its entries loads, and decompressed only as far as that
+entry's members unless an earlier process kept them (:mod:`dsa_aot.runtime.cache`); an entry is loaded
+on a device the first time it is used there (or by :func:`dsa_aot.runtime.preload`), see
+:mod:`dsa_aot.runtime.loaded`. The format: :mod:`dsa_aot.policy.artifact`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import threading
 from pathlib import Path
 
 from ..errors import ArchMismatchError, KernelNotFoundError
-from ..policy.artifact import index_name, load_family, load_index, lookup_fields, read_member
+from ..policy.artifact import index_name, load_family, load_index, lookup_fields, open_group, read_member
+from . import cache
 from .device import arch_of, device
 
 __all__ = ["Index", "index", "nearest", "GENERATED"]
@@ -46,8 +49,9 @@ class Index:
         self.doc = load_index(self.root)  # checked as the build tool checks it before shipping
         self.arches = sorted(self.doc["arches"])
         self._sms = {a: set(n) for a, n in self.doc["arches"].items()}
-        self._families: dict = {}  # index name -> (its document, {(family, op, key, arch): {sm count: entry}})
-        self._groups: dict = {}  # group -> its decompressed members (kept: a group serves several entries)
+        self._families: dict = {}  # index name -> (its document, its entries, {(family, op, key, arch): {sm count: entry}})
+        self._groups: dict = {}  # group -> its checked file, decompressed as far as asked (kept: a group serves several entries)
+        self._members: dict = {}  # sha256 -> member bytes fetched ahead (prefetch)
         self._group_locks: dict = {}
         self._loaded: dict = {}
         self._loading: dict = {}
@@ -60,35 +64,65 @@ class Index:
             with self._lock:
                 f = self._families.get(name)
                 if f is None:
-                    fdoc, keys = load_family(self.root, self.doc, name)
+                    fdoc, entries, keys = load_family(self.root, self.doc, name)
                     by_key: dict = {}
-                    for e, k in zip(fdoc["entries"], keys):
+                    for e, k in zip(entries, keys):
                         by_key.setdefault((e["family"], e["op"], k, e["arch"]), {})[_sms(e)] = e
-                    f = self._families[name] = (fdoc, by_key)
+                    f = self._families[name] = (fdoc, entries, by_key)
         return f
 
     @property
     def entries(self) -> list:
         """Every entry of the build (reads every index)."""
-        return [e for name in self.doc["indexes"] for e in self._family(name)[0]["entries"]]
+        return [e for name in self.doc["indexes"] for e in self._family(name)[1]]
 
     def keys(self, arch) -> dict:
         """{(family, op, key, arch): {sm count: entry}} of every family, for ``arch`` (reads its series' indexes)."""
         names = [n for n, ref in self.doc["indexes"].items() if n == index_name(ref["family"], arch)]
-        return {k: v for n in names for k, v in self._family(n)[1].items() if k[3] == arch}
+        return {k: v for n in names for k, v in self._family(n)[2].items() if k[3] == arch}
 
     def member(self, entry, what: str) -> bytes:
-        """The checked bytes of ``entry``'s ``what`` ("cubin" or "launcher"), its group decompressed once per process."""
+        """The checked bytes of ``entry``'s ``what`` ("cubin" or "launcher").
+
+        Its group's file is read and checked by its sha256 once per process whatever the source of the
+        bytes: a fetched-ahead copy, one an earlier process kept, or the group decompressed up to the
+        member (then kept for the next process). A kept copy is used only if it hashes to the sha256 the
+        checked index names: it stands for bytes the intact group holds, as the build recorded them."""
         fdoc = self._family(index_name(entry["family"], entry["arch"]))[0]
         group, sha = (entry["cubin"], entry["sha256"]) if what == "cubin" else (entry["launcher"], entry["launcher_sha256"])
         with self._lock:
             lock = self._group_locks.setdefault(group, threading.Lock())
-        with lock:  # one decompression per group; other groups decompress in parallel
-            return read_member(self.root, fdoc, group, sha, f"{what} of {entry['id']}", self._groups)
+        with lock:  # one reader per group; other groups are read in parallel
+            open_group(self.root, fdoc, group, self._groups)
+            data = self._members.get(sha) or cache.member(sha)
+            if data is None:
+                data = read_member(self.root, fdoc, group, sha, f"{what} of {entry['id']}", self._groups)
+                cache.keep_member(sha, data)
+            return data
+
+    def prefetch(self, entries, threads: int = 8) -> None:
+        """Fetch the cubins and launchers of ``entries`` ahead, one thread per group at a time (lzma and file
+        reads let go of the GIL), for loads that follow one after another (:func:`dsa_aot.runtime.preload`)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        by_group: dict = {}
+        for e in entries:
+            by_group.setdefault(e["cubin"], []).append((e, "cubin"))
+            by_group.setdefault(e["launcher"], []).append((e, "launcher"))
+
+        def fetch(items):
+            for e, what in items:
+                data = self.member(e, what)
+                self._members[e["sha256"] if what == "cubin" else e["launcher_sha256"]] = data
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            for f in [pool.submit(fetch, items) for items in by_group.values()]:
+                f.result()
 
     def drop_groups(self) -> None:
-        """Let go of the decompressed groups (a later load decompresses its group again)."""
+        """Let go of the groups' bytes and of what was fetched ahead (a later load reads them again)."""
         self._groups.clear()
+        self._members.clear()
 
     def target_sm_count(self, arch, sms: int) -> int:
         """The SM count of the build's target of ``arch`` for a GPU with ``sms`` SMs, for the ops that bake it
@@ -107,7 +141,7 @@ class Index:
         target with the nearest (the lower on a tie); otherwise ArchMismatchError naming the target to add."""
         fam = self._family(index_name(family, arch))
         try:
-            by_sms = fam[1].get((family, op, lookup_fields(key), arch)) if fam else None
+            by_sms = fam[2].get((family, op, lookup_fields(key), arch)) if fam else None
         except TypeError:  # an unhashable key value: no entry has it
             by_sms = None
         if by_sms:

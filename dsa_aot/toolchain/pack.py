@@ -4,8 +4,9 @@ Layout: :mod:`dsa_aot.policy.artifact` (index.json, index/<family>.<series>.json
 distinct cubin and launcher stored once per index). ``python -m dsa_aot unpack BUILD DIR`` writes its cubins and
 launchers out as files, for reading.
 
-Only what the runtime reads ships. The build records (verify records, resources, verdicts per kernel) go
-to the work directory (:func:`write_build_report`: report.json, report.md, verify.json).
+Only what the runtime reads ships. The build records (each entry's lifter-check record, fidelity verdict,
+cubin size and resources per kernel) go to the work directory (:func:`write_build_report`: report.json,
+report.md, verify.json, fidelity.json).
 
 The tree is a function of the entries: nothing in it records when, where or how fast it was built
 (two builds of one manifest are byte-identical; the timings and the fidelity stage's full notes go to
@@ -27,15 +28,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..policy.artifact import FORMAT, index_name, series
+from ..policy.artifact import FORMAT, GROUP_BYTES, index_name, series
 from .artifacts import read_meta
 from .cubin import read_cubin
 from ..errors import PackError
 
-__all__ = ["pack", "write_tree", "unpack", "write_build_report", "check_build", "GROUP_BYTES"]
-
-# a group of cubins holds about this many bytes before compression (the trade-off: policy/artifact.py)
-GROUP_BYTES = 1 << 20
+__all__ = ["pack", "write_tree", "unpack", "write_build_report", "check_build"]
 
 
 def pack(entry_dirs, out_dir, manifest_path="", fidelity=None, partial=None) -> dict:
@@ -125,6 +123,21 @@ def _json(doc) -> bytes:
     return json.dumps(doc, indent=1, sort_keys=True).encode()
 
 
+def _index_json(doc) -> bytes:
+    """A family index: one line per entry and group (readable, and a third smaller than indented JSON)."""
+    rows = []
+    for k in sorted(doc):
+        v = doc[k]
+        if isinstance(v, dict) and k == "groups":
+            body = "{\n" + ",\n".join(f"{json.dumps(g)}: {json.dumps(v[g], sort_keys=True, separators=(',', ':'))}" for g in sorted(v)) + "\n}"
+        elif isinstance(v, list) and k in ("entries", "kernels"):
+            body = "[\n" + ",\n".join(json.dumps(x, sort_keys=True, separators=(",", ":")) for x in v) + "\n]"
+        else:
+            body = json.dumps(v, sort_keys=True)
+        rows.append(f"{json.dumps(k)}: {body}")
+    return ("{\n" + ",\n".join(rows) + "\n}\n").encode()
+
+
 def fill_order(es: list) -> list:
     """``es`` in the order their cubins fill groups: the entries' own (the manifest's: neighbours there are
     alike; ordered by key instead the 718 sm_90a cubins took 2.03 MB of xz, not 1.64), each entry's twins of
@@ -139,10 +152,12 @@ def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int 
     """Write the shipped tree of ``entries`` (their runtime fields, with ``sha256`` / ``launcher_sha256``) into
     ``root``: ``blobs`` {sha256: bytes} holds every cubin and launcher they name; ``header`` the build's fields
     (manifest, tools, for_shipping, partial). Each (family, arch series) has its own index; each distinct
-    member is stored once in it, in the group of its op. An entry's twins on the other arches of its series
-    (the same key for sm_100a and sm_103a: cubins of one size that differ in about 1 % of their bytes) sit
-    next to it, which halves their compressed size (docs/artifact.md). The order is :func:`fill_order`'s, so two builds of one manifest
-    are byte-identical."""
+    member is stored once in it, a cubin in a group of its op, a launcher in one of the family's launcher
+    groups, each group closed when the next member would take it past ``group_bytes``. An entry's twins on the other arches of its series (the same key
+    for sm_100a and sm_103a: cubins of one size that differ in about 1 % of their bytes) sit next to it,
+    which halves their compressed size (docs/artifact.md). An entry names its kernels by their place in the
+    index's table of (name, parameter sizes): a few distinct kernels serve hundreds of entries. The order
+    is :func:`fill_order`'s, so two builds of one manifest are byte-identical."""
     root = Path(root)
     (root / "packs").mkdir(parents=True, exist_ok=True)
     (root / "index").mkdir(exist_ok=True)
@@ -158,11 +173,11 @@ def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int 
         where: dict = {}  # sha -> the group holding it
         for e in fill_order(es):
             arches.setdefault(e["arch"], set()).add(e.get("target", {}).get("sm_count", 0))
-            for sha, field, gkey in ((e["sha256"], "cubin", e["op"]), (e["launcher_sha256"], "launcher", "launchers")):
+            for sha, gkey in ((e["sha256"], e["op"]), (e["launcher_sha256"], "launchers")):
                 if sha in where:
                     continue
                 name = open_group.get(gkey)
-                if name is None or (field == "cubin" and groups[name][1] and groups[name][1] + len(blobs[sha]) > group_bytes):
+                if name is None or (groups[name][1] and groups[name][1] + len(blobs[sha]) > group_bytes):
                     count[gkey] = count.get(gkey, -1) + 1
                     name = open_group[gkey] = f"{ser}.{fam}.{gkey}.{count[gkey]}"
                     groups[name] = [{}, 0]
@@ -170,13 +185,16 @@ def write_tree(root, header: dict, entries: list, blobs: dict, group_bytes: int 
                 members[0][sha] = [members[1], len(blobs[sha])]
                 members[1] += len(blobs[sha])
                 where[sha] = name
-        out = [dict(e, cubin=where[e["sha256"]], launcher=where[e["launcher_sha256"]]) for e in es]
+        kernels = sorted({(k, tuple(e["params"][k])) for e in es for k in e["kernels"]})
+        kid = {k: i for i, k in enumerate(kernels)}
+        out = [dict({k: v for k, v in e.items() if k != "params"}, cubin=where[e["sha256"]], launcher=where[e["launcher_sha256"]],
+                    kernels=[kid[k, tuple(e["params"][k])] for k in e["kernels"]]) for e in es]
         gtable = {}
         for name, (members, size) in groups.items():
             blob = lzma.compress(b"".join(blobs[s] for s in members), format=lzma.FORMAT_XZ, preset=6)
             (root / "packs" / f"{name}.xz").write_bytes(blob)
             gtable[name] = {"file": f"packs/{name}.xz", "sha256": hashlib.sha256(blob).hexdigest(), "bytes": size, "members": members}
-        text = _json({"family": fam, "series": ser, "groups": gtable, "entries": out})
+        text = _index_json({"family": fam, "series": ser, "groups": gtable, "kernels": [[k, list(p)] for k, p in kernels], "entries": out})
         (root / "index" / f"{iname}.json").write_bytes(text)
         table[iname] = {"family": fam, "index": f"index/{iname}.json", "sha256": hashlib.sha256(text).hexdigest(), "entries": len(out)}
     text = _json(dict(header, format=FORMAT, indexes=table, arches={a: sorted(n) for a, n in arches.items()}))
@@ -195,8 +213,8 @@ def unpack(build_dir, out_dir) -> int:
     (out / "launchers").mkdir(exist_ok=True)
     n = 0
     for name in doc["indexes"]:
-        fdoc, cache = load_family(root, doc, name)[0], {}
-        for e in fdoc["entries"]:
+        (fdoc, es, _), cache = load_family(root, doc, name), {}
+        for e in es:
             (out / "cubins" / f"{e['sha256']}.cubin").write_bytes(read_member(root, fdoc, e["cubin"], e["sha256"], f"cubin of {e['id']}", cache))
             (out / "launchers" / f"{e['id']}.py").write_bytes(read_member(root, fdoc, e["launcher"], e["launcher_sha256"], f"launcher of {e['id']}", cache))
             n += 1
@@ -235,14 +253,14 @@ def check_build(build_dir, manifest_path, allow_partial=False) -> dict:
     root = Path(build_dir)
     try:
         doc = load_index(root)
-        fams = {f: load_family(root, doc, f)[0] for f in doc["indexes"]}
+        fams = {f: load_family(root, doc, f)[:2] for f in doc["indexes"]}
     except AotError as e:
         raise PackError(f"{root} cannot ship as the build of {manifest_path}: {e}") from None
     problems = []
     if doc.get("for_shipping") is False:  # also under AOT_ALLOW_DEBUG_BUILD=1, which lets the runtime use it
         problems.append("a debug build (--debug-dump): not for shipping")
-    entries = [e for f in fams.values() for e in f["entries"]]
-    for fdoc in fams.values():
+    entries = [e for _, es in fams.values() for e in es]
+    for fdoc, _ in fams.values():
         cache: dict = {}
         for g, grp in fdoc["groups"].items():
             for sha in grp["members"]:
@@ -272,7 +290,8 @@ def check_build(build_dir, manifest_path, allow_partial=False) -> dict:
     return dict(doc, entries=entries)
 
 
-_BUILD_RECORDS = ("verify", "resources")  # in verify.json and report.json, not in index.json (see the module doc)
+# in verify.json and report.json, not in the shipped tree (see the module doc): the runtime reads none of them
+_BUILD_RECORDS = ("verify", "resources", "fidelity", "cubin_bytes")
 
 
 def _derived(meta) -> list:
@@ -295,7 +314,7 @@ def _manifest_name(path) -> str:
         return p.name
 
 
-# the fidelity facts that belong in the shipped index: the verdict and what it rests on, without the
+# the fidelity facts the build records keep (fidelity.json): the verdict and what it rests on, without the
 # notes (they name cubins other processes made, which vary: docs/fidelity.md)
 # (an entry that ships cudnn's cubin adds ``adopted``, the PTX hash and the spec's other cubin of that PTX)
 _FIDELITY_KEPT = ("verdict", "route", "options", "upstream_sha256", "adopted", "ptx_sha256", "spec_sha256")
@@ -383,10 +402,12 @@ def write_build_report(work_dir, index, seconds: dict, verdicts: dict | None, st
     """The build's own report, with what the shipped tree leaves out: the seconds of each stage per entry
     (``seconds`` {id: {compile_s, lift_verify_s, fidelity_s}}) and per build (``stages``, wall) and the
     fidelity stage's full notes (``<work>/report.md``, ``<work>/report.json``: what ``build --shard
-    --balance`` reads), and the lifter checks' record per entry (``<work>/verify.json``)."""
+    --balance`` reads), the lifter checks' record per entry (``<work>/verify.json``) and its fidelity
+    verdict with what it rests on (``<work>/fidelity.json``)."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     notes = {i: v.get("note", "") for i, v in (verdicts or {}).items()}
     (work_dir / "report.json").write_text(json.dumps(_report_rows(index["entries"], seconds), indent=1))
     (work_dir / "verify.json").write_text(json.dumps({e["id"]: e["verify"] for e in index["entries"]}, indent=1, sort_keys=True))
+    (work_dir / "fidelity.json").write_text(json.dumps({e["id"]: e["fidelity"] for e in index["entries"]}, indent=1, sort_keys=True))
     (work_dir / "report.md").write_text(_report_md(index["entries"], index["tools"], index.get("dumped", ()), seconds, notes, stages))

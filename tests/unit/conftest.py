@@ -13,6 +13,15 @@ DATA = ROOT / "tests" / "data"
 CSA_ENTRY = "csa_compressor.dape_reduce.split.sm_90a"
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Each test its own dsa_aot/runtime/cache.py directory: a member kept by one test's build would stand in
+    for another test's tampered group (the same sha256), and the tamper tests would not reach the group."""
+    d = tmp_path_factory.mktemp("aot-cache")
+    monkeypatch.setenv("AOT_CACHE", str(d))
+    return d
+
+
 @pytest.fixture
 def one_entry_build(tmp_path):
     """A build directory holding the CSA dAPE-reduce entry of tests/data (its launcher lifted here): (Index, entry)."""

@@ -1,11 +1,11 @@
-"""The compiled-launcher cache (dsa_aot/runtime/bytecode.py): a second load reads the code it kept; a
+"""The compiled-launcher cache (dsa_aot/runtime/bytecode.py, kept where dsa_aot/runtime/cache.py says): a second load reads the code it kept; a
 damaged, foreign or unwritable cache is never used and never an error."""
 
 import hashlib
 
 import pytest
 
-from build_files import rewrite_group
+from build_files import launcher_source, rewrite_group
 
 from dsa_aot.runtime import bytecode
 from dsa_aot.runtime.index import Index
@@ -16,11 +16,11 @@ SHA = hashlib.sha256(SRC).hexdigest()
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("AOT_BYTECODE_CACHE", str(tmp_path / "bc"))
+    monkeypatch.setenv("AOT_CACHE", str(tmp_path / "c"))
     compiled = []
     real = compile
     monkeypatch.setattr(bytecode, "compile", lambda *a: (compiled.append(a[1]), real(*a))[1], raising=False)
-    return tmp_path / "bc", compiled
+    return tmp_path / "c" / "bytecode", compiled
 
 
 def _run(code):
@@ -62,12 +62,12 @@ def test_a_damaged_or_foreign_cache_file_is_ignored_and_rewritten(cache, damage)
 
 def test_off_or_unwritable_compiles_every_time(cache, monkeypatch, tmp_path):
     _, compiled = cache
-    monkeypatch.setenv("AOT_BYTECODE_CACHE", "off")
+    monkeypatch.setenv("AOT_CACHE", "off")
     for _ in range(2):
         assert _run(bytecode.code_for(SRC, SHA, "/x/l.py")) == 42
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    monkeypatch.setenv("AOT_BYTECODE_CACHE", str(blocker / "bc"))
+    monkeypatch.setenv("AOT_CACHE", str(blocker / "c"))
     for _ in range(2):
         assert _run(bytecode.code_for(SRC, SHA, "/x/l.py")) == 42
     assert len(compiled) == 4
@@ -77,10 +77,15 @@ def test_a_launcher_changed_on_disk_is_refused_before_any_kept_code_is_used(one_
     from dsa_aot.errors import LaunchError
     from dsa_aot.runtime import loaded
 
-    monkeypatch.setenv("AOT_BYTECODE_CACHE", str(tmp_path / "bc"))
+    monkeypatch.setenv("AOT_CACHE", str(tmp_path / "c"))
     ix, entry = one_entry_build
-    loaded._launcher_module(ix, entry)  # keeps its code
-    assert list((tmp_path / "bc").iterdir())
-    rewrite_group(ix.root, entry, "launcher", lambda b: b"# changed\n" + b)
+    loaded._launcher_module(ix, entry)  # keeps its source and its code
+    assert list((tmp_path / "c" / "bytecode").iterdir()) and list((tmp_path / "c" / "members").iterdir())
+    rewrite_group(ix.root, entry, "launcher", lambda b: b"# changed\n" + b)  # and the index resealed over it
+    # the kept source stands for the one the index names (its sha256): the changed bytes never run
+    assert Index(ix.root).member(entry, "launcher") == launcher_source(ix.root, entry).encode()
+    assert not launcher_source(ix.root, entry).startswith("# changed")
+    for f in (tmp_path / "c" / "members").iterdir():
+        f.unlink()
     with pytest.raises(LaunchError, match="launcher of .* is corrupted: sha256"):
         loaded._launcher_module(Index(ix.root), entry)

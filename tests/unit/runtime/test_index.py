@@ -91,9 +91,16 @@ def test_a_changed_missing_or_malformed_index_is_refused(one_entry_build):
         Index(root)
     write_index(root, json.loads(text))
     fam = json.loads((root / "index" / "csa_compressor.sm_9x.json").read_text())
-    assert fam["entries"] == [entry]
+    (raw,) = fam["entries"]  # its kernels by their place in the index's table
+    assert [fam["kernels"][i] for i in raw["kernels"]] == [[k, entry["params"][k]] for k in entry["kernels"]]
+    assert {k: v for k, v in raw.items() if k != "kernels"} == {k: v for k, v in entry.items() if k not in ("kernels", "params")}
     for change in (lambda d: d["entries"][0].update(key=["split"]), lambda d: d["entries"][0].pop("launcher_sha256"),
-                   lambda d: d["entries"][0].update(family="dsa_topk_utils"), lambda d: d["entries"][0].update(arch="sm_100a")):
+                   lambda d: d["entries"][0].update(family="dsa_topk_utils"), lambda d: d["entries"][0].update(arch="sm_100a"),
+                   lambda d: d["entries"][0].update(kernels=[len(d["kernels"])]), lambda d: d["entries"][0].update(kernels=["k"])):
         edit_family(root, "csa_compressor", lambda d: (d.clear(), d.update(json.loads(json.dumps(fam))), change(d)))
         with pytest.raises(LaunchError, match="1 malformed entries"):
+            Index(root).find("csa_compressor", "dape_reduce", {"split": True}, "sm_90a")
+    for change in (lambda d: d.pop("kernels"), lambda d: d.update(kernels=[["k", [8, -1]]]), lambda d: d.update(kernels={"k": [8]})):
+        edit_family(root, "csa_compressor", lambda d: (d.clear(), d.update(json.loads(json.dumps(fam))), change(d)))
+        with pytest.raises(LaunchError, match="not a family index"):
             Index(root).find("csa_compressor", "dape_reduce", {"split": True}, "sm_90a")

@@ -63,7 +63,13 @@ def test_a_site_firing_in_a_loop_launches_each_time_with_its_own_bytes(packed, s
 def _entry_with(one_entry_build, **changes):
     """The one-entry build with ``changes`` to its entry (the index rewritten with its hash)."""
     ix, entry = one_entry_build
-    edit_family(ix.root, entry["family"], lambda doc: doc["entries"][0].update(changes))
+    names, params = changes.pop("kernels", entry["kernels"]), changes.pop("params", entry["params"])
+
+    def edit(doc):  # kernels by name as the runtime sees them, written as the index's table and references
+        doc["kernels"] = [[k, params[k]] for k in names]
+        doc["entries"][0].update(changes, kernels=list(range(len(names))))
+
+    edit_family(ix.root, entry["family"], edit)
     ix = Index(ix.root)
     return ix, ix.entries[0]
 

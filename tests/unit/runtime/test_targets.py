@@ -135,7 +135,9 @@ def test_preload_loads_the_targets_this_gpu_would_run(two_targets, monkeypatch, 
 
     stand_in.install(monkeypatch, two_targets, capability=(10, 0), sm_count=sms)
     monkeypatch.setattr(index_mod, "_INDEX", two_targets)
-    loaded = []
+    loaded, fetched = [], []
     monkeypatch.setattr(two_targets, "loaded", lambda e, dev: loaded.append(e) or type("L", (), {"load_ms": 0.0})())
+    monkeypatch.setattr(two_targets, "prefetch", fetched.extend)  # the build's members are empty stand-ins here
     dsa_aot.runtime.preload(0)
     assert sorted((e["op"], e["target"]["sm_count"]) for e in loaded) == [("gemm", want), ("reduce_dk", want)]
+    assert fetched == loaded  # fetched ahead: what it loads, nothing else

@@ -34,7 +34,7 @@ def test_two_packs_in_different_places_are_byte_identical(tmp_path):
     index = json.loads(ta["index.json"])
     assert index["manifest"] == "m.toml"
     entries = [e for f in index["indexes"].values() for e in json.loads(ta[f["index"]])["entries"]]
-    assert len(entries) == 2 and all("compile_seconds" not in e and "note" not in e["fidelity"] for e in entries)
+    assert len(entries) == 2 and all("compile_seconds" not in e and "fidelity" not in e for e in entries)
 
 
 def test_the_tree_holds_what_the_runtime_reads_and_the_build_records_go_to_the_work_dir(tmp_path):
@@ -48,7 +48,7 @@ def test_the_tree_holds_what_the_runtime_reads_and_the_build_records_go_to_the_w
                               "packs/sm_9x.dsa_sparse_attention_backward.main_sm90.0.xz",
                               "packs/sm_9x.dsa_sparse_attention_backward.launchers.0.xz"]), shipped
     ix = Index(tmp_path / "gen")
-    assert ix.entries and all("verify" not in e and "resources" not in e and "fidelity" in e for e in ix.entries)
+    assert ix.entries and all(not {"verify", "resources", "fidelity", "cubin_bytes"} & set(e) for e in ix.entries)
     for e, d in zip(ix.entries, dirs):
         assert ix.member(e, "cubin") == (d / "kernel.cubin").read_bytes() and ix.member(e, "launcher") == (d / "launcher.py").read_bytes()
     assert pack.unpack(tmp_path / "gen", tmp_path / "unpacked") == 2  # the files a person reads
@@ -59,7 +59,9 @@ def test_the_tree_holds_what_the_runtime_reads_and_the_build_records_go_to_the_w
     pack.write_build_report(tmp_path / "work", full, {}, None)
     verify = json.loads((tmp_path / "work" / "verify.json").read_text())
     rows = json.loads((tmp_path / "work" / "report.json").read_text())
+    fid = json.loads((tmp_path / "work" / "fidelity.json").read_text())
     assert verify == {e["id"]: e["verify"] for e in full["entries"]} and all(v["verdict"] == "ok" for v in verify.values())
+    assert fid == {e["id"]: {"verdict": "not checked"} for e in full["entries"]}
     assert {r["id"] for r in rows} == set(verify) and all("registers" in r for r in rows)
 
 
