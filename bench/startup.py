@@ -42,8 +42,20 @@ print("BENCH " + json.dumps({"entries": len(ms), "ms": (time.perf_counter() - t0
 """
 
 
+# every child's bytecode, of every package, in one place this run fills first (installed packages have theirs:
+# without it, each process of a machine whose packages were installed without .pyc files, or with
+# PYTHONDONTWRITEBYTECODE set, compiled cuda-python's pure-Python modules again, 15 of them, ~6 ms under cProfile)
+PYC = ""
+
+
+def _env(**kw):
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=PYC, **kw)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def _run(tree, cache, args, profile=""):
-    env = dict(os.environ, PYTHONPATH=tree, AOT_CACHE=cache, AOT_BYTECODE_CACHE=cache, BENCH_PROFILE=profile)  # the before tree may know only the second
+    env = _env(PYTHONPATH=tree, AOT_CACHE=cache, AOT_BYTECODE_CACHE=cache, BENCH_PROFILE=profile)  # the before tree may know only the second
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd="/")
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("BENCH ")]
     if r.returncode or not lines:
@@ -96,8 +108,13 @@ def main(argv=None):
     arch = f"sm_{cap[0]}{cap[1]}a"
     trees = {"this": ROOT} | ({"before": os.path.abspath(a.before)} if a.before else {})
     ratios = []
+    global PYC
+    PYC = tempfile.mkdtemp(prefix="dsa-aot-bench-pyc-")
     for p in trees.values():  # as pip installs a wheel: the sources byte-compiled (else each first call compiles ~40 modules)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(p, "dsa_aot")], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(p, "dsa_aot")], check=True, stdout=subprocess.DEVNULL, env=_env())
+    # and what the children import from the environment (torch, cuda-python, the harness)
+    subprocess.run([sys.executable, "-c", "import torch, cuda.bindings.driver, harness, _harness"], check=True, cwd="/",
+                   env=_env(PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "ci", "parity"), os.path.join(ROOT, "bench")])))
     head = ("op", "case", "tree", "cold cache ms", "median ms", "max ms")
     print(f"device: {torch.cuda.get_device_name()} ({arch}); {a.runs} fresh processes per row after one with an empty bytecode cache; "
           f"import + first call, synchronised, after torch's CUDA init and the inputs")
