@@ -6,7 +6,7 @@ Read through the driver (cuda-python), once per device; nothing here imports tor
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import ArchMismatchError, InputError
 from ..policy.arch import best_arch
@@ -15,8 +15,7 @@ from .driver import check, drv
 __all__ = ["Device", "device_index", "device"]
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(NamedTuple):  # not a frozen dataclass: that is built with exec at import, on every first call
     index: int
     name: str
     capability: tuple
