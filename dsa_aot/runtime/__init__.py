@@ -45,8 +45,8 @@ def preload(device=None) -> dict:
     After this, no op call on ``device`` reads a file or queries the driver before launching; call it
     before CUDA-graph capture or latency-sensitive serving. Returns {entry id: load ms}.
 
-    Their cubins and launchers are fetched first, in threads (decompressing the groups, or reading the
-    copies an earlier process kept: dsa_aot/runtime/cache.py); then the entries load one after another:
+    The cubins and launchers no earlier process kept (dsa_aot/runtime/cache.py) are decompressed first, in
+    threads; then the entries load one after another:
     with 8 threads the 93 ``sm_90a`` entries took longer on the H200 (107-122 ms against 85-87 ms,
     bench/preload.py), the driver's module loads do not overlap.
     """

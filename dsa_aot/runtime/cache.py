@@ -20,7 +20,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_dir", "read", "write", "member", "keep_member"]
+__all__ = ["cache_dir", "read", "write", "member", "keep_member", "kept_members"]
 
 
 def cache_dir(kind: str) -> Path | None:
@@ -67,6 +67,15 @@ def member(sha256: str) -> bytes | None:
     """A cubin or launcher source kept by an earlier process, if it still has this sha256."""
     data = read("members", sha256)
     return data if data is not None and hashlib.sha256(data).hexdigest() == sha256 else None
+
+
+def kept_members() -> set:
+    """The sha256 names of the kept copies (listed, not read nor checked: :func:`member` does that when one is used)."""
+    d = cache_dir("members")
+    try:
+        return set(os.listdir(d)) if d is not None else set()
+    except OSError:
+        return set()
 
 
 def keep_member(sha256: str, data: bytes) -> None:

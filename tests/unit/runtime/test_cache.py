@@ -139,6 +139,23 @@ def test_prefetch_reads_each_group_once_and_loads_then_read_no_group(tmp_path, m
     assert not ix._members and not ix._groups
 
 
+def test_prefetch_leaves_kept_members_to_the_loads_and_decompresses_the_others(tmp_path, monkeypatch):
+    ix, blobs = _three_member_build(tmp_path)
+    first = ix.entries[0]
+    for e in ix.entries:
+        ix.member(e, "cubin"), ix.member(e, "launcher")  # kept now
+    cache.cache_dir("members").joinpath(first["sha256"]).unlink()
+    ix = Index(tmp_path)
+    fetched = []
+    real = ix.member
+    monkeypatch.setattr(ix, "member", lambda e, what: fetched.append((e["id"], what)) or real(e, what))
+    ix.prefetch(ix.entries)
+    assert fetched == [(first["id"], "cubin")] and list(ix._members) == [first["sha256"]]
+    _no_lzma(monkeypatch)
+    cache.cache_dir("members").joinpath(first["sha256"]).unlink()  # the fetched one is served from memory, the rest kept copies
+    assert all(real(e, "cubin") == blobs[e["sha256"]] for e in ix.entries)
+
+
 def test_launchers_fill_groups_of_group_bytes_too(tmp_path):
     big = [f"# {n}\n".encode() + os.urandom(900_000) for n in range(3)]
     entries, blobs = [], {}
