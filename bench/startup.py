@@ -64,8 +64,9 @@ def _run(tree, cache, args, profile=""):
 
 
 def first_call(tree, cache, family, case, profile=""):
+    """(import + first call, the import, the same call again) in ms, of one fresh process."""
     m = _run(tree, cache, [os.path.join(ROOT, "bench", "run.py"), "--child", "aot", family, case, "--calls", "5"], profile)
-    return m["import_ms"] + m["first_ms"]
+    return m["import_ms"] + m["first_ms"], m["import_ms"], m.get("again_ms", float("nan"))
 
 
 def profile(family, case, cache, top=14):
@@ -74,7 +75,7 @@ def profile(family, case, cache, top=14):
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "prof")
-        total = first_call(ROOT, cache, family, case, path)
+        total = first_call(ROOT, cache, family, case, path)[0]
         st = pstats.Stats(path)
         rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
         lines = [f"  {tt * 1e3:7.2f} ms own {ct * 1e3:7.2f} ms cum {nc:5d}x {os.path.basename(f)}:{ln} {fn}" for (f, ln, fn), (_, nc, tt, ct, _) in rows]
@@ -115,9 +116,10 @@ def main(argv=None):
     # and what the children import from the environment (torch, cuda-python, the harness)
     subprocess.run([sys.executable, "-c", "import torch, cuda.bindings.driver, harness, _harness"], check=True, cwd="/",
                    env=_env(PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "ci", "parity"), os.path.join(ROOT, "bench")])))
-    head = ("op", "case", "tree", "cold cache ms", "median ms", "max ms")
+    head = ("op", "case", "tree", "cold cache ms", "median ms", "max ms", "of it the import", "the call again")
     print(f"device: {torch.cuda.get_device_name()} ({arch}); {a.runs} fresh processes per row after one with an empty bytecode cache; "
-          f"import + first call, synchronised, after torch's CUDA init and the inputs")
+          f"import + first call, synchronised, after torch's CUDA init and the inputs; medians of the import alone and of the same call "
+          f"made again in the process (synchronised: the op's own host and device time, which is not start-up)")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head), flush=True)
 
     def row(*r):  # printed as measured: a run cut short by a time limit keeps what it measured
@@ -134,12 +136,14 @@ def main(argv=None):
                 first_call(ROOT, c, fam, case)  # warm the bytecode cache, as the table's median runs have it
                 print(profile(fam, case, c), flush=True)
         for t, (cold, warm) in got.items():
-            row(fam, case, t, f"{cold:.1f}", f"{statistics.median(warm):.1f}", f"{max(warm):.1f}")
+            med = lambda i: statistics.median(w[i] for w in warm)  # noqa: E731
+            row(fam, case, t, f"{cold[0]:.1f}", f"{med(0):.1f}", f"{max(w[0] for w in warm):.1f}", f"{med(1):.1f}", f"{med(2):.1f}")
         if "before" in got:
-            ratios.append(f"{fam}: first call median this / before {statistics.median(got['this'][1]) / statistics.median(got['before'][1]):.2f}")
+            m = {t: statistics.median(w[0] for w in got[t][1]) for t in got}
+            ratios.append(f"{fam}: first call median this / before {m['this'] / m['before']:.2f}")
     pre = {t: series(lambda c, p=p: preload(p, c), a.runs) for t, p in trees.items()}
     for t, (cold, warm) in pre.items():
-        row(f"preload() ({cold[1]} entries)", "", t, f"{cold[0]:.1f}", f"{statistics.median(w[0] for w in warm):.1f}", f"{max(w[0] for w in warm):.1f}")
+        row(f"preload() ({cold[1]} entries)", "", t, f"{cold[0]:.1f}", f"{statistics.median(w[0] for w in warm):.1f}", f"{max(w[0] for w in warm):.1f}", "", "")
     if "before" in pre:
         ratios.append(f"preload() median this / before {statistics.median(w[0] for w in pre['this'][1]) / statistics.median(w[0] for w in pre['before'][1]):.2f}")
     print("\n".join(["", *ratios]))
