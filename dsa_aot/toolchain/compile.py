@@ -89,14 +89,16 @@ def cache_keys(entries, versions: dict, root: Path = REPO) -> list:
     keys = []
     for entry in entries:
         if entry.family not in specs:
-            specs[entry.family] = spec_digest(entry.family, root)
+            specs[entry.family] = spec_digest(entry.family, root), zygote.source_names(entry.family)
         parts = {
             "family": entry.family,
             "op": entry.op,
             "key": [[k, v] for k, v in entry.key],
             "arch": entry.target.arch,
             "sm_count": entry.target.sm_count,
-            "spec": specs[entry.family],
+            "spec": specs[entry.family][0],
+            # the file names the canonical process sees (its directory listings reach the heap: zygote.source_files)
+            "sources": specs[entry.family][1],
             "tools": versions,
             "stage": stage,
             # the canonical paths reach the compile process's heap, and with it the cubins of the

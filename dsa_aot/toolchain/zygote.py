@@ -102,20 +102,53 @@ _serve({family!r})
 """
 
 
-def _copy_sources(dst: Path) -> None:
-    """The package's and the specs' Python files, and nothing else, under ``dst``: the import system
-    caches the listing of every directory it searches, so untracked entries of a checkout (``.venv``,
-    ``.cache``, a built ``dsa_aot/_generated``) reached the heap (measured: a D576 cubin changed with the
-    checkout root's listing)."""
+# what a compile or fidelity process imports besides its family's spec (with their import closures)
+_PROCESS_SOURCES = ("dsa_aot/toolchain/zygote.py", "dsa_aot/toolchain/specs.py", "dsa_aot/toolchain/compile.py", "dsa_aot/toolchain/fidelity.py")
+
+
+def source_files(family: str) -> list:
+    """The files a canonical process of ``family`` gets (paths under the checkout or the specs directory):
+    the import closures of the processes' own modules and of the family's spec, nothing else.
+
+    The import system caches the listing of every directory it searches, and the cubins of some kernels
+    depend on the compiling process's heap: untracked entries of a checkout (``.venv``, ``.cache``, a built
+    ``dsa_aot/_generated``) reached it (measured: a D576 cubin changed with the checkout root's listing),
+    and so did one more policy module of another family (the two-CTA sparse attention backward cubins
+    changed when the MoE family's policy file was added). With only these files the listings are a
+    function of what the compile cache key covers (:func:`source_names` goes into it)."""
+    from .sources import closure
+    from .specs import spec_path
+
+    files = {p for f in _PROCESS_SOURCES for p in closure(REPO / f)} | set(closure(spec_path(family)))
+    return sorted(files)
+
+
+def source_names(family: str) -> list:
+    """The names :func:`_copy_sources` gives :func:`source_files` under the canonical ``src``."""
+    return [str(rel) for _, rel in _placed(family)]
+
+
+def _placed(family):
     from .specs import kernels_dir
 
-    for base, rel in ((REPO / "dsa_aot", Path("dsa_aot")), (kernels_dir(), Path("kernels"))):
-        for p in sorted(base.rglob("*.py")):
-            sub = p.relative_to(base)
-            if sub.parts[0] in ("_generated", "__pycache__") or "__pycache__" in sub.parts:
+    out = []
+    for p in source_files(family):
+        for base, rel in ((REPO, Path()), (kernels_dir(), Path("kernels"))):
+            try:
+                out.append((p, rel / Path(p).relative_to(base)))
+                break
+            except ValueError:
                 continue
-            (dst / rel / sub).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(p, dst / rel / sub)
+        else:
+            raise CompileError(f"{p}: a source of the {family} compile processes outside the checkout and the specs directory")
+    return out
+
+
+def _copy_sources(dst: Path, family: str) -> None:
+    """The files of :func:`source_files` under ``dst``, as they lie in the checkout."""
+    for p, rel in _placed(family):
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, dst / rel)
 
 
 def _no_aslr():
@@ -147,7 +180,7 @@ class Zygote:
         shutil.rmtree(canon, ignore_errors=True)
         (canon / "io").mkdir(parents=True)
         os.symlink(os.path.realpath(sys.executable), canon / "python")
-        _copy_sources(canon / "src")
+        _copy_sources(canon / "src", self.family)
         sites = []
         for i, d in enumerate(_site_dirs()):
             os.symlink(d, canon / f"s{i}")
