@@ -15,9 +15,9 @@ breaks it is a CompileError naming what is wrong, before anything compiles):
                                      compiled (see there)
   FIDELITY_ROUTES                    {op: text}: the route fidelity takes per op, named in the report;
                                      one for every op of OPS
-  LITERALS (optional)                {op: {name: value}}: an fp32 value ``build`` compiles into the
-                                     host code that the launcher takes per call instead, as its
-                                     trailing argument ``name`` (dsa_aot.toolchain.lift.lift)
+  LITERALS (optional)                {op: {name: value}}: an fp32 (float) or i32 (int) value ``build``
+                                     compiles into the host code that the launcher takes per call
+                                     instead, as its trailing argument ``name`` (dsa_aot.toolchain.lift.lift)
   PRELOAD (optional)                 modules the compile process imports before its first request
 
 Families come from the fixed registry :data:`dsa_aot.policy.families.FAMILIES`, never from a name found
@@ -106,8 +106,9 @@ class Spec:
             have = set(routes) if isinstance(routes, Mapping) else set()
             bad.append(f"FIDELITY_ROUTES: one route text per op of OPS (missing {sorted(set(ops) - have)}, unknown {sorted(have - set(ops))})")
         if not isinstance(literals, Mapping) or not set(literals) <= set(ops) or not all(
-                isinstance(v, Mapping) and all(isinstance(n, str) and isinstance(x, float) for n, x in v.items()) for v in literals.values()):
-            bad.append("LITERALS: {op of OPS: {argument name: float}}")
+                isinstance(v, Mapping) and all(isinstance(n, str) and isinstance(x, (float, int)) and not isinstance(x, bool) for n, x in v.items())
+                for v in literals.values()):
+            bad.append("LITERALS: {op of OPS: {argument name: float or int}}")
         if not isinstance(preload, tuple) or not all(isinstance(m, str) for m in preload):
             bad.append("PRELOAD: a tuple of module names")
         if bad:

@@ -48,7 +48,7 @@ class _Machine:
         self.nalloca = 0
         self.gaddr = {}
         self.steps = 0
-        self.literals = {}  # fp32 constant bits the spec compiled in -> the bits this run uses instead
+        self.literals = {}  # ("f32", constant bits) / ("i32", value) the spec compiled in -> the bits this run uses instead
 
     # memory
     def region(self, addr, size):
@@ -166,9 +166,10 @@ class _Machine:
                 env[r] = [x & ((1 << t.elem.bits) - 1) for x in ir.attr_dense(raw, t.n)]
             elif isinstance(t, ir.Float):
                 b = ir.attr_f32_bits(raw)
-                env[r] = self.literals.get(b, b)
+                env[r] = self.literals.get(("f32", b), b)
             else:
-                env[r] = ir.attr_int(raw) & ((1 << t.bits) - 1)
+                v = ir.attr_int(raw) & ((1 << t.bits) - 1)
+                env[r] = self.literals.get(("i32", v), v) if t.bits == 32 else v
         elif n == "llvm.mlir.zero":
             env[r] = 0
         elif n in ("llvm.mlir.poison", "llvm.mlir.undef"):
@@ -238,6 +239,11 @@ class _Machine:
                 env[r] = res
         elif n in ("llvm.intr.trap", "llvm.unreachable"):
             raise _Trap(f"line {op.line}")
+        elif n == "llvm.intr.assume":  # a pointer's alignment (the only assumption the lifter accepts): undefined if false
+            if op.props.get("op_bundle_tags") != '["align"]' or len(a) != 3:
+                raise VerifyError(f"concrete interpreter: llvm.intr.assume at line {op.line} is not a pointer's alignment")
+            if not a[0] or a[1] % a[2]:
+                raise _Trap(f"line {op.line}: a pointer assumed aligned to {a[2]} bytes is not")
         else:
             raise VerifyError(f"concrete interpreter: op {n} at line {op.line} is not implemented")
         return None
@@ -335,8 +341,8 @@ def _icmp(p, a, b, bits):
 
 
 def run_concrete(module, entry_function, args, kparams, dattr, kattr, max_steps=2_000_000, max_launches=None, literals=None):
-    """Run cuda_load_to_device then ``entry_function`` on concrete ``args`` (``literals``: fp32 constant
-    bits -> the bits to run with instead, the lift's literal arguments).
+    """Run cuda_load_to_device then ``entry_function`` on concrete ``args`` (``literals``: ("f32", constant
+    bits) or ("i32", constant value) -> the bits to run with instead, the lift's literal arguments).
 
     Returns (setup_calls, launches); a launch is a dict with kernel, dims, attrs, params (bytes and
     written masks, per the cubin's KPARAM table of that kernel). Raises _Trap on an error path.
@@ -450,9 +456,9 @@ def _random_args(spec, rng, loops=False):
 def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes, samples: int = 50, seed: int = 0, literals: dict | None = None) -> dict:
     """Run checks (a), (b), (c); return a report dict, raise VerifyError on any mismatch.
 
-    ``literals`` (name -> the fp32 value compiled in, as given to the lift): the launcher's trailing
-    arguments of those names are drawn at random like any f32 argument, and the concrete run uses
-    the drawn value wherever the host code holds the compiled constant."""
+    ``literals`` (name -> the float or int value compiled in, as given to the lift): the launcher's
+    trailing arguments of those names are drawn at random like any f32 / i32 argument, and the concrete
+    run uses the drawn value wherever the host code holds the compiled constant."""
     module = ir.parse_module(host_mlir)
     ns = load_launcher(launcher_src)
     info = read_cubin(cubin)
@@ -506,7 +512,7 @@ def verify(host_mlir: str, entry_function: str, launcher_src: str, cubin: bytes,
         try:
             bits = [f32bits(a) if k == "f32" else a for a, (_, k) in zip(args, ns["ARGS"])]
             n_host = len(bits) - len(lit)
-            swap = {f32bits(lit[name]): b for (name, _), b in zip(ns["ARGS"][n_host:], bits[n_host:])}
+            swap = {("f32", f32bits(lit[name])) if k == "f32" else ("i32", lit[name]): b for (name, k), b in zip(ns["ARGS"][n_host:], bits[n_host:])}
             setup_calls, conc = run_concrete(module, entry_function, bits[:n_host], kparams, dattr, kattr, literals=swap, **budget)
             conc_err = None
         except _Trap as e:

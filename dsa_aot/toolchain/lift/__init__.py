@@ -46,11 +46,13 @@ def lift(host_mlir: str, entry_function: str, title: str = "", param_layout: dic
     """Lift ``entry_function`` of ``host_mlir`` (generic form) into launcher module source.
 
     ``param_layout`` maps kernel symbol -> [(offset, size)] of its parameters, from the cubin.
-    ``literals`` maps a launcher argument name -> the fp32 value the spec compiled in for it: a value
-    the host code holds as a constant (upstream bakes it in per compile, the cubin does not depend on
-    it) becomes an ``f32`` argument appended to ``ARGS``. Each must occur in the host code, go into
-    kernel parameters only (a float op on it is unknown and fails closed) and have a bit pattern no
-    other constant shares.
+    ``literals`` maps a launcher argument name -> the value the spec compiled in for it: a value the
+    host code holds as a constant (upstream bakes it in per compile, the cubin does not depend on it)
+    becomes an argument appended to ``ARGS``, ``f32`` for a float, ``i32`` for an int (a grid extent
+    upstream sizes from the device). Each must occur in the host code exactly once (a float by its bit
+    pattern, an int as an i32 constant: the spec compiles a value no other constant has) and reach the
+    launches as it is: a float into kernel parameters only (a float op on it is unknown and fails
+    closed), an int into a launch's dimensions or parameters.
     """
     m = ir.parse_module(host_mlir)
     if entry_function not in m.funcs:
@@ -64,20 +66,23 @@ def lift(host_mlir: str, entry_function: str, title: str = "", param_layout: dic
     main.run(f, args)
     if not main.launches:
         raise LiftError(f"{entry_function} launches no kernel")
-    for bits, name in main.literals.items():
-        if bits not in main.literals_seen:
-            raise LiftError(f"literal {name} (fp32 bits {bits:#010x}) does not occur in {entry_function}: the spec compiled another value")
-        if len(main.literals_seen[bits]) > 1:
-            raise LiftError(f"literal {name}: {len(main.literals_seen[bits])} constants have its fp32 bits (host.mlir lines "
-                            f"{sorted(main.literals_seen[bits])}): compile the spec with a value no other constant shares")
-        if not _in_params(main, name):
-            raise LiftError(f"literal {name} is not stored into a kernel parameter as it is: the launcher cannot pass it")
-        arg_spec.append((name, "f32"))
+    for (kind, bits), name in main.literals.items():
+        what = f"fp32 bits {bits:#010x}" if kind == "f32" else f"i32 value {bits}"
+        if (kind, bits) not in main.literals_seen:
+            raise LiftError(f"literal {name} ({what}) does not occur in {entry_function}: the spec compiled another value")
+        if len(main.literals_seen[kind, bits]) > 1:
+            raise LiftError(f"literal {name}: {len(main.literals_seen[kind, bits])} constants have its {what} (host.mlir lines "
+                            f"{sorted(main.literals_seen[kind, bits])}): compile the spec with a value no other constant shares")
+        if not _in_params(main, name) and not (kind == "i32" and any(isinstance(d, S) and d.name == name for L in main.launches for d in L.dims)):
+            raise LiftError(f"literal {name} is not stored into a kernel parameter{' or launch dimension' if kind == 'i32' else ''} as it is: "
+                            f"the launcher cannot pass it")
+        arg_spec.append((name, kind))
     return emit_module(title, arg_spec, setup, main, main.kernels, param_layout)
 
 
 def _literal_bits(literals, arg_spec):
-    """{fp32 bits: name}; refuses names that clash with the entry's arguments and values that share bits."""
+    """{(kind, bits): name}, kind "f32" (the value's fp32 bits) or "i32" (an int's value); refuses names that
+    clash with the entry's arguments and values that share bits."""
     from ..verify import f32bits
 
     out = {}
@@ -85,10 +90,13 @@ def _literal_bits(literals, arg_spec):
     for name, value in literals.items():
         if name in names or not name.isidentifier():
             raise LiftError(f"literal name {name!r} is not a fresh identifier")
-        bits = f32bits(value)
-        if bits in out:
-            raise LiftError(f"literals {out[bits]} and {name} have the same fp32 bits {bits:#010x}: the launcher could not tell them apart")
-        out[bits] = name
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and not 0 < value < 1 << 31):
+            raise LiftError(f"literal {name}: {value!r} is neither a float nor an int in [1, 2**31)")
+        key = ("f32", f32bits(value)) if isinstance(value, float) else ("i32", value)
+        if key in out:
+            raise LiftError(f"literals {out[key]} and {name} have the same {'fp32 bits' if key[0] == 'f32' else 'i32 value'} {key[1]:#010x}: "
+                            f"the launcher could not tell them apart")
+        out[key] = name
     return out
 
 

@@ -38,6 +38,7 @@ _HANDLERS = {
     "llvm.call": "op_call",
     "llvm.intr.trap": "op_trap",
     "llvm.unreachable": "op_trap",
+    "llvm.intr.assume": "op_assume",
 }
 
 
@@ -58,8 +59,8 @@ class Interpreter(ControlFlow):
         self.env = {}
         self.label = None
         self.regions = []  # every modelled host region, to prove loop bodies leave outer memory alone
-        self.literals = {}  # fp32 bit pattern -> launcher argument name (lift's ``literals``)
-        self.literals_seen = {}  # bits -> host.mlir lines of the constants that hold them
+        self.literals = {}  # ("f32", bit pattern) or ("i32", value) -> launcher argument name (lift's ``literals``)
+        self.literals_seen = {}  # that key -> host.mlir lines of the constants that hold it
 
     # --- residual code
 
@@ -171,14 +172,18 @@ class Interpreter(ControlFlow):
         if raw.startswith('"'):
             return B(ir.attr_bytes(raw))
         if isinstance(t, ir.Int):
-            return K(ir.attr_int(raw) & mask(t.bits), t.bits)
+            v = ir.attr_int(raw) & mask(t.bits)
+            if t.bits == 32 and ("i32", v) in self.literals:  # an int the host code bakes in but the launcher takes per call
+                self.literals_seen.setdefault(("i32", v), set()).add(op.line)
+                return S(self.literals["i32", v], 32)
+            return K(v, t.bits)
         if isinstance(t, ir.Vector):
             return A(tuple(K(x & mask(t.elem.bits), t.elem.bits) for x in ir.attr_dense(raw, t.n)))
         if isinstance(t, ir.Float) and t.bits == 32:  # kept as its bit pattern, like f32 arguments
             bits = ir.attr_f32_bits(raw)
-            if bits in self.literals:  # a value the host code bakes in but the launcher takes per call
-                self.literals_seen.setdefault(bits, set()).add(op.line)
-                return S(self.literals[bits], 32)
+            if ("f32", bits) in self.literals:  # a value the host code bakes in but the launcher takes per call
+                self.literals_seen.setdefault(("f32", bits), set()).add(op.line)
+                return S(self.literals["f32", bits], 32)
             return K(bits, 32)
         raise LiftError(f"{op.where()}: constant {raw[:60]!r} of type {t}")
 
@@ -270,6 +275,23 @@ class Interpreter(ControlFlow):
     def op_trap(self, op, ops):
         raise LiftError(f"{op.where()}: the host code traps on this path")
 
+    def op_assume(self, op, ops):
+        """``llvm.intr.assume(true) ["align"(ptr, n)]``, what a pointer with an ``assumed_align`` lowers to: the
+        host code may rely on ``ptr`` being a multiple of ``n`` (anything else is undefined), so the launcher
+        refuses one that is not (a constant one is checked here). Any other assumption is refused."""
+        bundle = (op.prop("op_bundle_tags"), op.prop("op_bundle_sizes"))
+        if bundle != ('["align"]', "array<i32: 2>") or len(ops) != 3 or ops[0] != K(1, 1) or not isinstance(ops[2], K):
+            raise LiftError(f"{op.where()}: llvm.intr.assume other than a pointer's alignment {bundle} is not understood by the lifter")
+        ptr, n = self.scalar(ops[1], op), ops[2].v
+        if n <= 0 or n & (n - 1):
+            raise LiftError(f"{op.where()}: llvm.intr.assume of an alignment {n} that is not a power of two")
+        if isinstance(ptr, K):
+            if ptr.v % n:
+                raise LiftError(f"{op.where()}: the host code assumes the constant {ptr.v:#x} aligned to {n} bytes")
+            return None
+        self.effect(f"if {ptr.name} & {n - 1}: raise LaunchError({f'a pointer the kernels assume aligned to {n} bytes is not ({op.where()})'!r})", [ptr])
+        return None
+
     # --- op handlers: memory
 
     def glob(self, name, where):
@@ -283,7 +305,8 @@ class Interpreter(ControlFlow):
                 data = ir.attr_bytes(g.props["value"])
                 r.size = len(data)
                 r.fields[0] = (len(data), B(data))
-            elif name.startswith("kernels_kernel_"):  # filled by cudaLibraryGetKernel in cuda_load_to_device
+            elif name.startswith("kernels_kernel_") or name in self.kernels:  # filled by cudaLibraryGetKernel in cuda_load_to_device
+                # (its name is the kernel's symbol after "kernels_"; cudnn's MoE kernels' symbols start "cudnn_kernel_")
                 r.size = 8
                 r.fields[0] = (8, KH(name))
             self.globals[name] = r

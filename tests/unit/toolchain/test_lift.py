@@ -271,3 +271,61 @@ def test_lifter_refuses_a_literal_it_cannot_place(literals, match):
     host, fn, cubin = load(SATTN90)
     with pytest.raises(LiftError, match=match):
         lift.lift(host, fn, SATTN90, lift.cubin_param_layout(cubin), literals=literals)
+
+
+GLU = "moe_grouped_gemm.glu.swiglu.nobias.float8_e4m3fn.discrete_col_sfd.dynamic.experts8.float32.mxfp8.sm_100a"
+
+
+def test_an_int_literal_becomes_the_grid_extent_the_launcher_takes():
+    # the MoE GLU: upstream compiles the device's max active clusters into grid z; the cubin does not
+    # depend on it, so the spec compiles a value no other constant has and the launcher takes it per call.
+    # (Also: its kernels' symbols start "cudnn_kernel_", the launch reads their handles from kernels_<symbol>.)
+    host, fn, cubin = load(GLU)
+    lit = {"max_active_clusters": 3917}  # what the entry was compiled with
+    src = lift.lift(host, fn, GLU, lift.cubin_param_layout(cubin), literals=lit)
+    ns = verify.load_launcher(src)
+    assert ns["ARGS"][-1] == ("max_active_clusters", "i32") and len(ns["LAUNCHES"]) == 2
+    rep = verify.verify(host, fn, src, cubin, samples=40, seed=5, literals=lit)
+    assert rep["verdict"] == "ok" and rep["literal_arguments"] == ["max_active_clusters"]
+    for z in (74, 80):
+        dims = []
+        bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+        ns["launch"](lambda k, d: dims.append(tuple(d)), *bufs, *([1 << 12] * (len(ns["ARGS"]) - 1)), z)
+        assert [d[:3] for d in dims] == [(1, 1, 1), (2, 1, z)]
+    without = verify.load_launcher(lift.lift(host, fn, GLU, lift.cubin_param_layout(cubin)))
+    assert without["ARGS"][-1][0] != "max_active_clusters"
+    with pytest.raises(LiftError, match="i32 value 3918\\) does not occur"):
+        lift.lift(host, fn, GLU, lift.cubin_param_layout(cubin), literals={"max_active_clusters": 3918})
+
+
+def test_verifier_catches_a_launcher_that_ignores_the_int_literal():
+    host, fn, cubin = load(GLU)
+    lit = {"max_active_clusters": 3917}
+    src = lift.lift(host, fn, GLU, lift.cubin_param_layout(cubin), literals=lit)
+    bad = _mutated(src, r"\(2, 1, max_active_clusters,", "(2, 1, 3917,")
+    with pytest.raises(VerifyError, match="launch config"):
+        verify.verify(host, fn, bad, cubin, samples=40, seed=5, literals=lit)
+
+
+_ASSUME = ('    %za = "llvm.mlir.constant"() <{value = true}> : () -> i1\n'
+           '    %zn = "llvm.mlir.constant"() <{value = 64 : i64}> : () -> i64\n'
+           '    "llvm.intr.assume"(%za, %arg6, %zn) <{op_bundle_sizes = array<i32: 2>, op_bundle_tags = [TAG]}> : (i1, !llvm.ptr<1>, i64) -> ()')
+
+
+def test_an_alignment_assumption_on_an_argument_becomes_a_check_the_verifier_agrees_with():
+    host, fn, cubin = load("csa_compressor.dape_reduce.split.sm_90a")
+    bad = _inject_before_launch(host, _ASSUME.replace("TAG", '"align"'))
+    src = lift.lift(bad, fn, "t", lift.cubin_param_layout(cubin))
+    ns = verify.load_launcher(src)
+    bufs = [bytearray.fromhex(L["template"]) for L in ns["LAUNCHES"]]
+    ns["launch"](lambda k, d: None, *bufs, 1 << 20, 32, 48, 16, 64, 0)
+    with pytest.raises(verify.LaunchError, match="aligned to 64 bytes"):
+        ns["launch"](lambda k, d: None, *bufs, (1 << 20) + 16, 32, 48, 16, 64, 0)
+    rep = verify.verify(bad, fn, src, cubin, samples=80)  # random 16-byte aligned pointers: both sides refuse the same ones
+    assert rep["verdict"] == "ok" and rep["error_path_samples"] > 0
+
+
+def test_lifter_refuses_an_assumption_other_than_an_alignment():
+    host, fn, _ = load("csa_compressor.dape_reduce.split.sm_90a")
+    with pytest.raises(LiftError, match="other than a pointer's alignment"):
+        lift.lift(_inject_before_launch(host, _ASSUME.replace("TAG", '"nonnull"')), fn)
