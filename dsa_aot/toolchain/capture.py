@@ -20,8 +20,8 @@ class _Stop(Exception):
     pass
 
 
-def compile_args(up, route):
-    """Run ``route()`` under ``up`` until its first ``cute.compile``: ``(fn, args, kwargs)`` it was called with.
+def compile_args(route):
+    """Run ``route()`` (under an Upstream) until its first ``cute.compile``: ``(fn, args, kwargs)`` it was called with.
 
     Refuses a route that returns without compiling (upstream answered from a cache the route did not clear)."""
     import cutlass.cute as cute
@@ -52,35 +52,22 @@ def aligned_on_host(up, *names, align=256):
 
     like, real_empty = _cuda_like(), torch.empty  # the real factory: the patched ones call it
 
-    def factory(real):
-        def make(*size, dtype=None, device=None, fill=None, **kw):
-            if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-                size = tuple(size[0])
-            dtype = dtype or torch.get_default_dtype()
-            n = 1
-            for s in size:
-                n *= int(s)
-            size_b = n * real_empty((), dtype=dtype).element_size()
-            raw = real_empty(size_b + align, dtype=torch.uint8)
-            off = (-raw.data_ptr()) % align
-            t = raw[off:off + size_b].view(dtype).view(size)
-            if fill is not None:
-                t.fill_(fill)
-            return like(t)
-        return make
+    def make(*size, dtype=None, fill=None):
+        size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        dtype = dtype or torch.get_default_dtype()
+        nbytes = real_empty(size, dtype=dtype, device="meta").numel() * real_empty((), dtype=dtype).element_size()
+        raw = real_empty(nbytes + align, dtype=torch.uint8)
+        t = raw[(-raw.data_ptr()) % align:][:nbytes].view(dtype).view(size)
+        return like(t.fill_(fill) if fill is not None else t)
 
+    def strided(size, stride, dtype=None, device=None, **k):
+        base = make(max(1, 1 + sum((s - 1) * st for s, st in zip(size, stride))), dtype=dtype)
+        return like(torch.Tensor.as_subclass(base, torch.Tensor).as_strided(size, stride))
+
+    factories = {"empty": lambda *size, dtype=None, device=None, **k: make(*size, dtype=dtype),
+                 "full": lambda size, fill_value, dtype=None, device=None, **k: make(size, dtype=dtype, fill=fill_value),
+                 "empty_strided": strided}
     for name in names:
-        if name == "empty":
-            up.patch(torch, "empty", factory(torch.empty))
-        elif name == "full":
-            make = factory(torch.empty)
-            up.patch(torch, "full", lambda size, fill_value, dtype=None, device=None, **k: make(size, dtype=dtype, fill=fill_value))
-        elif name == "empty_strided":
-            make = factory(torch.empty)
-
-            def strided(size, stride, dtype=None, device=None, **k):
-                base = make(max(1, 1 + sum((s - 1) * st for s, st in zip(size, stride))), dtype=dtype)
-                return like(torch.Tensor.as_subclass(base, torch.Tensor).as_strided(size, stride))
-            up.patch(torch, "empty_strided", strided)
-        else:
+        if name not in factories:
             raise ValueError(f"aligned_on_host: no aligned {name}")
+        up.patch(torch, name, factories[name])

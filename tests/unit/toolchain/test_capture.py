@@ -56,7 +56,7 @@ def test_the_moe_glu_wrappers_captured_compile_is_the_shipped_cubin(monkeypatch)
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_100a")
     real = cute.compile
     with Upstream("sm_100a", 148) as up:
-        fn, args, kw = compile_args(up, _glu_call(up, monkeypatch))
+        fn, args, kw = compile_args(_glu_call(up, monkeypatch))
         assert cute.compile is not real and cute.compile.__name__ == "compile_"  # Upstream's recorder is back, not the stop
     assert cute.compile is real
     assert type(fn).__name__ == "BlockScaledMoEGroupedGemmGluBiasKernel" and kw.pop("options") == "--enable-tvm-ffi"
@@ -69,7 +69,7 @@ def test_the_moe_glu_wrappers_captured_compile_is_the_shipped_cubin(monkeypatch)
 def test_a_route_that_never_compiles_is_refused():
     with Upstream("sm_100a", 148) as up:
         with pytest.raises(RuntimeError, match="without calling cute.compile"):
-            compile_args(up, lambda: None)
+            compile_args(lambda: None)
 
 
 def test_aligned_factories_align_and_present_as_cuda():
